@@ -19,6 +19,11 @@ def data_dir() -> Path:
     return Path(os.environ.get("ROSE_DATA_DIR", ".rose")).resolve()
 
 
+def stack_dir() -> Path:
+    """The local stack's directory: logs, pids, stack.json, Prefect home, relay files."""
+    return data_dir() / "stack"
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -45,7 +50,7 @@ class StackConfig(Strict):
     serving_workers: int = Field(0, ge=0, le=8)
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
-    relay: Literal["mooncake", "filesystem"] = "mooncake"
+    relay: Literal["auto", "mooncake", "filesystem"] = "auto"  # auto: what the stack started
 
 
 class RolloutConfig(Strict):

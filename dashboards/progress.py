@@ -1,0 +1,78 @@
+"""What the person at the terminal sees: a live view of phases and a per-step table."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from dashboards.events import subscribe
+
+PHASES = ("rollout", "reward", "train", "publish")
+
+
+def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
+    table = Table(title=title, header_style="bold cyan")
+    for col in ("step", "reward", "success", "tokens", "cache hit", "rollout s", "reward s",
+                "train s", "publish s", "step s", "tokens/s"):
+        table.add_column(col, justify="right")
+    for s in summaries:
+        table.add_row(str(s["step"]), f"{s['reward']:.3f}", f"{s['success_rate']:.0%}",
+                      f"{s['tokens']:,}", f"{s['prefix_cache_hit_rate']:.0%}",
+                      f"{s['rollout_s']:.1f}", f"{s['reward_s']:.1f}", f"{s['train_s']:.1f}",
+                      f"{s['publish_s']:.1f}", f"{s['step_s']:.1f}", f"{s['tokens_per_s']:,.0f}")
+    return table
+
+
+class LiveProgress:
+    """Listens to flow events and redraws: current step, each phase's state and time."""
+
+    def __init__(self) -> None:
+        self.summaries: list[dict] = []
+        self.step: int | None = None
+        self.phase_state: dict[str, str] = {}
+        self.phase_started = 0.0
+        self.note = "starting"
+
+    def on_event(self, event: str, data: dict) -> None:
+        if event == "run_start":
+            self.note = (f"run {data['run']}: from policy version {data['start_version']} "
+                         f"to {data['steps']}")
+        elif event == "phase_start":
+            if data["step"] != self.step:
+                self.step, self.phase_state = data["step"], {}
+            self.phase_state[data["phase"]] = "running"
+            self.phase_started = time.perf_counter()
+        elif event == "phase_end":
+            self.phase_state[data["phase"]] = f"{data['seconds']:.1f}s"
+        elif event == "step_end":
+            self.summaries.append(data)
+
+    def render(self) -> Group:
+        line = Text(self.note, style="dim")
+        phases = Text()
+        if self.step is not None:
+            phases.append(f"step {self.step}: ", style="bold")
+            for name in PHASES:
+                state = self.phase_state.get(name, "waiting")
+                if state == "running":
+                    state = f"running {time.perf_counter() - self.phase_started:.0f}s"
+                style = "yellow" if state.startswith("running") else (
+                    "dim" if state == "waiting" else "green")
+                phases.append(f"{name} [{state}]  ", style=style)
+        return Group(line, phases, step_table(self.summaries))
+
+
+@contextmanager
+def live_progress(console: Console | None = None):
+    view = LiveProgress()
+    unsubscribe = subscribe(view.on_event)
+    with Live(view.render(), console=console, refresh_per_second=2,
+              get_renderable=view.render, transient=False):
+        try:
+            yield view
+        finally:
+            unsubscribe()

@@ -1,0 +1,128 @@
+"""Multi-turn text FrozenLake on gymnasium's FrozenLake-v1 (4x4, random map, not slippery).
+
+Each turn the model sees the grid as text, one token-friendly symbol per cell (`P` you,
+`H` hole, `G` goal, `.` ice), and replies with a move. Gymnasium runs the dynamics; this
+module only renders, parses and scores.
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+from envs.base import MultiTurnEnv, StepResult
+
+# gymnasium's action ids
+ACTIONS = {"left": 0, "down": 1, "right": 2, "up": 3}
+NAMES = {v: k.capitalize() for k, v in ACTIONS.items()}
+_DELTA = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
+_WORD = re.compile(r"\b(left|down|right|up)\b", re.IGNORECASE)
+_LETTER = {"l": 0, "d": 1, "r": 2, "u": 3, "←": 0, "↓": 1, "→": 2, "↑": 3}
+
+SIZE = 4
+ASK = "Your move?"
+INVALID = "Invalid. Reply Left, Down, Right or Up."
+
+
+def parse_action(reply: str) -> int | None:
+    """The move named in a reply: the first of Left/Down/Right/Up as a word (any case),
+    or a lone letter/arrow (`d`, `→`). None if there is none."""
+    m = _WORD.search(reply)
+    if m:
+        return ACTIONS[m.group(1).lower()]
+    s = reply.strip().strip(".!").lower()
+    return _LETTER.get(s) if len(s) == 1 else None
+
+
+def goal_distances(desc: list[str]) -> dict[int, int]:
+    """BFS distances (in moves) to the goal from every reachable ice cell, avoiding holes."""
+    goal = next(r * SIZE + c for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G")
+    dist = {goal: 0}
+    todo = deque([goal])
+    while todo:
+        s = todo.popleft()
+        r, c = divmod(s, SIZE)
+        for dr, dc in _DELTA.values():
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < SIZE and 0 <= nc < SIZE and desc[nr][nc] != "H" and nr * SIZE + nc not in dist:
+                dist[nr * SIZE + nc] = dist[s] + 1
+                todo.append(nr * SIZE + nc)
+    return dist
+
+
+class FrozenLakeEnv(MultiTurnEnv):
+    name = "frozenlake"
+    system_prompt = (
+        "You are P on a frozen lake. H is a hole, G is the goal, . is ice. "
+        "Reach G without falling into a hole. Reply with one move: Left, Down, Right or Up."
+    )
+
+    def __init__(self, max_turns: int | None = None, p_frozen: float = 0.8) -> None:
+        super().__init__(max_turns)
+        self.p_frozen = p_frozen
+        self.desc: list[str] = []
+        self.state = 0
+        self._gym: gym.Env | None = None
+
+    def _map(self, seed: int) -> list[str]:
+        """A random map solvable within max_turns; deterministic in the seed."""
+        for attempt in range(1000):
+            sub = seed if attempt == 0 else int(np.random.SeedSequence([seed, attempt]).generate_state(1)[0])
+            desc = generate_random_map(SIZE, self.p_frozen, seed=sub)
+            if goal_distances(desc).get(0, 10**9) <= self.max_turns:
+                return desc
+        raise RuntimeError(f"no FrozenLake map solvable in {self.max_turns} turns for seed {seed}")
+
+    def reset(self, seed: int) -> str:
+        self.desc = self._map(seed)
+        if self._gym is not None:
+            self._gym.close()
+        self._gym = gym.make("FrozenLake-v1", desc=self.desc, is_slippery=False)
+        self.state, _ = self._gym.reset(seed=seed)
+        self._begin()
+        return self.render() + "\n" + ASK
+
+    def render(self) -> str:
+        rows = []
+        for r, row in enumerate(self.desc):
+            cells = ["P" if r * SIZE + c == self.state else ("." if ch in "SF" else ch) for c, ch in enumerate(row)]
+            rows.append(" ".join(cells))
+        return "\n".join(rows)
+
+    def step(self, reply: str) -> StepResult:
+        self._check_running()
+        self.turn += 1
+        action = parse_action(reply)
+        info: dict = {"action": None if action is None else NAMES[action]}
+        if action is None:
+            return self._invalid(INVALID + "\n" + self.render(), info)
+        self._invalid_in_a_row = 0
+        before = self.state
+        self.state, _, terminated, _, _ = self._gym.step(action)
+        info.update(valid_action=True, turn=self.turn)
+        cell = self.desc[self.state // SIZE][self.state % SIZE]
+        if cell == "G":
+            info["success"] = True
+            return self._finish("You reached the goal!", 1.0, "goal", info)
+        info["success"] = False
+        if cell == "H":
+            return self._finish("You fell into a hole.", 0.0, "hole", info)
+        if self.turn >= self.max_turns:
+            return self._finish("Out of turns.", 0.0, "max_turns", info)
+        prefix = "Wall.\n" if self.state == before else ""
+        return StepResult(prefix + self.render() + "\n" + ASK, 0.0, False, info)
+
+    def expert_reply(self) -> str:
+        """The first move of a shortest safe path (ties broken in Down, Right, Left, Up order)."""
+        dist = goal_distances(self.desc)
+        r, c = divmod(self.state, SIZE)
+        best, best_d = 1, 10**9
+        for a in (1, 2, 0, 3):
+            dr, dc = _DELTA[a]
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < SIZE and 0 <= nc < SIZE and dist.get(nr * SIZE + nc, 10**9) < best_d:
+                best, best_d = a, dist[nr * SIZE + nc]
+        return NAMES[best]

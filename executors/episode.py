@@ -1,0 +1,86 @@
+"""One trajectory in progress: the environment, the growing token list, and its turn rows."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from envs.base import MultiTurnEnv
+from executors.turns import TurnRequest, TurnResult
+from rose.models.chat import ChatTokens
+
+
+class Episode:
+    def __init__(self, *, run: str, step: int, group: int, trajectory_id: str,
+                 env: MultiTurnEnv, env_seed: int, chat: ChatTokens, max_turns: int,
+                 max_tokens: int, temperature: float, top_p: float, min_policy_version: int):
+        self.run, self.step, self.group, self.trajectory_id = run, step, group, trajectory_id
+        self.env, self.chat = env, chat
+        self.max_turns, self.max_tokens = max_turns, max_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.min_policy_version = min_policy_version
+        observation = env.reset(env_seed)
+        self.tokens: list[int] = chat.system(env.system_prompt) + chat.user_turn(observation)
+        self.turn = 0
+        self.attempt = 0
+        self.rows: list[dict] = []
+        self.done = False
+        self.rerouted = False
+        self.succeeded = False
+        self.ready_since = time.monotonic()
+
+    def request(self) -> TurnRequest:
+        self.attempt += 1
+        return TurnRequest(f"{self.trajectory_id}/t{self.turn}/a{self.attempt}", self.trajectory_id,
+                           list(self.tokens), self.max_tokens, self.temperature, self.top_p,
+                           stop_token_ids=[self.chat.eos_id],
+                           min_policy_version=self.min_policy_version)
+
+    def give_back(self) -> None:
+        """The turn was lost (worker died, aborted, stale): it will be re-prefilled elsewhere."""
+        self.rerouted = True
+        self.ready_since = time.monotonic()
+
+    def apply(self, result: TurnResult) -> dict:
+        """Record the generated reply, step the environment, extend the token list."""
+        prompt = list(self.tokens)
+        reply_text = self.chat.decode(result.response_ids)
+        t0 = time.perf_counter()
+        outcome = self.env.step(reply_text)
+        env_s = time.perf_counter() - t0
+        self.turn += 1
+        truncated = not outcome.done and self.turn >= self.max_turns
+        self.done = outcome.done or truncated
+        if not outcome.info.get("valid_action", True):
+            status = "invalid_action"
+        elif truncated:
+            status = "truncated"
+        else:
+            status = "rerouted" if self.rerouted else "ok"
+        row = {
+            "run": self.run, "step": self.step, "policy_version": result.policy_version,
+            "group": self.group, "trajectory": self.trajectory_id, "turn": self.turn - 1,
+            "env": self.env.name, "prompt_ids": prompt, "response_ids": list(result.response_ids),
+            "prompt_text": self.chat.decode(prompt, skip_special_tokens=False),
+            "response_text": reply_text, "logprobs": list(result.logprobs),
+            "reward": float(outcome.reward), "trajectory_reward": 0.0, "advantage": None,
+            "done": self.done, "status": status, "worker": result.worker,
+            "worker_kind": result.worker_kind, "queued_s": result.queued_s,
+            "prefill_s": result.prefill_s, "decode_s": result.decode_s, "env_s": env_s,
+            "num_prompt_tokens": result.num_prompt_tokens,
+            "num_cached_tokens": result.num_cached_tokens,
+            "finished_at": datetime.now(timezone.utc),
+        }
+        self.rows.append(row)
+        self.succeeded = bool(outcome.info.get("success", False))
+        self.rerouted = False
+        if not self.done:
+            self.tokens = (prompt + list(result.response_ids)
+                           + self.chat.close_reply(list(result.response_ids))
+                           + self.chat.user_turn(outcome.observation))
+        else:
+            total = sum(r["reward"] for r in self.rows)
+            for r in self.rows:
+                r["trajectory_reward"] = total
+        self.ready_since = time.monotonic()
+        return row
+

@@ -1,0 +1,167 @@
+"""The trainer: fp32 master weights + AdamW held across RL steps, GRPO updates, bf16 export.
+
+`Trainer` is plain PyTorch (tests drive it directly); `TrainerPlugin` keeps one alive inside
+the `train_gpu` Dask worker so the optimizer state survives between flow runs.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+from distributed import WorkerPlugin
+
+from rose.config import RunConfig
+from rose.grpo import assemble_trajectory, grpo_loss, token_logprobs
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        policy_dir = cfg.models.policy_path()
+        if not (policy_dir / "config.json").is_file():
+            raise FileNotFoundError(f"policy model {policy_dir} missing: run `rose models build`")
+        seed_everything(cfg.train.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.train.lr,
+                                           betas=(0.9, 0.999), weight_decay=0.0)
+        self.reference = None
+        if cfg.train.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+            self.reference.eval().requires_grad_(False)
+        self.pad_id = int(self.model.config.pad_token_id or 0)
+        self.version = 0  # = number of completed train steps
+        self.checkpoint_dir = cfg.run_dir() / "checkpoints"
+        self._resume()
+
+    # ---- checkpoints ----
+    def _resume(self) -> None:
+        from storage.checkpoints import load_latest_checkpoint
+
+        ckpt = load_latest_checkpoint(self.checkpoint_dir)
+        if ckpt is None:
+            return
+        self.model.load_state_dict(ckpt.model_state, strict=False)
+        self.optimizer.load_state_dict(ckpt.optimizer_state)
+        self.version = int(ckpt.step)
+
+    def save_checkpoint(self) -> Path:
+        from storage.checkpoints import save_checkpoint
+
+        state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        return save_checkpoint(self.checkpoint_dir, self.version, state,
+                               self.optimizer.state_dict(),
+                               {"run": self.cfg.run_id, "version": self.version})
+
+    # ---- weights ----
+    def weights_bf16(self) -> dict[str, torch.Tensor]:
+        """What rollout engines load: HF names, bf16 (tied lm_head appears once, as embeddings)."""
+        return {n: p.detach().to(torch.bfloat16).contiguous()
+                for n, p in self.model.named_parameters()}
+
+    # ---- GRPO ----
+    def _batch(self, trajectories: list[tuple[list[int], list[int], float]]):
+        longest = max(len(ids) for ids, _, _ in trajectories)
+        ids = torch.full((len(trajectories), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(trajectories), longest), dtype=torch.float32)
+        attn = torch.zeros((len(trajectories), longest), dtype=torch.long)
+        for i, (seq, m, _) in enumerate(trajectories):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+            attn[i, : len(seq)] = 1
+        adv = torch.tensor([a for _, _, a in trajectories], dtype=torch.float32)
+        return ids, attn, mask[:, 1:], adv  # mask aligned with next-token log-probs
+
+    def _logprobs(self, model, ids, attn) -> torch.Tensor:
+        return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+
+    def train_step(self, turns: pa.Table) -> dict:
+        """One GRPO update from a step's turn rows (with `advantage` filled by the reward task)."""
+        t0 = time.perf_counter()
+        by_traj: dict[str, list[dict]] = defaultdict(list)
+        for row in turns.select(["trajectory", "turn", "prompt_ids", "response_ids",
+                                 "advantage"]).to_pylist():
+            by_traj[row["trajectory"]].append(row)
+        samples = []
+        for tid in sorted(by_traj):
+            rows = sorted(by_traj[tid], key=lambda r: r["turn"])
+            adv = rows[0]["advantage"]
+            if adv is None:
+                raise ValueError(f"trajectory {tid} has no advantage: run the reward task first")
+            seq, mask = assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in rows])
+            if adv != 0.0 and sum(mask) > 0:  # zero-advantage trajectories give no gradient
+                samples.append((seq, mask, float(adv)))
+        stats = defaultdict(float)
+        micro = self.cfg.train.micro_batch
+        batches = [samples[i: i + micro] for i in range(0, len(samples), micro)]
+        with torch.no_grad():
+            old = [self._logprobs(self.model, *self._batch(b)[:2]) for b in batches]
+            ref = ([self._logprobs(self.reference, *self._batch(b)[:2]) for b in batches]
+                   if self.reference is not None else [None] * len(batches))
+        for _ in range(self.cfg.train.updates_per_step):
+            self.optimizer.zero_grad(set_to_none=True)
+            for b, old_lp, ref_lp in zip(batches, old, ref):
+                ids, attn, mask, adv = self._batch(b)
+                logp = self._logprobs(self.model, ids, attn)
+                loss, ls = grpo_loss(logp, old_lp, adv, mask, self.cfg.train.clip_eps, ref_lp,
+                                     self.cfg.train.kl_coef)
+                (loss * len(b) / len(samples)).backward()
+                stats["loss"] += ls.loss * len(b) / len(samples)
+                stats["clip_fraction"] += ls.clip_fraction * len(b) / len(samples)
+                stats["kl"] += ls.kl * len(b) / len(samples)
+                stats["train_tokens"] += ls.tokens
+            if samples:
+                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                    self.cfg.train.max_grad_norm)
+                stats["grad_norm"] = float(gn)
+                self.optimizer.step()
+        self.version += 1
+        stats.update(trajectories=len(by_traj), trained_trajectories=len(samples),
+                     version=self.version, train_s=time.perf_counter() - t0)
+        return dict(stats)
+
+
+class TrainerPlugin(WorkerPlugin):
+    """Keeps one Trainer per run alive on the `train_gpu` worker."""
+
+    idempotent = True  # re-registering must not tear down the optimizer state
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.name = plugin_name(cfg.run_id)
+        self.cfg_json = cfg.model_dump_json()
+        self.trainer: Trainer | None = None
+
+    def setup(self, worker) -> None:
+        if "train_gpu" in worker.state.total_resources:
+            self.trainer = Trainer(RunConfig.model_validate_json(self.cfg_json))
+
+    def teardown(self, worker) -> None:
+        self.trainer = None
+
+
+def plugin_name(run_id: str) -> str:
+    return f"rose-trainer-{run_id}"
+
+
+def local_trainer(run_id: str) -> Trainer:
+    """The Trainer of this run on the current Dask worker (call from a task pinned to it)."""
+    from distributed import get_worker
+
+    plugin = get_worker().plugins.get(plugin_name(run_id))
+    if plugin is None or plugin.trainer is None:
+        raise RuntimeError(f"no trainer for run {run_id!r} on this worker: is it a train_gpu "
+                           "worker and was TrainerPlugin registered?")
+    return plugin.trainer

@@ -1,0 +1,192 @@
+"""Thin adapter over an in-process vLLM engine, stepped by one background thread.
+
+Callers on any thread submit turns and block on futures; the loop thread owns the engine
+(vLLM's LLMEngine is not thread-safe), so concurrent Dask tasks on a worker share one
+continuously batched engine.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from executors.turns import TurnRequest, TurnResult
+
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: engine state reachable in-process
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+}
+
+
+@dataclass
+class EngineSpec:
+    model_dir: Path
+    max_model_len: int = 2048
+    max_num_seqs: int = 128
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    dtype: str = "bfloat16"
+    block_size: int = 32  # CPU attention needs multiples of 32; small blocks let prefixes hit
+
+    def __post_init__(self) -> None:
+        self.model_dir = Path(self.model_dir)
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {self.model_dir} has no config.json "
+                                    "(build it with `rose models build`)")
+
+
+def build_engine(spec: EngineSpec):
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(model=str(spec.model_dir), skip_tokenizer_init=True, enforce_eager=True,
+                      dtype=spec.dtype, enable_prefix_caching=spec.enable_prefix_caching,
+                      max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
+                      seed=spec.seed, block_size=spec.block_size)
+    return LLMEngine.from_engine_args(args)
+
+
+class EngineLoop:
+    """Owns one vLLM engine; `submit` is thread-safe and returns a Future[TurnResult]."""
+
+    def __init__(self, spec: EngineSpec, worker: str, worker_kind: str) -> None:
+        self.engine = build_engine(spec)
+        self.worker, self.worker_kind = worker, worker_kind
+        self.policy_version = 0
+        self._lock = threading.Condition()
+        self._pending: list[tuple[TurnRequest, Future]] = []
+        self._aborts: list[str] = []
+        self._calls: list[tuple[callable, Future]] = []
+        self._live: dict[str, tuple[TurnRequest, Future, float]] = {}
+        self._running = True
+        self.last_progress = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"engine-{worker}", daemon=True)
+        self._thread.start()
+
+    # ---- public API (any thread) ----
+    def submit(self, request: TurnRequest) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            self._pending.append((request, fut))
+            self._lock.notify()
+        return fut
+
+    def generate(self, requests: Iterable[TurnRequest]) -> list[TurnResult]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def abort(self, request_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._aborts.extend(request_ids)
+            self._lock.notify()
+
+    def call(self, fn) -> object:
+        """Run fn(engine) on the loop thread between steps (weight reloads, cache resets)."""
+        fut: Future = Future()
+        with self._lock:
+            self._calls.append((fn, fut))
+            self._lock.notify()
+        return fut.result()
+
+    def num_inflight(self) -> int:
+        with self._lock:
+            return len(self._live) + len(self._pending)
+
+    def close(self) -> None:
+        with self._lock:
+            self._running = False
+            self._lock.notify()
+        self._thread.join(timeout=10)
+
+    # ---- loop thread ----
+    def _run(self) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        while True:
+            with self._lock:
+                while self._running and not (self._pending or self._aborts or self._calls
+                                             or self._live):
+                    self._lock.wait()
+                if not self._running:
+                    break
+                pending, self._pending = self._pending, []
+                aborts, self._aborts = self._aborts, []
+                calls, self._calls = self._calls, []
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn(self.engine))
+                except BaseException as exc:  # surfaced to the caller, never kills the loop
+                    fut.set_exception(exc)
+            for request, fut in pending:
+                if request.min_policy_version > self.policy_version:
+                    fut.set_result(self._empty(request, "stale"))
+                    continue
+                params = SamplingParams(max_tokens=request.max_tokens,
+                                        temperature=request.temperature, top_p=request.top_p,
+                                        seed=request.seed, logprobs=0, detokenize=False,
+                                        stop_token_ids=request.stop_token_ids or None)
+                try:
+                    self.engine.add_request(request.request_id,
+                                            TokensPrompt(prompt_token_ids=request.prompt_ids),
+                                            params)
+                except Exception as exc:  # e.g. prompt longer than max_model_len
+                    fut.set_exception(ValueError(f"turn {request.request_id} rejected: {exc}"))
+                    continue
+                self._live[request.request_id] = (request, fut, time.monotonic())
+            live_aborts = [rid for rid in aborts if rid in self._live]
+            if live_aborts:
+                self.engine.abort_request(live_aborts)
+                for rid in live_aborts:
+                    request, fut, _ = self._live.pop(rid)
+                    fut.set_result(self._empty(request, "abort"))
+            if self._live:
+                for out in self.engine.step():
+                    self.last_progress = time.monotonic()
+                    if out.finished and out.request_id in self._live:
+                        request, fut, _ = self._live.pop(out.request_id)
+                        fut.set_result(self._result(request, out))
+
+    def _empty(self, request: TurnRequest, reason: str) -> TurnResult:
+        return TurnResult(request.request_id, request.trajectory_id, [], [], reason,
+                          self.worker, self.worker_kind, self.policy_version,
+                          len(request.prompt_ids))
+
+    def _result(self, request: TurnRequest, out) -> TurnResult:
+        completion = out.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs or [], ids)]
+        stats = getattr(out, "metrics", None)
+        queued = prefill = decode = 0.0
+        if stats is not None and getattr(stats, "first_token_ts", 0):
+            queued = max(0.0, stats.scheduled_ts - stats.queued_ts)
+            prefill = max(0.0, stats.first_token_ts - stats.scheduled_ts)
+            decode = max(0.0, stats.last_token_ts - stats.first_token_ts)
+        reason = "stop" if completion.finish_reason == "stop" else "length"
+        return TurnResult(request.request_id, request.trajectory_id, ids, logprobs, reason,
+                          self.worker, self.worker_kind, self.policy_version,
+                          len(request.prompt_ids), int(out.num_cached_tokens or 0),
+                          queued, prefill, decode)
+
+
+def reload_weights(engine, tensors: dict[str, torch.Tensor]) -> None:
+    """In-place reload (no restart), then drop the prefix cache: its KV came from old weights."""
+    engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
+    engine.reset_prefix_cache()
+
+
+def read_weight(engine, name: str) -> torch.Tensor:
+    """A parameter as the engine holds it (only un-repacked ones, e.g. embeddings and norms)."""
+    def _get(worker_self):
+        params = dict(worker_self.model_runner.model.named_parameters())
+        return params[name].detach().clone()
+    return engine.collective_rpc(_get)[0]

@@ -1,0 +1,94 @@
+"""Short supervised warm-up of the policy on demonstrations (CPU torch).
+
+Conversations are laid out with ChatTokens exactly as rollout lays them out, and the loss
+covers the assistant replies (and their EOS) only: the model learns what to answer, not to
+predict the environment.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rose.models.chat import ChatTokens
+from rose.models.demos import Demo
+
+
+@dataclass
+class WarmupSpec:
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or not self.lr > 0:
+            raise ValueError(f"bad warm-up spec: {self}")
+
+
+def encode_demo(chat: ChatTokens, demo: Demo) -> tuple[list[int], list[int]]:
+    """(token ids, loss mask): one trajectory as rollout would build it."""
+    ids = chat.system(demo.system)
+    mask = [0] * len(ids)
+    for obs, reply in demo.turns:
+        prompt = chat.user_turn(obs)
+        answer = chat.reply(reply)
+        ids += prompt + answer + chat.assistant_end_ids
+        mask += [0] * len(prompt) + [1] * len(answer) + [0] * len(chat.assistant_end_ids)
+    return ids, mask
+
+
+def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, mask) in enumerate(rows):
+        t = torch.tensor(row)
+        ids[i, : len(row)] = t
+        attn[i, : len(row)] = 1
+        labels[i, : len(row)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, -100)
+    return ids, attn, labels
+
+
+def warmup(model: torch.nn.Module, chat: ChatTokens, demos: list[Demo], spec: WarmupSpec, seed: int) -> dict:
+    """Train `model` (float32, in place) on `demos`; returns loss statistics."""
+    rows = [encode_demo(chat, d) for d in demos]
+    if not rows or spec.steps == 0:
+        return {"steps": 0}
+    rng = np.random.default_rng(seed)
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        if step < spec.warmup_steps:
+            return spec.lr * (step + 1) / spec.warmup_steps
+        frac = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
+        return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+
+    model.train()
+    losses, t0 = [], time.perf_counter()
+    order = rng.permutation(len(rows))
+    pos = 0
+    for step in range(spec.steps):
+        if pos + spec.batch_size > len(order):
+            order, pos = rng.permutation(len(rows)), 0
+        picked = [rows[i] for i in order[pos : pos + spec.batch_size]]
+        pos += spec.batch_size
+        ids, attn, labels = _batch(picked, chat.pad_id)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    head = float(np.mean(losses[:10]))
+    tail = float(np.mean(losses[-10:]))
+    return {"steps": spec.steps, "loss_start": head, "loss_end": tail, "seconds": time.perf_counter() - t0}

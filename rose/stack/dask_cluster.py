@@ -1,0 +1,185 @@
+"""A Dask scheduler and named workers standing for GPUs, as local processes.
+
+Each worker is one `dask worker` process (with a nanny) named after the GPU it stands for
+(trainer-0, rollout-0, serving-0) and tagged with that GPU's resource, so tasks pin by name
+or resource. Workers get the whole stack's env (Prefect, Mooncake, vLLM on CPU).
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from rose.stack.errors import StackError
+from rose.stack.ports import LOCALHOST, pick_port
+from rose.stack.process import ManagedProcess, venv_binary
+
+WorkerKind = Literal["trainer", "rollout", "serving"]
+KIND_RESOURCE: dict[str, str] = {"trainer": "train_gpu", "rollout": "rollout_gpu",
+                                 "serving": "serving_gpu"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+REGISTER_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str
+    kind: WorkerKind
+    nthreads: int
+    core: int | None = None  # CPU core vLLM's OpenMP threads bind to (engines would share core 0)
+
+    @property
+    def resource(self) -> str:
+        return KIND_RESOURCE[self.kind]
+
+
+def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
+                 trainer_threads: int = 1, rollout_threads: int = 2, serving_threads: int = 2,
+                 ncores: int | None = None) -> list[WorkerSpec]:
+    """trainer-i, rollout-i, serving-i; engine workers spread round-robin over the cores."""
+    if trainers < 0 or rollout < 0 or serving < 0:
+        raise StackError("worker counts must be >= 0")
+    ncores = ncores or os.cpu_count() or 1
+    specs = [WorkerSpec(f"trainer-{i}", "trainer", trainer_threads) for i in range(trainers)]
+    engines = [(f"rollout-{i}", "rollout", rollout_threads) for i in range(rollout)]
+    engines += [(f"serving-{i}", "serving", serving_threads) for i in range(serving)]
+    specs += [WorkerSpec(n, k, t, core=j % ncores) for j, (n, k, t) in enumerate(engines)]
+    return specs
+
+
+def vllm_cpu_env(run_dir: Path, core: int | None) -> dict[str, str]:
+    """One-process vLLM engine on CPU, small KV cache, offline, bound to its own core."""
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(Path(run_dir).resolve() / "vllm-cache"),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
+    return env
+
+
+def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[str, str]:
+    from rose.config import data_dir
+
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {
+        **base,
+        **vllm_cpu_env(run_dir, spec.core),
+        "DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask"),
+        "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # engines/trainers may start subprocesses
+        "PYTHONPATH": pythonpath,
+        "ROSE_DATA_DIR": str(data_dir()),
+        "ROSE_WORKER_KIND": spec.kind,
+        "ROSE_WORKER_NAME": spec.name,
+    }
+
+
+@dataclass
+class DaskCluster:
+    scheduler_address: str  # tcp://127.0.0.1:P
+    workers: dict[str, str]  # name -> kind
+    processes: list[ManagedProcess] = field(default_factory=list, repr=False)
+
+    def stop(self) -> None:
+        """Workers first (all at once: each waits on its own grace period), then the scheduler."""
+        workers, scheduler = self.processes[1:], self.processes[:1]
+        for batch in (workers, scheduler):
+            if batch:
+                with ThreadPoolExecutor(len(batch)) as pool:
+                    list(pool.map(lambda p: p.stop(grace=10), batch))
+
+
+def start_scheduler(run_dir: Path, port: int | None = None) -> tuple[str, ManagedProcess]:
+    port = pick_port(port)
+    proc = ManagedProcess("dask-scheduler", [
+        venv_binary("dask"), "scheduler", "--host", LOCALHOST, "--port", str(port),
+        "--no-dashboard"], run_dir,
+        env={"DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask")})
+    proc.start()
+    proc.wait_for_port(LOCALHOST, port, timeout=60)
+    return f"tcp://{LOCALHOST}:{port}", proc
+
+
+def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
+                 base_env: dict[str, str]) -> ManagedProcess:
+    local_dir = Path(run_dir).resolve() / "dask" / spec.name
+    local_dir.mkdir(parents=True, exist_ok=True)
+    return ManagedProcess(f"worker-{spec.name}", [
+        venv_binary("dask"), "worker", scheduler, "--name", spec.name,
+        "--nthreads", str(spec.nthreads), "--nworkers", "1", "--nanny",
+        "--resources", f"{spec.resource}=1", "--host", LOCALHOST, "--no-dashboard",
+        "--local-directory", str(local_dir),
+        "--death-timeout", "60",  # exit on its own if the scheduler is gone: no orphan
+    ], run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT).start()
+
+
+def wait_for_workers(scheduler: str, procs: dict[str, ManagedProcess],
+                     timeout: float = REGISTER_TIMEOUT_S) -> None:
+    """Block until every named worker is registered; a crashed or late one is named, with its log."""
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(scheduler, timeout=30) as client:
+        while True:
+            names = {w.get("name") for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+            absent = [n for n in procs if n not in names]
+            if not absent:
+                return
+            for name in absent:
+                if not procs[name].running():
+                    code = procs[name].popen.returncode
+                    raise procs[name].fail(f"exited (code {code}) before registering with {scheduler}")
+            if time.monotonic() > deadline:
+                raise procs[absent[0]].fail(f"did not register with {scheduler} within {timeout:.0f} s")
+            time.sleep(0.2)
+
+
+def start_dask(run_dir: Path, specs: list[WorkerSpec], base_env: dict[str, str],
+               scheduler_port: int | None = None,
+               timeout: float = REGISTER_TIMEOUT_S) -> DaskCluster:
+    """Start the scheduler and one worker process per spec; wait until all are registered."""
+    if len({s.name for s in specs}) != len(specs):
+        raise StackError("worker names must be unique")
+    address, scheduler = start_scheduler(run_dir, scheduler_port)
+    cluster = DaskCluster(address, {s.name: s.kind for s in specs}, [scheduler])
+    try:
+        procs = {}
+        for spec in specs:
+            procs[spec.name] = start_worker(spec, address, run_dir, base_env)
+            cluster.processes.append(procs[spec.name])
+        wait_for_workers(address, procs, timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def check_workers(scheduler: str, needed: tuple[str, ...] = ("train_gpu", "rollout_gpu"),
+                  timeout: float = 30.0) -> dict[str, str]:
+    """For an existing scheduler: name -> kind of its workers; error if a resource is missing."""
+    from distributed import Client
+
+    try:
+        with Client(scheduler, timeout=timeout) as client:
+            workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    except (OSError, TimeoutError) as e:
+        raise StackError(f"Dask scheduler at {scheduler} does not answer ({type(e).__name__})") \
+            from None
+    kinds = {v: k for k, v in KIND_RESOURCE.items()}
+    out, have = {}, set()
+    for w in workers:
+        res = set(w.get("resources") or {})
+        have |= res
+        kind = next((kinds[r] for r in res if r in kinds), "other")
+        out[str(w.get("name"))] = kind
+    lacking = [r for r in needed if r not in have]
+    if lacking:
+        raise StackError(f"Dask scheduler at {scheduler} has no worker with {', '.join(lacking)}")
+    return out

@@ -1,0 +1,71 @@
+"""A local Prefect server: SQLite under the run directory, bound to 127.0.0.1, no analytics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rose.stack.errors import StackError
+from rose.stack.ports import LOCALHOST, pick_port
+from rose.stack.process import ManagedProcess, http_ok, venv_binary
+
+START_TIMEOUT_S = 120.0  # ~10 s when idle; the 2-core machine may be busy
+
+
+@dataclass
+class PrefectServer:
+    api_url: str  # http://127.0.0.1:P/api
+    home: Path  # PREFECT_HOME shared by the server, the driver and the workers
+    process: ManagedProcess | None = field(default=None, repr=False)
+
+    @property
+    def ui_url(self) -> str:
+        return self.api_url.removesuffix("/api")
+
+    def healthy(self) -> bool:
+        return http_ok(f"{self.api_url}/health")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(grace=10)
+
+
+def prefect_home(run_dir: Path) -> Path:
+    return Path(run_dir).resolve() / "prefect"
+
+
+def prefect_env(api_url: str, home: Path) -> dict[str, str]:
+    """Env for Prefect clients (driver, Dask workers): never the ephemeral per-process server."""
+    return {
+        "PREFECT_API_URL": api_url,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true",
+    }
+
+
+def start_prefect_server(run_dir: Path, port: int | None = None,
+                         timeout: float = START_TIMEOUT_S) -> PrefectServer:
+    """Start `prefect server start` and wait until /api/health answers."""
+    port = pick_port(port)
+    home = prefect_home(run_dir)
+    home.mkdir(parents=True, exist_ok=True)
+    api_url = f"http://{LOCALHOST}:{port}/api"
+    env = {
+        **prefect_env(api_url, home),
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",  # no access log line per task-run update
+    }
+    env.pop("PREFECT_API_URL")  # the server is not a client of itself
+    proc = ManagedProcess("prefect-server", [
+        venv_binary("prefect"), "server", "start", "--host", LOCALHOST, "--port", str(port),
+        "--analytics-off", "--no-background"], run_dir, env=env)
+    proc.env.pop("PREFECT_API_URL", None)  # an inherited one would point the server elsewhere
+    proc.start()
+    proc.wait_for_http(f"{api_url}/health", timeout=timeout)
+    return PrefectServer(api_url, home, proc)
+
+
+def check_prefect(api_url: str) -> None:
+    """Raise a one-line StackError unless an existing server answers at api_url."""
+    if not http_ok(f"{api_url.rstrip('/')}/health"):
+        raise StackError(f"Prefect server at {api_url} does not answer /health")

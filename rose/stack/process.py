@@ -1,0 +1,209 @@
+"""A managed subprocess: own process group, log file and pid file under the run directory.
+
+Every service of the stack runs in its own session (process group), so stopping it takes
+its children too (Nanny -> worker, prefect -> uvicorn): SIGTERM to the group, then SIGKILL
+to whatever is left, members found through /proc so no orphan survives.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from rose.stack.errors import StackError
+from rose.stack.ports import port_answers
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What is needed to find (and stop) a service from another process, e.g. `rose down`."""
+
+    name: str
+    pid: int
+    started: float  # psutil create_time: guards against a recycled pid
+    log: str
+
+    def alive(self) -> bool:
+        try:
+            p = psutil.Process(self.pid)
+            return abs(p.create_time() - self.started) < 0.5 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.alive():
+            stop_group(self.pid, grace)
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes whose process group is `pgid` (also those re-parented to init)."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def stop_group(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group led by `pid`, wait `grace` s, then SIGKILL all that remain."""
+    try:
+        leader = psutil.Process(pid)
+        family = {p.pid: p for p in [leader, *leader.children(recursive=True)]}
+    except psutil.Error:
+        family = {}
+    for p in group_members(pid):
+        family.setdefault(p.pid, p)
+    if not family:
+        return
+    _signal_all(pid, family.values(), signal.SIGTERM)
+    _, alive = psutil.wait_procs(list(family.values()), timeout=grace)
+    if alive or group_members(pid):
+        _signal_all(pid, [*alive, *group_members(pid)], signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=5)
+
+
+def _signal_all(pgid: int, procs, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:  # children that left the group (setsid) still get the signal
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+class ManagedProcess:
+    """One service of the stack. start() -> wait_for_port()/wait_for_http() -> stop()."""
+
+    def __init__(self, name: str, argv: list[str], run_dir: Path,
+                 env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.name, self.argv, self.cwd = name, [str(a) for a in argv], cwd
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = Path(run_dir) / "logs" / f"{name}.log"
+        self.pid_path = Path(run_dir) / "pids" / f"{name}.json"
+        self.popen: subprocess.Popen | None = None
+        self.record: ProcessRecord | None = None
+
+    def start(self) -> "ManagedProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n==== {time.strftime('%F %T')} {' '.join(self.argv)}\n".encode())
+            log.flush()
+            try:
+                self.popen = subprocess.Popen(
+                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=self.env, cwd=self.cwd, start_new_session=True)
+            except FileNotFoundError:
+                raise StackError(f"{self.name}: executable not found: {self.argv[0]}") from None
+        try:
+            started = psutil.Process(self.popen.pid).create_time()
+        except psutil.Error:
+            started = time.time()
+        self.record = ProcessRecord(self.name, self.popen.pid, started, str(self.log_path))
+        tmp = self.pid_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self.record)))
+        tmp.replace(self.pid_path)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None, "not started"
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def fail(self, what: str) -> StackError:
+        """Stop the process and build the one-line error: what went wrong, its last log line."""
+        last = next((ln.strip() for ln in reversed(self.log_tail(40).splitlines())
+                     if ln.strip() and not ln.startswith("====")), "")
+        hint = f": {last[:200]}" if last else ""
+        err = StackError(f"{self.name} {what}{hint} (log: {self.log_path})")
+        err.detail = self.log_tail()  # type: ignore[attr-defined]
+        self.stop(grace=3)
+        return err
+
+    def wait_until(self, ready, what: str, timeout: float) -> None:
+        """Poll `ready()` until true; fail fast if the process dies, with its last log line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if ready():
+                return
+            if not self.running():
+                code = self.popen.returncode if self.popen else None
+                raise self.fail(f"exited (code {code}) before {what}")
+            if time.monotonic() > deadline:
+                raise self.fail(f"did not {what} within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def wait_for_port(self, host: str, port: int, timeout: float = 30.0) -> None:
+        self.wait_until(lambda: port_answers(host, port), f"answer on {host}:{port}", timeout)
+
+    def wait_for_http(self, url: str, timeout: float = 60.0) -> None:
+        self.wait_until(lambda: http_ok(url), f"answer at {url}", timeout)
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.popen is not None:
+            stop_group(self.popen.pid, grace)
+            try:
+                self.popen.wait(timeout=5)  # reap, so no zombie remains
+            except (subprocess.TimeoutExpired, ChildProcessError):
+                pass
+        self.pid_path.unlink(missing_ok=True)
+
+
+def venv_binary(name: str) -> str:
+    """A console script of this interpreter's environment, else one on PATH."""
+    for candidate in (Path(sys.executable).parent / name, Path(sys.prefix) / "bin" / name):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which(name)
+    if not found:
+        raise StackError(f"{name} not found in {Path(sys.executable).parent} or on PATH")
+    return found
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when a GET on `url` answers 2xx."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout) as r:
+            return 200 <= r.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def read_records(run_dir: Path) -> list[ProcessRecord]:
+    """Pid files left under run_dir/pids (services started and not yet stopped)."""
+    out = []
+    for f in sorted((Path(run_dir) / "pids").glob("*.json")):
+        try:
+            out.append(ProcessRecord(**json.loads(f.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out

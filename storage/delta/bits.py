@@ -1,0 +1,82 @@
+"""Tensors as flat arrays of bit patterns.
+
+Every supported dtype is coded through the unsigned integer of its width (bf16 -> uint16), so
+"changed" means "some bit differs" (NaN payloads, -0 vs +0 count) and decoding is bit-exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# Stable on-the-wire codes: never renumber, only append.
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.bfloat16: 1, torch.float16: 2, torch.float32: 3, torch.float64: 4,
+    torch.uint8: 5, torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9,
+    torch.bool: 10, torch.uint16: 11, torch.uint32: 12, torch.uint64: 13,
+}
+for _code, _name in ((14, "float8_e4m3fn"), (15, "float8_e5m2")):
+    if hasattr(torch, _name):
+        DTYPE_CODES[getattr(torch, _name)] = _code
+DTYPES_BY_CODE: dict[int, torch.dtype] = {code: dt for dt, code in DTYPE_CODES.items()}
+
+# torch can view any dtype as the signed int of its width; numpy then reinterprets as unsigned.
+_TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NP_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
+_NP_INT = {1: np.dtype("u1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
+
+# Scan for changes in chunks that stay in cache; fast path compares 8-byte words first.
+_CHUNK = 1 << 20
+_SPARSE_WORDS = 1 / 16
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in DTYPE_CODES:
+        raise TypeError(f"delta codec does not support dtype {dtype}")
+
+
+def uint_dtype(dtype: torch.dtype) -> np.dtype:
+    """The unsigned numpy dtype that carries `dtype`'s bit patterns."""
+    check_dtype(dtype)
+    return _NP_UINT[dtype.itemsize]
+
+
+def to_bits(t: torch.Tensor) -> np.ndarray:
+    """Flat unsigned view of a tensor's bits (shares memory when already contiguous on CPU)."""
+    check_dtype(t.dtype)
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(_TORCH_INT[t.dtype.itemsize]).numpy().view(_NP_UINT[t.dtype.itemsize])
+
+
+def from_bits(u: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Tensor of `dtype` and `shape` whose bits are `u` (takes ownership of `u`)."""
+    signed = torch.from_numpy(np.ascontiguousarray(u).view(_NP_INT[dtype.itemsize]))
+    return signed.view(dtype).reshape(shape)
+
+
+def changed_positions(new: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Sorted int64 indices where the bit patterns of `new` and `base` differ."""
+    if new.shape != base.shape or new.dtype != base.dtype:
+        raise ValueError(f"cannot compare {new.dtype}{new.shape} with {base.dtype}{base.shape}")
+    lanes = 8 // new.itemsize
+    found = []
+    for start in range(0, new.size, _CHUNK):
+        a, b = new[start:start + _CHUNK], base[start:start + _CHUNK]
+        found.append(_chunk_positions(a, b, lanes) + start)
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def _chunk_positions(a: np.ndarray, b: np.ndarray, lanes: int) -> np.ndarray:
+    whole = a.size - a.size % lanes
+    if lanes == 1 or whole == 0:
+        return np.flatnonzero(a != b)
+    # Most RL steps leave >95% of words untouched: find changed 8-byte words, then lanes.
+    words = a[:whole].view(np.uint64) != b[:whole].view(np.uint64)
+    hits = np.flatnonzero(words)
+    if hits.size > words.size * _SPARSE_WORDS:
+        return np.flatnonzero(a != b)
+    rows, lane = np.nonzero(a[:whole].reshape(-1, lanes)[hits] != b[:whole].reshape(-1, lanes)[hits])
+    pos = hits[rows] * lanes + lane
+    if whole < a.size:
+        pos = np.concatenate([pos, np.flatnonzero(a[whole:] != b[whole:]) + whole])
+    return pos

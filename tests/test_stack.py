@@ -1,0 +1,292 @@
+"""The local stack: ports, managed processes, Mooncake services, the whole stack, the CLI."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rose.stack.errors import PortBusyError, StackError
+from rose.stack.ports import ensure_free, free_port, pick_port, port_answers
+from rose.stack.process import ManagedProcess, read_records
+
+
+@pytest.fixture
+def listener():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def _dead(pids) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+# ---- ports ------------------------------------------------------------------------------
+
+def test_busy_port_is_named(listener):
+    with pytest.raises(PortBusyError, match=f"^port {listener} on 127.0.0.1 is busy$"):
+        ensure_free(listener)
+    with pytest.raises(PortBusyError):
+        pick_port(listener)
+
+
+def test_free_port_is_bindable_and_silent():
+    port = free_port()
+    assert ensure_free(port) == port
+    assert not port_answers("127.0.0.1", port)
+    assert pick_port(None) != 0
+
+
+# ---- managed processes ------------------------------------------------------------------
+
+# A leader with a child in its group and an orphan (double fork: re-parented to init).
+FAMILY = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+if os.fork() == 0:
+    if os.fork() == 0:
+        time.sleep(300)
+    os._exit(0)
+print("up" + "-and-running", flush=True)
+time.sleep(300)
+"""
+
+
+def test_stop_kills_the_whole_group(tmp_path):
+    proc = ManagedProcess("family", [sys.executable, "-c", FAMILY], tmp_path).start()
+    proc.wait_until(lambda: "up-and-running" in proc.log_tail(), "say it runs", timeout=20)
+    members = [p.pid for p in psutil.process_iter() if _pgid(p.pid) == proc.pid]
+    assert len(members) >= 3  # leader, child, orphan
+    assert [r.pid for r in read_records(tmp_path)] == [proc.pid]
+    proc.stop(grace=2)
+    assert _dead(members)
+    assert read_records(tmp_path) == []
+    assert (tmp_path / "logs" / "family.log").exists()
+
+
+def test_stop_escalates_to_sigkill(tmp_path):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); " \
+               "print('up' + '-and-running', flush=True); time.sleep(300)"
+    proc = ManagedProcess("stubborn", [sys.executable, "-c", stubborn], tmp_path).start()
+    proc.wait_until(lambda: "up-and-running" in proc.log_tail(), "say it runs", timeout=20)
+    proc.stop(grace=0.5)
+    assert _dead([proc.pid])
+
+
+def test_early_exit_reports_last_log_line(tmp_path):
+    argv = [sys.executable, "-c", "import sys; print('boom: no config'); sys.exit(3)"]
+    proc = ManagedProcess("crasher", argv, tmp_path).start()
+    with pytest.raises(StackError, match=r"crasher exited \(code 3\).*boom: no config"):
+        proc.wait_for_port("127.0.0.1", free_port(), timeout=20)
+
+
+def test_missing_binary_is_named(tmp_path):
+    with pytest.raises(StackError, match="executable not found: /nonexistent/server"):
+        ManagedProcess("ghost", ["/nonexistent/server"], tmp_path).start()
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+# ---- Mooncake -----------------------------------------------------------------------------
+
+@pytest.fixture
+def mooncake(tmp_path, monkeypatch):
+    from rose.stack.mooncake import mooncake_env, start_mooncake
+
+    services = start_mooncake(tmp_path)
+    for k, v in mooncake_env(services).items():
+        monkeypatch.setenv(k, v)
+    yield services
+    services.stop()
+
+
+def test_mooncake_put_get_round_trip(mooncake):
+    from rose.stack.mooncake import open_store
+
+    assert mooncake.master_addr.startswith("127.0.0.1:")
+    assert mooncake.metadata_url.startswith("http://127.0.0.1:")
+    store = open_store()
+    payload = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    assert store.put("rose-test/v1", payload) == 0
+    assert store.get("rose-test/v1") == payload
+    assert store.get("rose-test/missing") == b""
+    pids = [p.pid for p in mooncake.processes]
+    mooncake.stop()
+    assert _dead(pids)
+
+
+def test_dead_master_gives_clear_error(mooncake):
+    from rose.stack.mooncake import open_store
+
+    master = next(p for p in mooncake.processes if p.name == "mooncake-master")
+    master.stop(grace=2)
+    with pytest.raises(StackError, match=f"master at {mooncake.master_addr} does not answer"):
+        open_store()
+
+
+def test_client_setup_fails_fast_without_master(tmp_path):
+    """MC_STORE_CLIENT_SETUP_RETRIES=1: raw setup returns an error instead of blocking ~90 s."""
+    code = (
+        "from mooncake.store import MooncakeDistributedStore as S\n"
+        f"rc = S().setup('127.0.0.1', 'http://127.0.0.1:{free_port()}/metadata', 16 << 20,"
+        f" 16 << 20, 'tcp', '', '127.0.0.1:{free_port()}')\n"
+        "print('rc', rc)\n")
+    env = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_STORE_CLIENT_SETUP_RETRIES": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    rc = int(out.stdout.split("rc", 1)[1].split()[0])
+    assert rc != 0
+
+
+# ---- the whole stack (slow) ----------------------------------------------------------------
+
+def _on_worker_probe():
+    """Runs on a Dask worker: its env, and a Mooncake round trip with that env."""
+    from rose.stack.mooncake import open_store
+
+    store = open_store(segment_bytes=32 << 20, buffer_bytes=32 << 20)
+    payload = os.urandom(1 << 20)
+    key = f"probe/{os.environ['ROSE_WORKER_NAME']}"
+    ok = store.put(key, payload) == 0 and store.get(key) == payload
+    keys = ("ROSE_WORKER_KIND", "PREFECT_API_URL", "VLLM_CPU_OMP_THREADS_BIND",
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "ROSE_RELAY")
+    return {k: os.environ.get(k) for k in keys} | {"mooncake_ok": ok}
+
+
+@pytest.mark.slow
+def test_whole_stack_up_status_down(tmp_path, monkeypatch):
+    from distributed import Client
+    from typer.testing import CliRunner
+
+    from rose.cli import app
+    from rose.config import StackConfig
+    from rose.stack.local_stack import load_stack, start_stack, stop_stack
+    from rose.stack.process import group_members
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
+    run_dir = tmp_path / "runs" / "stacktest"
+    handle = start_stack(StackConfig(rollout_workers=1), run_dir)
+    pids = [p.pid for p in handle.processes]
+    family = [q.pid for pid in pids for q in [psutil.Process(pid), *psutil.Process(pid).children(True)]]
+    try:
+        assert handle.relay == "mooncake"
+        assert handle.workers == {"trainer-0": "trainer", "rollout-0": "rollout"}
+        assert json_load(run_dir / "stack.json")["dask_scheduler"] == handle.dask_scheduler
+        with Client(handle.dask_scheduler, timeout=30) as client:
+            info = client.scheduler_info(n_workers=-1)["workers"].values()
+            by_name = {w["name"]: w for w in info}
+            assert by_name["trainer-0"]["resources"] == {"train_gpu": 1}
+            assert by_name["rollout-0"]["resources"] == {"rollout_gpu": 1}
+            assert (by_name["trainer-0"]["nthreads"], by_name["rollout-0"]["nthreads"]) == (1, 2)
+            probe = client.submit(_on_worker_probe, resources={"rollout_gpu": 1}, pure=False).result(60)
+        assert probe == {"ROSE_WORKER_KIND": "rollout", "PREFECT_API_URL": handle.prefect_api_url,
+                         "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                         "ROSE_RELAY": "mooncake", "mooncake_ok": True}
+        assert load_stack(run_dir) == handle
+        assert start_stack(StackConfig(rollout_workers=1), run_dir) == handle  # reused, not restarted
+
+        runner = CliRunner()
+        ok = runner.invoke(app, ["status", "--run-id", "stacktest"])
+        assert ok.exit_code == 0, ok.output
+        assert "rollout-0" in ok.output and "train_gpu=1" in ok.output
+
+        master = next(p for p in handle.processes if p.name == "mooncake-master")
+        os.kill(master.pid, 9)
+        psutil.wait_procs([psutil.Process(master.pid)], timeout=10)
+        degraded = runner.invoke(app, ["status", "--run-id", "stacktest"])
+        assert degraded.exit_code == 1
+        assert "mooncake-master" in degraded.output and "Traceback" not in degraded.output
+        assert load_stack(run_dir) is None
+
+        down = runner.invoke(app, ["down", "--run-id", "stacktest"])
+        assert down.exit_code == 0, down.output
+    finally:
+        stop_stack(run_dir)
+    assert _dead(family)
+    assert not any(group_members(pid) for pid in pids)
+    assert not (run_dir / "stack.json").exists()
+
+
+def json_load(path: Path):
+    import json
+
+    return json.loads(path.read_text())
+
+
+# ---- the CLI on bad input ------------------------------------------------------------------
+
+def _cli(*args: str, env: dict | None = None):
+    from typer.testing import CliRunner
+
+    from rose.cli import app
+
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def test_cli_unknown_config_key(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("run_id: x\nstack:\n  rollout_workers: 1\n  gpus: 4\n")
+    res = _cli("up", "--config", str(cfg))
+    assert res.exit_code == 1
+    assert res.output.strip() == f"error: unknown config key 'stack.gpus' in {cfg}"
+
+
+def test_cli_bad_value_and_missing_file(tmp_path):
+    res = _cli("up", "--rollout-workers", "99", "--run-id", "x")
+    assert res.exit_code == 1
+    assert "'stack.rollout_workers'" in res.output and "less than or equal to 8" in res.output
+    res = _cli("status", "--config", str(tmp_path / "nope.json"))
+    assert res.exit_code == 1
+    assert res.output.strip() == f"error: config file not found: {tmp_path / 'nope.json'}"
+
+
+def test_cli_busy_port_starts_nothing(tmp_path, listener):
+    res = _cli("up", "--run-id", "busy", "--prefect-port", str(listener),
+               env={"ROSE_DATA_DIR": str(tmp_path)})
+    assert res.exit_code == 1
+    assert res.output.strip() == f"error: port {listener} on 127.0.0.1 is busy"
+    assert read_records(tmp_path / "runs" / "busy") == []
+
+
+def test_cli_status_without_stack_in_a_real_process(tmp_path):
+    env = {**os.environ, "ROSE_DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "rose.cli", "status", "--run-id", "none"],
+                         env=env, capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: no stack running for run 'none' (start one with `rose up`)"]
+
+
+def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch, capsys):
+    from rose.config import StackConfig
+    from rose.stack import local_stack
+
+    def broken(run_dir):
+        raise StackError("mooncake_master not found")
+
+    monkeypatch.setattr(local_stack, "start_mooncake", broken)
+    assert local_stack._start_relay(StackConfig(), tmp_path) is None
+    err = capsys.readouterr().err
+    assert "mooncake_master not found" in err and "FILESYSTEM relay" in err
+    assert local_stack._start_relay(StackConfig(relay="filesystem"), tmp_path) is None
