@@ -12,7 +12,7 @@ import numpy as np
 
 from envs.base import MultiTurnEnv, StepResult
 
-_NUMBER = re.compile(r"-?\d+")
+_NUMBER = re.compile(r"-?[0-9]+")
 
 
 def parse_guess(reply: str, high: int) -> int | None:

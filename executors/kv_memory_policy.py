@@ -65,7 +65,8 @@ class KVMemoryPolicy:
         if not 0 < reserve_fraction < 1:
             raise ValueError(f"reserve_fraction must be in (0, 1), got {reserve_fraction}")
         if not 0 <= high_watermark <= 1:
-            raise ValueError(f"high_watermark (share of the reserve) must be in [0, 1], got {high_watermark}")
+            raise ValueError(
+                f"high_watermark (share of the reserve) must be in [0, 1], got {high_watermark}")
         if cut_factor < 2:
             raise ValueError(f"cut_factor must be >= 2, got {cut_factor}")
         if not (math.isfinite(lease_s) and lease_s > 0):
@@ -103,26 +104,30 @@ class KVMemoryPolicy:
 
     @property
     def watermark_blocks(self) -> float:
-        return self.total_blocks - self.budget - self.reserve_blocks + self.high_watermark * self.reserve_blocks
+        """Serving usage (blocks) that fires the burst trigger."""
+        return (self.total_blocks - self.budget - self.reserve_blocks
+                + self.high_watermark * self.reserve_blocks)
 
     # ---- RL-step budget ------------------------------------------------------------------
     def start_step(self, serving_recent_peak_blocks: int, now: float) -> int:
         """Set the rollout budget for a new RL step from serving's recent peak; unfreezes.
 
         Rollout KV already above the new budget is not aborted here: can_allocate refuses until
-        it drains (leases expire, requests finish). Returns the new budget.
+        it drains (leases expire, requests finish). Aborts still in flight stay pending (never
+        picked twice). Returns the new budget.
         """
         if not 0 <= serving_recent_peak_blocks <= self.total_blocks:
-            raise ValueError(f"serving peak {serving_recent_peak_blocks} outside 0..{self.total_blocks} blocks")
+            raise ValueError(
+                f"serving peak {serving_recent_peak_blocks} outside 0..{self.total_blocks} blocks")
         self.budget = max(0, self.total_blocks - self.reserve_blocks - serving_recent_peak_blocks)
         self.state = MemoryState.NORMAL
-        self._aborting.clear()
         return self.budget
 
     def observe_serving(self, used_blocks: int, now: float) -> list[Action]:
         """Record serving KV usage; on a burst, cut the rollout budget and say what to free."""
         if not 0 <= used_blocks <= self.total_blocks:
-            raise ValueError(f"serving usage {used_blocks} outside 0..{self.total_blocks} blocks")
+            raise ValueError(
+                f"serving usage {used_blocks} outside 0..{self.total_blocks} blocks")
         self.serving_used = used_blocks
         if (used_blocks < self.watermark_blocks
                 or self.state is MemoryState.PRESSURE  # the last cut's aborts are still in flight

@@ -72,7 +72,7 @@ def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 <
         return {"worker": get_worker().name, "version": version, "pulled": False,
                 "digest": plugin.weights_digest, "pull_s": 0.0, "load_s": 0.0}
     t0 = time.perf_counter()
-    relay = shared_relay(relay_kind)
+    relay = shared_relay(relay_kind, role="reader")
     got_version, tensors = pull_weights(relay, run, version, batch_bytes=batch_bytes)
     if got_version != version:
         raise RuntimeError(f"relay holds version {got_version} of run {run}, wanted {version}")

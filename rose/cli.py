@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from rose.config import stack_dir
 from rose.config_file import ConfigError, load_run_config
 from rose.stack.errors import StackError
 
@@ -22,7 +23,6 @@ console = Console()
 err_console = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML/JSON run config (keys of RunConfig).")
-RunIdOpt = typer.Option(None, "--run-id", help="Run id (default: the config's, 'demo').")
 
 
 def clear_errors(fn):
@@ -48,8 +48,8 @@ def clear_errors(fn):
     return wrapper
 
 
-def _config(config: Optional[Path], run_id: Optional[str], **stack):
-    return load_run_config(config, {"run_id": run_id, "stack": stack})
+def _config(config: Optional[Path], **stack):
+    return load_run_config(config, {"stack": stack})
 
 
 @app.command()
@@ -58,15 +58,19 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
        serving_workers: Optional[int] = typer.Option(None, help="Serving workers (serving_gpu)."),
        prefect_port: Optional[int] = typer.Option(None, help="Prefect server port (default: free)."),
        scheduler_port: Optional[int] = typer.Option(None, help="Dask scheduler port (default: free)."),
-       run_id: Optional[str] = RunIdOpt, config: Optional[Path] = ConfigOpt) -> None:
+       config: Optional[Path] = ConfigOpt) -> None:
     """Start the local stack (Prefect server, Mooncake, Dask scheduler + workers), or reuse it."""
-    from rose.stack.local_stack import load_stack, start_stack
+    from rose.stack.local_stack import dead_parts, read_stack, start_stack
     from rose.stack.status import print_stack
 
-    cfg = _config(config, run_id, rollout_workers=rollout_workers, serving_workers=serving_workers)
-    reused = load_stack(cfg.run_dir()) is not None
+    cfg = _config(config, rollout_workers=rollout_workers, serving_workers=serving_workers)
+    previous = read_stack(stack_dir())
+    dead = dead_parts(previous) if previous else []
+    reused = previous is not None and not dead
+    if dead:
+        err_console.print(f"[yellow]previous stack degraded ({', '.join(dead)}): restarting it[/]")
     with console.status("starting the stack (Prefect server takes ~10 s)..."):
-        handle = start_stack(cfg.stack, cfg.run_dir(), prefect_port=prefect_port,
+        handle = start_stack(cfg.stack, stack_dir(), prefect_port=prefect_port,
                              scheduler_port=scheduler_port)
     console.print("[green]stack already running, reused[/]" if reused else "[green]stack up[/]")
     print_stack(handle, console)
@@ -74,38 +78,96 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
 
 @app.command()
 @clear_errors
-def down(run_id: Optional[str] = RunIdOpt, config: Optional[Path] = ConfigOpt) -> None:
+def down() -> None:
     """Stop every process of the stack; checks that none is left."""
     from rose.stack.local_stack import stop_stack
 
-    cfg = _config(config, run_id)
-    stopped = stop_stack(cfg.run_dir())
+    stopped = stop_stack(stack_dir())
     console.print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped
-                                                          else f" (no stack for run {cfg.run_id})"))
+                                                          else f" (no stack in {stack_dir()})"))
 
 
 @app.command()
 @clear_errors
-def status(run_id: Optional[str] = RunIdOpt, config: Optional[Path] = ConfigOpt) -> None:
+def status() -> None:
     """Services and workers of the running stack."""
     from rose.stack.local_stack import dead_parts, read_stack
     from rose.stack.status import print_stack
 
-    cfg = _config(config, run_id)
-    handle = read_stack(cfg.run_dir())
+    handle = read_stack(stack_dir())
     if handle is None:
-        raise StackError(f"no stack running for run '{cfg.run_id}' (start one with `rose up`)")
+        raise StackError(f"no stack running in {stack_dir()} (start one with `rose up`)")
     print_stack(handle, console)
     dead = dead_parts(handle)
     if dead:
-        raise StackError(f"stack of run '{cfg.run_id}' is degraded: {', '.join(dead)} "
-                         "not answering (`rose down` then `rose up`)")
+        raise StackError(f"the stack is degraded: {', '.join(dead)} not answering "
+                         "(`rose down` then `rose up`)")
 
 
-# ---- TODO(lead): `rose train`   -> flows.train (see flows/train.py), with @clear_errors ----
-# ---- TODO(lead): `rose demo`    -> models build if missing, up, train --steps 5, summary  ----
-# ---- TODO(lead): `rose query`   -> DuckDB over the trajectories dataset                    ----
-# ---- TODO(lead): `rose models build` (a typer sub-app: app.add_typer(models_app, name="models"))
+def _run_config(config: Optional[Path], run_id: Optional[str], steps: Optional[int],
+                rollout_workers: Optional[int] = None):
+    from rose.launch import default_run_id
+
+    overrides = {"run_id": run_id, "steps": steps,
+                 "stack": {"rollout_workers": rollout_workers}}
+    cfg = load_run_config(config, overrides)
+    if run_id is None and (config is None or "run_id" not in config.read_text()):
+        cfg.run_id = default_run_id("run")
+    return cfg
+
+
+@app.command()
+@clear_errors
+def train(steps: Optional[int] = typer.Option(None, help="RL steps to reach (default 5)."),
+          run_id: Optional[str] = typer.Option(None, help="Run id; an existing run resumes "
+                                                "from its last checkpoint."),
+          rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers if the "
+                                                        "stack must be started."),
+          config: Optional[Path] = ConfigOpt) -> None:
+    """Train: each RL step is an rl_step Prefect flow run on the stack's Dask workers."""
+    from rose.launch import run_training
+
+    run_training(_run_config(config, run_id, steps, rollout_workers), console)
+
+
+@app.command()
+@clear_errors
+def demo(steps: int = typer.Option(5, help="RL steps."),
+         config: Optional[Path] = ConfigOpt) -> None:
+    """Build the tiny models if needed, start the stack, train a few steps, print the summary."""
+    from rose.launch import default_run_id, run_training
+
+    cfg = load_run_config(config, {"steps": steps})
+    cfg.run_id = default_run_id("demo")
+    run_training(cfg, console)
+
+
+@app.command()
+@clear_errors
+def query(sql: str = typer.Argument(..., help="SQL over the view `turns` (one row per turn).")
+          ) -> None:
+    """DuckDB over the trajectory dataset, e.g. rose query "SELECT count(*) FROM turns"."""
+    from rose.launch import query as run_query
+
+    run_query(sql, console)
+
+
+models_app = typer.Typer(help="Locally built models (no hub downloads).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("build")
+@clear_errors
+def models_build(force: bool = typer.Option(False, help="Rebuild even if up to date."),
+                 config: Optional[Path] = ConfigOpt) -> None:
+    """Tokenizer + Qwen3 policy (warmed up on demonstrations) + Qwen2 serving model."""
+    from rose.models.build import build_models
+
+    cfg = load_run_config(config, {})
+    with console.status("building models"):
+        policy, serving = build_models(cfg.models, force=force)
+    console.print(f"policy: {policy}\nserving: {serving}")
+
 
 if __name__ == "__main__":
     app()

@@ -17,8 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+import numpy as np
+
 Buffer = bytes | bytearray | memoryview
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 
 class RelayError(RuntimeError):
@@ -38,11 +41,19 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_prefix(prefix: str) -> str:
+    # Non-empty: an empty prefix would wipe every key of every run in a shared store.
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ValueError(f"relay prefix {prefix!r} must be non-empty [A-Za-z0-9_./-]")
+    return prefix
+
+
 def check_value(key: str, data: Buffer) -> memoryview:
+    """`data` as a flat byte view (copied only if not contiguous); refuses empty values."""
     view = memoryview(data)
     if view.nbytes == 0:  # Mooncake refuses empty objects: refuse them everywhere alike
         raise ValueError(f"relay value for {key!r} is empty; relay values must be non-empty")
-    return view if view.c_contiguous else memoryview(view.tobytes())
+    return view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
 
 
 class Relay(ABC):
@@ -58,9 +69,9 @@ class Relay(ABC):
     def get(self, key: str) -> bytes:
         """The value under `key`; RelayKeyMissing if absent."""
 
-    def get_many(self, keys: Sequence[str]) -> list[bytearray]:
-        """Values of several keys (a pull batch), as writable buffers owned by the caller."""
-        return [bytearray(self.get(k)) for k in keys]
+    def get_many(self, keys: Sequence[str]) -> list[memoryview]:
+        """Values of several keys (a pull batch), as writable views owned by the caller."""
+        return [memoryview(bytearray(self.get(k))) for k in keys]
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
@@ -116,24 +127,25 @@ class FilesystemRelay(Relay):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _read(self, key: str) -> bytearray:
+    def _read(self, key: str) -> memoryview:
         path = self._path(key)
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                buf = bytearray(size)
+                buf = memoryview(np.empty(size, dtype=np.uint8))  # not zeroed, unlike bytearray
                 if f.readinto(buf) != size:
                     raise RelayError(f"filesystem relay: {key!r} changed while being read")
                 return buf
         except FileNotFoundError:
-            raise RelayKeyMissing(f"{key!r} is not in the filesystem relay at {self.root}") from None
+            raise RelayKeyMissing(f"{key!r} is not in the filesystem relay at {self.root}") \
+                from None
         except OSError as e:
             raise RelayError(f"filesystem relay: get {key!r} failed: {e.strerror or e}") from None
 
     def get(self, key: str) -> bytes:
-        return bytes(self._read(key))
+        return self._read(key).tobytes()
 
-    def get_many(self, keys: Sequence[str]) -> list[bytearray]:
+    def get_many(self, keys: Sequence[str]) -> list[memoryview]:
         return [self._read(k) for k in keys]
 
     def exists(self, key: str) -> bool:
@@ -147,8 +159,7 @@ class FilesystemRelay(Relay):
             return False
 
     def remove_prefix(self, prefix: str) -> int:
-        if prefix and not prefix.endswith("/"):
-            check_key(prefix)
+        check_prefix(prefix)
         removed = 0
         for path in self.root.iterdir():
             if not path.name.startswith(".tmp-") and unquote(path.name).startswith(prefix):

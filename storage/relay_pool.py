@@ -11,7 +11,7 @@ from pathlib import Path
 
 from storage.relay import Relay, make_relay
 
-_clients: dict[str, Relay] = {}
+_clients: dict[tuple[str, str], Relay] = {}
 _lock = threading.Lock()
 
 
@@ -22,12 +22,17 @@ def resolve_kind(kind: str) -> str:
     return os.environ.get("ROSE_RELAY", "mooncake")
 
 
-def shared_relay(kind: str = "auto") -> Relay:
+def shared_relay(kind: str = "auto", role: str = "publisher") -> Relay:
+    """role "publisher" contributes a memory segment (objects live there); "reader" none."""
+    if role not in ("publisher", "reader"):
+        raise ValueError(f"relay role must be 'publisher' or 'reader', got {role!r}")
     kind = resolve_kind(kind)
     with _lock:
-        if kind not in _clients:
-            root = None
+        if (kind, role) not in _clients:
+            root, sizes = None, {}
             if kind == "filesystem":
                 root = Path(os.environ.get("ROSE_RUN_DIR", ".rose/stack")) / "relay"
-            _clients[kind] = make_relay(kind, root=root)
-        return _clients[kind]
+            elif role == "reader":
+                sizes["segment_bytes"] = 0
+            _clients[kind, role] = make_relay(kind, root=root, **sizes)
+        return _clients[kind, role]

@@ -7,9 +7,10 @@ TP/PP layout, the sub-boxes of published shards that fill its own slices: no byt
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -25,6 +26,7 @@ from storage.shard_layout import (
     stages_of,
 )
 from storage.shard_rules import ShardRule
+
 
 def _numel(shape: Iterable[int]) -> int:
     return math.prod(shape)
@@ -71,8 +73,33 @@ class PullPiece:
     name: str
     src: Box
     dst: Box
+    src_shape: tuple[int, ...]
     dst_shape: tuple[int, ...]
-    nbytes: int = field(compare=False)
+    itemsize: int = 2
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(e - s for s, e in self.src) * self.itemsize
+
+    def src_byte_runs(self) -> list[tuple[int, int]]:
+        """(offset, length) byte runs of `src` in the row-major published shard: a ranged read
+        fetches exactly these (one run for a dim-0 box, one per row for a dim-1 box)."""
+        k = len(self.src_shape) - 1  # first dim from which the box spans everything after it
+        while k > 0 and self.src[k] == (0, self.src_shape[k]):
+            k -= 1
+        inner = _numel(self.src_shape[k + 1:]) * self.itemsize
+        run = (self.src[k][1] - self.src[k][0]) * inner if self.src else self.itemsize
+        runs: list[tuple[int, int]] = []
+        for outer in itertools.product(*(range(s, e) for s, e in self.src[:k])):
+            flat = 0
+            for i, n in zip(outer, self.src_shape):
+                flat = flat * n + i
+            offset = (flat * self.src_shape[k] + self.src[k][0]) * inner if self.src else 0
+            if runs and runs[-1][0] + runs[-1][1] == offset:
+                runs[-1] = (runs[-1][0], runs[-1][1] + run)
+            else:
+                runs.append((offset, run))
+        return runs
 
 
 def _model_facts(params: Sequence[ParamSpec], num_layers: int | None, tied: bool | None) -> tuple[int, bool]:
@@ -102,6 +129,8 @@ def publish_plan(params: Sequence[ParamSpec], trainer_layout: ParallelLayout, *,
         stages = stages_of(p.name, n_layers, lay.pp, is_tied)
         for sl, tps in _distinct_slices(p, lay.tp).items():
             shape = sl.local_shape(p.shape)
+            if _numel(shape) == 0:
+                continue  # a rank holding only vocab padding has nothing to publish
             spec = ShardSpec(p.name, shard_key(p.name, p.rule, sl, version), sl, shape, _numel(shape) * p.itemsize)
             holders = [(t, s, d) for s in stages for t in tps for d in range(lay.dp)]
             pieces.append((spec, holders))
@@ -131,9 +160,9 @@ def pull_plan(params: Sequence[ParamSpec], server_layout: ParallelLayout, traine
             shape = mine.local_shape(p.shape)
             for src in _distinct_slices(p, trainer_layout.tp):
                 key = shard_key(p.name, p.rule, src, version)
+                src_shape = src.local_shape(p.shape)
                 for sbox, dbox in overlaps(src, mine, p.shape):
-                    nbytes = _numel(e - b for b, e in sbox) * p.itemsize
-                    pieces.append(PullPiece(key, p.name, sbox, dbox, shape, nbytes))
+                    pieces.append(PullPiece(key, p.name, sbox, dbox, src_shape, shape, p.itemsize))
     return plan
 
 

@@ -96,7 +96,7 @@ def _gated(cfg: Any) -> bool:
 _LEAF = re.compile(r"(?:^|\.)(?P<mod>[A-Za-z0-9_]+)\.(?P<leaf>[A-Za-z0-9_]+)$")
 
 
-def _rule_from_name(name: str, ndim: int, cfg: Any) -> ShardRule | None:
+def _rule_from_name(name: str, cfg: Any) -> ShardRule | None:
     """Rule from the parameter name alone (HF Qwen2/Qwen3 and megatron-core GPT names)."""
     m = _LEAF.search(name)
     if m is None:
@@ -184,7 +184,7 @@ def infer_rule(
     attrs: megatron TP attributes of the parameter, if known (see `megatron_attrs`).
     """
     ndim = len(tuple(shape))
-    by_name = _rule_from_name(name, ndim, model_cfg)
+    by_name = _rule_from_name(name, model_cfg)
     by_module = _rule_from_module(name, module_type or "", attrs) if (module_type or attrs is not None) else None
     rule = _merge(name, by_name, by_module)
     if rule is None:

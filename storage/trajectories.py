@@ -75,7 +75,8 @@ class TrajectoryStore:
     def read_step(self, run: str, step: int) -> pa.Table:
         path = self.step_dir(run, step) / PART
         if not path.exists():
-            raise FileNotFoundError(f"no trajectories for run {run!r} step {step} under {self.root}")
+            raise FileNotFoundError(f"no trajectories for run {run!r} step {step} "
+                                    f"under {self.root}")
         return pq.ParquetFile(path).read()
 
     def steps(self, run: str) -> list[int]:
@@ -117,7 +118,7 @@ class TrajectoryStore:
             return result.to_arrow_table() if result is not None else pa.table({})
         except duckdb.Error as e:
             text = str(e).strip()
-            raise QueryError(f"query failed: {text.splitlines()[0] if text else type(e).__name__}") \
-                from None
+            first = text.splitlines()[0] if text else type(e).__name__
+            raise QueryError(f"query failed: {first}") from None
         finally:
             con.close()

@@ -89,7 +89,8 @@ def _check_row(i: int, row: dict[str, Any]) -> None:
         raise bad("worker_kind", f"is {row['worker_kind']!r}, expected rollout or serving")
     for name in _TIMINGS:
         v = row[name]
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (math.isfinite(v) and v >= 0):
+        number = isinstance(v, numbers.Real) and not isinstance(v, bool)
+        if not (number and math.isfinite(v) and v >= 0):
             raise bad(name, f"must be a finite number of seconds >= 0, got {v!r}")
     for name in ("prompt_ids", "response_ids", "logprobs"):
         if isinstance(row[name], (str, bytes)) or not hasattr(row[name], "__len__"):

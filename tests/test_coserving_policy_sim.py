@@ -141,7 +141,8 @@ def test_burst_keeps_admitted_rollout_within_slack_and_headroom():
         if pre or dec:
             if pre:
                 c = min(pre[0].todo, ROLLOUT.chunk_size)
-                cost, need = rollout_step_cost("prefill_chunk", c, ROLLOUT), blocks(pre[0].kv + c) - blocks(pre[0].kv)
+                cost = rollout_step_cost("prefill_chunk", c, ROLLOUT)
+                need = blocks(pre[0].kv + c) - blocks(pre[0].kv)
             else:
                 cost = rollout_step_cost("decode", len(dec), ROLLOUT)
                 need = sum(blocks(r.kv + 1) - blocks(r.kv) for r in dec)
@@ -174,8 +175,9 @@ def test_burst_keeps_admitted_rollout_within_slack_and_headroom():
                             stalls.on_finish(r.rid)
                             ctx[r.traj] = r.kv if r.kv < 2000 else 600  # long: a new trajectory
                             if ctx[r.traj] == r.kv:
-                                mem.touch_prefix(r.traj, blocks(r.kv) - 1, now)  # full blocks only
-                            ready[r.traj] = now + (6.0 if r.traj == "t9" else 0.5)  # env step; t9's outlives its lease
+                                mem.touch_prefix(r.traj, r.kv // BLOCK, now)  # full blocks only
+                            # the environment step; t9's is slow and outlives its lease
+                            ready[r.traj] = now + (6.0 if r.traj == "t9" else 0.5)
                 ran_rollout = True
             else:
                 refused.append((now, decision.reason))

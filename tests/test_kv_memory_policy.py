@@ -41,7 +41,8 @@ def test_normal_pressure_cut_frozen_next_step():
                        Action("abort", "t2", 20, request_id="r2", reroutable=True)]
     assert p.state is MemoryState.PRESSURE
     assert not p.can_allocate(0)  # nothing for rollout while the cut is carried out
-    assert p.observe_serving(60, now=5.1) == []  # no second cut while aborts are in flight
+    assert p.observe_serving(70, now=5.1) == []  # over the new watermark (65), but aborts are in flight
+    assert p.budget == 25 and p.cuts == 1
 
     assert p.on_rollout_free("r2") == 20
     assert p.state is MemoryState.FROZEN and p.rollout_used == 20 <= p.budget

@@ -203,7 +203,8 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(180)
 def test_megatron_tp2_layers_hold_the_inferred_slices() -> None:
-    pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not installed (GPU extra)")
+    pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable (GPU extra)",
+                        exc_type=ImportError)
     import torch.multiprocessing as mp
 
     mp.spawn(_megatron_worker, args=(_free_port(),), nprocs=2, join=True)

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -159,19 +158,6 @@ def test_client_setup_fails_fast_without_master(tmp_path):
 
 # ---- the whole stack (slow) ----------------------------------------------------------------
 
-def _on_worker_probe():
-    """Runs on a Dask worker: its env, and a Mooncake round trip with that env."""
-    from rose.stack.mooncake import open_store
-
-    store = open_store(segment_bytes=32 << 20, buffer_bytes=32 << 20)
-    payload = os.urandom(1 << 20)
-    key = f"probe/{os.environ['ROSE_WORKER_NAME']}"
-    ok = store.put(key, payload) == 0 and store.get(key) == payload
-    keys = ("ROSE_WORKER_KIND", "PREFECT_API_URL", "VLLM_CPU_OMP_THREADS_BIND",
-            "VLLM_ENABLE_V1_MULTIPROCESSING", "ROSE_RELAY")
-    return {k: os.environ.get(k) for k in keys} | {"mooncake_ok": ok}
-
-
 @pytest.mark.slow
 def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     from distributed import Client
@@ -179,11 +165,13 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
 
     from rose.cli import app
     from rose.config import StackConfig
+    from rose.stack.dask_cluster import worker_identity
     from rose.stack.local_stack import load_stack, start_stack, stop_stack
+    from rose.stack.mooncake import round_trip
     from rose.stack.process import group_members
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
-    run_dir = tmp_path / "runs" / "stacktest"
+    run_dir = tmp_path / "stack"  # rose.config.stack_dir()
     handle = start_stack(StackConfig(rollout_workers=1), run_dir)
     pids = [p.pid for p in handle.processes]
     family = [q.pid for pid in pids for q in [psutil.Process(pid), *psutil.Process(pid).children(True)]]
@@ -197,27 +185,32 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
             assert by_name["trainer-0"]["resources"] == {"train_gpu": 1}
             assert by_name["rollout-0"]["resources"] == {"rollout_gpu": 1}
             assert (by_name["trainer-0"]["nthreads"], by_name["rollout-0"]["nthreads"]) == (1, 2)
-            probe = client.submit(_on_worker_probe, resources={"rollout_gpu": 1}, pure=False).result(60)
-        assert probe == {"ROSE_WORKER_KIND": "rollout", "PREFECT_API_URL": handle.prefect_api_url,
-                         "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                         "ROSE_RELAY": "mooncake", "mooncake_ok": True}
+            on_rollout = {"resources": {"rollout_gpu": 1}, "pure": False}
+            who = client.submit(worker_identity, **on_rollout).result(60)
+            # the worker reaches Mooncake with the env it was given
+            moved = client.submit(round_trip, 3 << 20, **on_rollout).result(60)
+        assert who == {"ROSE_WORKER_NAME": "rollout-0", "ROSE_WORKER_KIND": "rollout",
+                       "ROSE_RELAY": "mooncake", "PREFECT_API_URL": handle.prefect_api_url,
+                       "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                       "ROSE_MOONCAKE_MASTER": handle.mooncake_master}
+        assert moved == 3 << 20
         assert load_stack(run_dir) == handle
         assert start_stack(StackConfig(rollout_workers=1), run_dir) == handle  # reused, not restarted
 
         runner = CliRunner()
-        ok = runner.invoke(app, ["status", "--run-id", "stacktest"])
+        ok = runner.invoke(app, ["status"])
         assert ok.exit_code == 0, ok.output
         assert "rollout-0" in ok.output and "train_gpu=1" in ok.output
 
         master = next(p for p in handle.processes if p.name == "mooncake-master")
         os.kill(master.pid, 9)
         psutil.wait_procs([psutil.Process(master.pid)], timeout=10)
-        degraded = runner.invoke(app, ["status", "--run-id", "stacktest"])
+        degraded = runner.invoke(app, ["status"])
         assert degraded.exit_code == 1
         assert "mooncake-master" in degraded.output and "Traceback" not in degraded.output
         assert load_stack(run_dir) is None
 
-        down = runner.invoke(app, ["down", "--run-id", "stacktest"])
+        down = runner.invoke(app, ["down"])
         assert down.exit_code == 0, down.output
     finally:
         stop_stack(run_dir)
@@ -251,31 +244,30 @@ def test_cli_unknown_config_key(tmp_path):
 
 
 def test_cli_bad_value_and_missing_file(tmp_path):
-    res = _cli("up", "--rollout-workers", "99", "--run-id", "x")
+    res = _cli("up", "--rollout-workers", "99")
     assert res.exit_code == 1
     assert "'stack.rollout_workers'" in res.output and "less than or equal to 8" in res.output
-    res = _cli("status", "--config", str(tmp_path / "nope.json"))
+    res = _cli("up", "--config", str(tmp_path / "nope.json"))
     assert res.exit_code == 1
     assert res.output.strip() == f"error: config file not found: {tmp_path / 'nope.json'}"
 
 
 def test_cli_busy_port_starts_nothing(tmp_path, listener):
-    res = _cli("up", "--run-id", "busy", "--prefect-port", str(listener),
-               env={"ROSE_DATA_DIR": str(tmp_path)})
+    res = _cli("up", "--prefect-port", str(listener), env={"ROSE_DATA_DIR": str(tmp_path)})
     assert res.exit_code == 1
     assert res.output.strip() == f"error: port {listener} on 127.0.0.1 is busy"
-    assert read_records(tmp_path / "runs" / "busy") == []
+    assert read_records(tmp_path / "stack") == []
 
 
 def test_cli_status_without_stack_in_a_real_process(tmp_path):
     env = {**os.environ, "ROSE_DATA_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "rose.cli", "status", "--run-id", "none"],
+    out = subprocess.run([sys.executable, "-m", "rose.cli", "status"],
                          env=env, capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
-        "error: no stack running for run 'none' (start one with `rose up`)"]
+        f"error: no stack running in {tmp_path / 'stack'} (start one with `rose up`)"]
 
 
 def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch, capsys):
@@ -286,7 +278,9 @@ def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch,
         raise StackError("mooncake_master not found")
 
     monkeypatch.setattr(local_stack, "start_mooncake", broken)
-    assert local_stack._start_relay(StackConfig(), tmp_path) is None
+    assert local_stack._start_relay(StackConfig(relay="auto"), tmp_path) is None
     err = capsys.readouterr().err
     assert "mooncake_master not found" in err and "FILESYSTEM relay" in err
     assert local_stack._start_relay(StackConfig(relay="filesystem"), tmp_path) is None
+    with pytest.raises(StackError, match="mooncake_master not found"):  # asked for explicitly
+        local_stack._start_relay(StackConfig(relay="mooncake"), tmp_path)

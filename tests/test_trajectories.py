@@ -193,7 +193,7 @@ def test_prefix_cache_reuse_query(store):
 
 def test_docs_carry_schema_and_queries():
     schema_doc = (DOCS / "trajectory_schema.md").read_text()
-    assert schema_markdown() in schema_doc, "regenerate the table: python -m storage.trajectory_schema"
+    assert schema_markdown() in schema_doc, "regenerate: python -m storage.trajectory_schema"
     assert f"SCHEMA_VERSION = {SCHEMA_VERSION}" in schema_doc
     queries_doc = (DOCS / "analyst_queries.md").read_text()
     for name, sql in ANALYST_QUERIES.items():

@@ -32,6 +32,7 @@ from rose.models.warmup import WarmupSpec, warmup
 BUILD_VERSION = 1  # bump when the build recipe changes in a way the spec does not show
 MARKER = "rose_build.json"
 BUILD_THREADS = 2  # fixed, so float reductions (and the weights) are the same on every run
+VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,12 @@ class Dims:
     head_dim: int
     intermediate: int
     tied: bool = True
+
+    def __post_init__(self) -> None:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if self.head_dim not in VLLM_CPU_HEAD_DIMS:
+            raise ValueError(f"head_dim {self.head_dim} is not one vLLM's CPU attention supports {VLLM_CPU_HEAD_DIMS}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,12 @@ class BuildSpec:
     demo_episodes: dict = field(default_factory=lambda: {"frozenlake": 2000, "guess": 800})
     noise: float = 0.2  # fraction of demonstration turns with a random move
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
+
+    def __post_init__(self) -> None:
+        if self.serving.hidden != self.serving.heads * self.serving.head_dim:
+            raise ValueError("Qwen2 derives head_dim as hidden / heads: serving dims disagree")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise}")
 
     def digest(self, seed: int) -> str:
         """Hash of everything the output depends on, including what the envs show the model."""

@@ -42,17 +42,28 @@ def encode_demo(chat: ChatTokens, demo: Demo) -> tuple[list[int], list[int]]:
     return ids, mask
 
 
-def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+def _batch(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and labels. No attention mask is needed: with causal attention and
+    padding only at the end, no real token ever attends to a pad."""
     width = max(len(ids) for ids, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (row, mask) in enumerate(rows):
         t = torch.tensor(row)
         ids[i, : len(row)] = t
-        attn[i, : len(row)] = 1
         labels[i, : len(row)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, -100)
-    return ids, attn, labels
+    return ids, labels
+
+
+def _batches(lengths: list[int], batch_size: int, rng: np.random.Generator) -> list[list[int]]:
+    """One epoch of batches of similar lengths (less padding), in random order."""
+    order = rng.permutation(len(lengths))
+    chunk = batch_size * 16
+    batches = []
+    for c in range(0, len(order), chunk):
+        part = sorted(order[c : c + chunk], key=lambda i: lengths[i])
+        batches += [part[b : b + batch_size] for b in range(0, len(part), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def warmup(model: torch.nn.Module, chat: ChatTokens, demos: list[Demo], spec: WarmupSpec, seed: int) -> dict:
@@ -72,17 +83,15 @@ def warmup(model: torch.nn.Module, chat: ChatTokens, demos: list[Demo], spec: Wa
 
     model.train()
     losses, t0 = [], time.perf_counter()
-    order = rng.permutation(len(rows))
-    pos = 0
+    lengths = [len(ids) for ids, _ in rows]
+    queue: list[list[int]] = []
     for step in range(spec.steps):
-        if pos + spec.batch_size > len(order):
-            order, pos = rng.permutation(len(rows)), 0
-        picked = [rows[i] for i in order[pos : pos + spec.batch_size]]
-        pos += spec.batch_size
-        ids, attn, labels = _batch(picked, chat.pad_id)
+        if not queue:
+            queue = _batches(lengths, spec.batch_size, rng)
+        ids, labels = _batch([rows[i] for i in queue.pop()], chat.pad_id)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

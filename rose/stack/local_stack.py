@@ -6,8 +6,10 @@ relay falls back to the filesystem, loudly.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +23,7 @@ from rose.stack.dask_cluster import check_workers, start_dask, worker_specs
 from rose.stack.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
 from rose.stack.ports import ensure_free, port_answers
-from rose.stack.prefect_server import check_prefect, prefect_env, prefect_home, start_prefect_server
+from rose.stack.prefect_server import check_prefect, launch_prefect_server, prefect_env, prefect_home
 from rose.stack.process import ProcessRecord, group_members, http_ok, read_records
 
 STACK_FILE = "stack.json"
@@ -57,25 +59,40 @@ class StackHandle:
         return Path(self.run_dir) / "relay"
 
 
+@contextmanager
+def _locked(run_dir: Path):
+    """One start/stop at a time per stack directory (two `rose up` must not race)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def start_stack(cfg: StackConfig, run_dir: Path, *, prefect_port: int | None = None,
                 scheduler_port: int | None = None) -> StackHandle:
     """Start (or reuse) the stack of run_dir; on any failure stop what was started, then raise."""
     run_dir = Path(run_dir).resolve()
+    with _locked(run_dir):
+        return _start_stack(cfg, run_dir, prefect_port, scheduler_port)
+
+
+def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
+                 scheduler_port: int | None) -> StackHandle:
     running = load_stack(run_dir)
     if running is not None:
         return running
-    stop_stack(run_dir)  # leftovers of a stack that died half-way
+    _stop_stack(run_dir)  # leftovers of a stack that died half-way
     for port in (prefect_port, scheduler_port):  # fail before starting anything
         if port:
             ensure_free(port)
-    run_dir.mkdir(parents=True, exist_ok=True)
     started: list = []
     try:
+        # Prefect's ~10 s start-up overlaps Mooncake's and Dask's; workers only need its URL.
         if cfg.prefect_api_url:
             check_prefect(cfg.prefect_api_url)
-            api_url, home = cfg.prefect_api_url.rstrip("/"), prefect_home(run_dir)
+            api_url, home, server = cfg.prefect_api_url.rstrip("/"), prefect_home(run_dir), None
         else:
-            server = start_prefect_server(run_dir, prefect_port)
+            server = launch_prefect_server(run_dir, prefect_port)
             started.append(server)
             api_url, home = server.api_url, server.home
         mooncake = _start_relay(cfg, run_dir)
@@ -91,6 +108,8 @@ def start_stack(cfg: StackConfig, run_dir: Path, *, prefect_port: int | None = N
             cluster = start_dask(run_dir, specs, base_env, scheduler_port)
             started.append(cluster)
             scheduler, workers = cluster.scheduler_address, cluster.workers
+        if server is not None:
+            server.wait()
     except BaseException:
         for service in reversed(started):
             service.stop()
@@ -113,11 +132,14 @@ def _processes(service) -> list:
 
 
 def _start_relay(cfg: StackConfig, run_dir: Path) -> MooncakeServices | None:
-    if cfg.relay != "mooncake":
+    """relay 'auto': Mooncake, else the filesystem relay, loudly; 'mooncake': Mooncake or error."""
+    if cfg.relay == "filesystem":
         return None
     try:
         return start_mooncake(run_dir)
     except StackError as e:
+        if cfg.relay == "mooncake":
+            raise
         err_console.print(Panel(
             f"[bold]Mooncake could not start:[/] {e}\n"
             f"Weights will move through the [bold]FILESYSTEM relay[/] ({run_dir / 'relay'}),\n"
@@ -157,7 +179,14 @@ def load_stack(run_dir: Path) -> StackHandle | None:
 
 def stop_stack(run_dir: Path) -> list[str]:
     """Stop every process the stack of run_dir started; verify none is left. Returns their names."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        return []
+    with _locked(run_dir):
+        return _stop_stack(run_dir)
+
+
+def _stop_stack(run_dir: Path) -> list[str]:
     records: dict[int, ProcessRecord] = {}
     handle = read_stack(run_dir)
     for p in handle.processes if handle else []:

@@ -103,3 +103,18 @@ def open_store(master_addr: str | None = None, metadata_url: str | None = None,
     if rc != 0:
         raise StackError(f"Mooncake client setup against master {master_addr} failed (code {rc})")
     return store
+
+
+def round_trip(nbytes: int = 1 << 20, key_prefix: str = "rose/self-check") -> int:
+    """Put and get `nbytes` random bytes through the store with this process's env; returns the
+    byte count. A health check for any process of the stack (driver or worker)."""
+    store = open_store(segment_bytes=max(32 << 20, 4 * nbytes), buffer_bytes=max(32 << 20, 2 * nbytes))
+    payload = os.urandom(nbytes)
+    key = f"{key_prefix}/{os.getpid()}/{payload[:8].hex()}"
+    if store.put(key, payload) != 0:
+        raise StackError(f"Mooncake put of {nbytes} bytes failed")
+    back = store.get(key)
+    store.remove(key)
+    if back != payload:
+        raise StackError(f"Mooncake get returned {len(back)} bytes, not the {nbytes} put")
+    return len(back)

@@ -9,11 +9,18 @@ from rose.stack.errors import PortBusyError
 LOCALHOST = "127.0.0.1"
 
 
+_handed_out: set[int] = set()  # a server may bind seconds later: never hand a port out twice
+
+
 def free_port(host: str = LOCALHOST) -> int:
     """A port nobody listens on right now (the kernel's pick; tiny race until the server binds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def ensure_free(port: int, host: str = LOCALHOST) -> int:

@@ -24,6 +24,12 @@ class PrefectServer:
     def healthy(self) -> bool:
         return http_ok(f"{self.api_url}/health")
 
+    def wait(self, timeout: float = START_TIMEOUT_S) -> "PrefectServer":
+        """Block until /api/health answers (fails fast, with the log's last line, if it dies)."""
+        if self.process is not None:
+            self.process.wait_for_http(f"{self.api_url}/health", timeout=timeout)
+        return self
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop(grace=10)
@@ -43,9 +49,8 @@ def prefect_env(api_url: str, home: Path) -> dict[str, str]:
     }
 
 
-def start_prefect_server(run_dir: Path, port: int | None = None,
-                         timeout: float = START_TIMEOUT_S) -> PrefectServer:
-    """Start `prefect server start` and wait until /api/health answers."""
+def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServer:
+    """Start `prefect server start` without waiting (it takes ~10 s: start the rest meanwhile)."""
     port = pick_port(port)
     home = prefect_home(run_dir)
     home.mkdir(parents=True, exist_ok=True)
@@ -61,8 +66,13 @@ def start_prefect_server(run_dir: Path, port: int | None = None,
         "--analytics-off", "--no-background"], run_dir, env=env)
     proc.env.pop("PREFECT_API_URL", None)  # an inherited one would point the server elsewhere
     proc.start()
-    proc.wait_for_http(f"{api_url}/health", timeout=timeout)
     return PrefectServer(api_url, home, proc)
+
+
+def start_prefect_server(run_dir: Path, port: int | None = None,
+                         timeout: float = START_TIMEOUT_S) -> PrefectServer:
+    """Start the server and wait until /api/health answers."""
+    return launch_prefect_server(run_dir, port).wait(timeout)
 
 
 def check_prefect(api_url: str) -> None:

@@ -1,10 +1,10 @@
 """Elias-Fano coding of a strictly increasing set of positions in [0, universe).
 
 With k positions out of u, each position is split into L = floor(log2(u/k)) low bits, stored
-verbatim as L bit-planes, and a high part stored in unary as one bit-vector of k + (u-1 >> L) + 1
-bits (bit high_i + i is set). That is at most k * (2 + log2(u/k)) bits, within about half a
-bit per position of log2 C(u, k). Everything is vectorised: Python loops run over bit-planes,
-never over positions.
+verbatim (k * L bits, position after position, least significant bit first), and a high part
+stored in unary as one bit-vector of k + (u-1 >> L) + 1 bits (bit high_i + i is set). That is
+at most k * (2 + log2(u/k)) bits, within about half a bit per position of log2 C(u, k).
+Everything is vectorised numpy: no Python loop runs over positions.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import struct
 
 import numpy as np
 
+from storage.delta.bitpack import pack_bits, packed_size, unpack_bits
+
 _HEADER = struct.Struct("<QQB")  # count, universe, low bits
+_CHUNK = 1 << 16  # positions per vectorised step (a multiple of 8)
 
 
 class EliasFanoError(ValueError):
@@ -34,34 +37,37 @@ def _high_bits(count: int, universe: int, low: int) -> int:
 def encoded_size(count: int, universe: int) -> int:
     """Exact byte size of `encode` for `count` positions in [0, universe), without encoding."""
     low = low_bits(count, universe)
-    return _HEADER.size + low * ((count + 7) // 8) + (_high_bits(count, universe, low) + 7) // 8
+    return _HEADER.size + packed_size(count, low) + (_high_bits(count, universe, low) + 7) // 8
 
 
-def encode(positions: np.ndarray, universe: int) -> bytes:
-    """Elias-Fano bytes of sorted, distinct `positions` (ints in [0, universe))."""
+def encode(positions: np.ndarray, universe: int, *, check: bool = True) -> bytes:
+    """Elias-Fano bytes of sorted, distinct `positions` (ints in [0, universe)).
+
+    `check=False` skips validating the positions (for callers that produced them sorted).
+    """
     pos = np.asarray(positions)
     if pos.ndim != 1:
         raise EliasFanoError(f"positions must be 1-d, got shape {pos.shape}")
     count = int(pos.size)
     if universe < 0 or universe >= 1 << 63:
         raise EliasFanoError(f"universe {universe} out of range [0, 2**63)")
-    if count:
-        pos = pos.astype(np.uint64, copy=False) if pos.dtype.kind == "u" else pos.astype(np.int64)
-        if (pos.dtype.kind == "i" and pos[0] < 0) or int(pos[-1]) >= universe:
+    if count and pos.dtype.kind not in "iu":
+        raise EliasFanoError(f"positions must be integers, got {pos.dtype}")
+    if count and check:
+        if int(pos[0]) < 0 or int(pos[-1]) >= universe:
             raise EliasFanoError(f"positions must lie in [0, {universe})")
         if count > 1 and not bool(np.all(pos[1:] > pos[:-1])):
             raise EliasFanoError("positions must be strictly increasing")
-        pos = pos.astype(np.uint64, copy=False)
+    pos = pos.astype(np.int64, copy=False)
     low = low_bits(count, universe)
     parts = [_HEADER.pack(count, universe, low)]
     if count:
-        lows = pos & np.uint64((1 << low) - 1)
-        for bit in range(low):
-            plane = (lows >> np.uint64(bit)) & np.uint64(1)
-            parts.append(np.packbits(plane.astype(np.uint8), bitorder="little").tobytes())
-        nbits = _high_bits(count, universe, low)
-        unary = np.zeros(nbits, np.uint8)
-        unary[(pos >> np.uint64(low)) + np.arange(count, dtype=np.uint64)] = 1
+        # Chunks of positions stay in cache; a multiple of 8 keeps each chunk's lows whole bytes.
+        mask = (1 << low) - 1
+        parts += [pack_bits(pos[i:i + _CHUNK] & mask, low) for i in range(0, count, _CHUNK)]
+        unary = np.zeros(_high_bits(count, universe, low), np.uint8)
+        for i in range(0, count, _CHUNK):
+            unary[(pos[i:i + _CHUNK] >> low) + np.arange(i, min(i + _CHUNK, count))] = 1
         parts.append(np.packbits(unary, bitorder="little").tobytes())
     return b"".join(parts)
 
@@ -79,20 +85,22 @@ def decode(data: bytes | memoryview) -> tuple[np.ndarray, int]:
             f"Elias-Fano block is {len(buf)} bytes, header implies {encoded_size(count, universe)}")
     if count == 0:
         return np.zeros(0, np.int64), universe
-    plane_bytes = (count + 7) // 8
-    offset = _HEADER.size
-    lows = np.zeros(count, np.uint64)
-    for bit in range(low):
-        plane = np.frombuffer(buf, np.uint8, plane_bytes, offset)
-        lows |= np.unpackbits(plane, count=count, bitorder="little").astype(np.uint64) << np.uint64(bit)
-        offset += plane_bytes
+    offset = _HEADER.size + packed_size(count, low)
     nbits = _high_bits(count, universe, low)
     unary = np.unpackbits(np.frombuffer(buf, np.uint8, offset=offset), count=nbits, bitorder="little")
-    ones = np.flatnonzero(unary)
+    ones = np.flatnonzero(unary.view(bool))
     if ones.size != count:
         raise EliasFanoError(f"Elias-Fano high part holds {ones.size} positions, header says {count}")
-    highs = ones.astype(np.uint64) - np.arange(count, dtype=np.uint64)
-    pos = (highs << np.uint64(low)) | lows
-    if int(pos[-1]) >= universe or (count > 1 and not bool(np.all(pos[1:] > pos[:-1]))):
-        raise EliasFanoError("decoded positions are out of range or not increasing")
-    return pos.astype(np.int64), universe
+    pos = np.empty(count, np.int64)
+    for i in range(0, count, _CHUNK):
+        j = min(i + _CHUNK, count)
+        start = _HEADER.size + i * low // 8  # whole bytes: i is a multiple of 8
+        lows = unpack_bits(buf[start:start + packed_size(j - i, low)], j - i, low)
+        chunk = pos[i:j]
+        np.left_shift(ones[i:j] - np.arange(i, j), low, out=chunk)
+        chunk |= lows.view(np.int64)
+        if not bool(np.all(chunk[1:] > chunk[:-1])) or (i and chunk[0] <= pos[i - 1]):
+            raise EliasFanoError("decoded positions are not increasing")
+    if int(pos[-1]) >= universe:
+        raise EliasFanoError("decoded positions are out of range")
+    return pos, universe

@@ -20,6 +20,7 @@ from storage.delta import elias_fano, values, zstd_io
 _LEN = struct.Struct("<Q")
 DENSE_RAW, DENSE_ZSTD = 0, 1
 COO_MAX_ELEMENTS = 1 << 31  # int32 indices
+_BITMAP_CHUNK = 1 << 18     # elements per step when expanding a bitmap (stays in cache)
 
 # Stable on-the-wire ids: never renumber, only append.
 ENCODING_IDS = {"dense": 0, "xor_zstd": 1, "coo": 2, "ef": 3, "bitmap": 4}
@@ -33,14 +34,16 @@ def _planes(u: np.ndarray) -> bytes:
 
 def _unplanes(raw: bytes, n: int, udt: np.dtype) -> np.ndarray:
     grid = np.frombuffer(raw, np.uint8).reshape(udt.itemsize, n)
-    return np.ascontiguousarray(grid.T).view(udt).reshape(-1)
+    return np.array(grid.T, order="C").view(udt).reshape(-1)
 
 
 def encode_dense(new: np.ndarray, level: int = 0) -> bytes:
     """Raw bits (level 0), or byte planes + zstd at `level` (exponent bytes compress well)."""
-    if level == 0:
-        return bytes([DENSE_RAW]) + new.tobytes()
-    return bytes([DENSE_ZSTD]) + zstd_io.compress(_planes(new), level)
+    if level > 0:
+        packed = zstd_io.compress(_planes(new), level)
+        if len(packed) < new.nbytes:
+            return bytes([DENSE_ZSTD]) + packed
+    return bytes([DENSE_RAW]) + new.tobytes()
 
 
 def decode_dense(body: memoryview, n: int, udt: np.dtype) -> np.ndarray:
@@ -93,9 +96,13 @@ def bitmap_size(n: int) -> int:
     return (n + 7) // 8
 
 
-def encode_positions(kind: str, positions: np.ndarray, n: int) -> bytes:
+def encode_positions(kind: str, positions: np.ndarray, n: int,
+                     bitmap: np.ndarray | None = None) -> bytes:
+    """Elias-Fano or bitmap bytes of `positions` (`bitmap`: packbits of the mask, if known)."""
     if kind == "ef":
-        return elias_fano.encode(positions, n)
+        return elias_fano.encode(positions, n, check=False)  # our own sorted scan
+    if bitmap is not None:
+        return bitmap.tobytes()
     mask = np.zeros(n, np.uint8)
     mask[positions] = 1
     return np.packbits(mask, bitorder="little").tobytes()
@@ -109,16 +116,22 @@ def decode_positions(kind: str, blob: memoryview, n: int) -> np.ndarray:
         return positions
     if len(blob) != bitmap_size(n):
         raise ValueError(f"bitmap is {len(blob)} bytes, expected {bitmap_size(n)}")
-    return np.flatnonzero(np.unpackbits(np.frombuffer(blob, np.uint8), count=n, bitorder="little"))
+    packed = np.frombuffer(blob, np.uint8)
+    step = _BITMAP_CHUNK // 8
+    found = [np.flatnonzero(np.unpackbits(packed[i:i + step], count=min(_BITMAP_CHUNK, n - 8 * i),
+                                          bitorder="little").view(bool)) + 8 * i
+             for i in range(0, packed.size, step)]
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
 def positions_size(kind: str, count: int, n: int) -> int:
     return elias_fano.encoded_size(count, n) if kind == "ef" else bitmap_size(n)
 
 
-def encode_sparse(kind: str, positions: np.ndarray, n: int, value_blob: bytes) -> bytes:
+def encode_sparse(kind: str, positions: np.ndarray, n: int, value_blob: bytes,
+                  bitmap: np.ndarray | None = None) -> bytes:
     """Body of `ef` / `bitmap`: u64 len + positions, then the value block of values.py."""
-    pos_blob = encode_positions(kind, positions, n)
+    pos_blob = encode_positions(kind, positions, n, bitmap)
     return b"".join([_LEN.pack(len(pos_blob)), pos_blob, value_blob])
 
 

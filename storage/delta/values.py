@@ -5,7 +5,7 @@ RL learning rates move most weights by one bf16 ulp, so d is mostly +-1. We code
   - the sign of d: one bit each, packed (it is a fair coin, so this is at the entropy);
   - a magnitude class c = min(|d| - 1, 3), four 2-bit classes per byte, then zstd-1. zstd's
     Huffman stage then codes 4-tuples of classes, which lands within a few % of their entropy
-    (coding one class per byte would waste most of a bit on the dominant +-1);
+    (one class per byte would waste most of a bit on the dominant +-1);
   - for c == 3, the escape |d| - 4 as byte planes (low bytes, then high bytes), then zstd-1.
 Layout: sign bytes | u64 len + zstd(classes) | u64 len + zstd(escapes). Nothing when count is 0.
 """
@@ -20,11 +20,7 @@ from storage.delta import zstd_io
 
 _LEN = struct.Struct("<Q")
 _ESCAPE = 3
-
-
-def diff_symbols(new: np.ndarray, base: np.ndarray) -> np.ndarray:
-    """new - base with wrap-around, in the unsigned dtype of both (the value symbol)."""
-    return new - base
+_SIGNED = {1: np.dtype("i1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
 def encode_values(diff: np.ndarray) -> bytes:
@@ -33,19 +29,18 @@ def encode_values(diff: np.ndarray) -> bytes:
     if count == 0:
         return b""
     udt = diff.dtype
-    top = udt.type(1 << (udt.itemsize * 8 - 1))
-    negative = diff >= top
-    magnitude = np.where(negative, ~diff + udt.type(1), diff)
+    signed = diff.view(_SIGNED[udt.itemsize])
+    negative = signed < 0
+    magnitude = np.abs(signed).view(udt)  # abs(INT_MIN) wraps to INT_MIN = 2**(w-1) unsigned
     if not bool(np.all(magnitude)):
         raise ValueError("value differences must be non-zero (only changed elements are coded)")
-    classes = np.minimum(magnitude - udt.type(1), udt.type(_ESCAPE)).astype(np.uint8)
-    escapes = magnitude[classes == _ESCAPE] - udt.type(_ESCAPE + 1)
     padded = np.zeros((count + 3) // 4 * 4, np.uint8)
-    padded[:count] = classes
-    quads = padded.reshape(-1, 4)
-    packed = quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
-    planes = np.ascontiguousarray(escapes.astype(udt.newbyteorder("<")).view(np.uint8)
-                                  .reshape(-1, udt.itemsize).T)
+    np.minimum(magnitude - udt.type(1), udt.type(_ESCAPE), out=padded[:count], casting="unsafe")
+    escapes = magnitude[padded[:count] == _ESCAPE] - udt.type(_ESCAPE + 1)
+    # Four class bytes as one uint32 word; shifting folds them into the low byte as 2-bit fields.
+    word = padded.view("<u4")
+    packed = (word | (word >> 6) | (word >> 12) | (word >> 18)).astype(np.uint8)
+    planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, udt.itemsize).T)
     z_classes = zstd_io.compress(packed.tobytes(), 1)
     z_escapes = zstd_io.compress(planes.tobytes(), 1)
     return b"".join([np.packbits(negative, bitorder="little").tobytes(),
@@ -64,21 +59,37 @@ def decode_values(data: bytes | memoryview, count: int, udt: np.dtype) -> np.nda
     z_escapes, offset = _take_frame(buf, offset)
     if offset != len(buf):
         raise ValueError(f"value block has {len(buf) - offset} trailing bytes")
-    negative = np.unpackbits(np.frombuffer(buf, np.uint8, sign_bytes), count=count,
-                             bitorder="little").astype(bool)
-    packed = np.frombuffer(zstd_io.decompress(z_classes, (count + 3) // 4), np.uint8)
-    quads = np.stack([packed & 3, (packed >> 2) & 3, (packed >> 4) & 3, packed >> 6], axis=1)
-    classes = quads.reshape(-1)[:count]
-    escaped = classes == _ESCAPE
-    n_escapes = int(np.count_nonzero(escaped))
-    raw = zstd_io.decompress(z_escapes, n_escapes * udt.itemsize)
-    escapes = (np.frombuffer(raw, np.uint8).reshape(udt.itemsize, n_escapes).T.copy()
-               .view(udt.newbyteorder("<")).reshape(-1).astype(udt))
-    magnitude = classes.astype(udt) + udt.type(1)
-    magnitude[escaped] = escapes + udt.type(_ESCAPE + 1)
-    if not bool(np.all(magnitude)):
-        raise ValueError("value block decodes to a zero difference")
-    return np.where(negative, ~magnitude + udt.type(1), magnitude)
+    signs = np.frombuffer(buf, np.uint8, sign_bytes)
+    nibbles = np.zeros((count + 3) // 4, np.uint16)  # the 4 signs of each class byte
+    nibbles[0::2] = signs & 15
+    nibbles[1::2] = (signs >> 4)[:nibbles.size // 2]
+    packed = np.frombuffer(zstd_io.decompress(z_classes, nibbles.size), np.uint8)
+    # One lookup turns (4 classes, 4 signs) into 4 differences; escapes come out as 0.
+    quads = np.take(_quad_table(udt), packed | (nibbles << 8))
+    diff = quads.view(udt)[:count].copy() if count % 4 else quads.view(udt)
+    escaped = np.flatnonzero(diff == 0)
+    raw = zstd_io.decompress(z_escapes, escaped.size * udt.itemsize)
+    magnitude = np.frombuffer(raw, np.uint8).reshape(udt.itemsize, -1).T.copy().view(udt)
+    magnitude = magnitude.reshape(-1) + udt.type(_ESCAPE + 1)
+    negative = (signs[escaped >> 3] >> (escaped & 7).astype(np.uint8)) & 1
+    diff[escaped] = np.where(negative == 1, ~magnitude + udt.type(1), magnitude)
+    return diff
+
+
+_TABLES: dict[np.dtype, np.ndarray] = {}
+
+
+def _quad_table(udt: np.dtype) -> np.ndarray:
+    """4096 entries, index = class byte | sign nibble << 8, each entry the 4 wrapped
+    differences as one opaque 4 * itemsize record (so a lookup is a single 1-d take)."""
+    if udt not in _TABLES:
+        index = np.arange(4096)
+        classes = (index[:, None] >> (2 * np.arange(4))) & 3
+        negative = (index[:, None] >> (8 + np.arange(4))) & 1
+        magnitude = np.where(classes == _ESCAPE, 0, classes + 1)
+        table = np.where(negative == 1, -magnitude, magnitude).astype(np.int64).astype(udt)
+        _TABLES[udt] = table.view(np.dtype((np.void, 4 * udt.itemsize))).reshape(-1)
+    return _TABLES[udt]
 
 
 def _take_frame(buf: memoryview, offset: int) -> tuple[memoryview, int]:

@@ -1,0 +1,179 @@
+"""Relay throughput: Mooncake plain vs zero-copy put/get of 64 MB buckets, the filesystem relay,
+and publish_weights / pull_weights end to end.
+
+The writer is this process (it owns the segment, like the trainer); the reader is a second
+process with no segment (like a rollout worker), so gets cross a process boundary over TCP.
+Starts its own Mooncake master and metadata server on free loopback ports.
+
+    .venv/bin/python bench/relay.py [--buckets 4] [--bucket-mb 64] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _reader(conn, master: str, metadata: str) -> None:
+    """Second process: answers ("plain"|"single"|"batch"|"pull", keys/run) with seconds taken."""
+    from storage.mooncake_relay import MooncakeRelay
+    from storage.weight_publisher import pull_weights
+
+    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=128 << 20)
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        mode, arg = msg
+        t = time.perf_counter()
+        if mode == "plain":
+            n = sum(len(relay._store.get(k)) for k in arg)  # the copy-through-buffer baseline
+        elif mode == "single":
+            n = sum(relay.get_many([k])[0].nbytes for k in arg)
+        elif mode == "batch":
+            n = sum(v.nbytes for v in relay.get_many(arg))
+        else:
+            stats: dict = {}
+            _, tensors = pull_weights(relay, arg, stats=stats)
+            n = sum(t.numel() * t.element_size() for t in tensors.values())
+            conn.send((time.perf_counter() - t, n, stats))
+            continue
+        conn.send((time.perf_counter() - t, n, {}))
+    relay.close()
+
+
+def _best(fn, repeat: int) -> float:
+    return min(fn() for _ in range(repeat))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--buckets", type=int, default=4)
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    import numpy as np
+    import torch
+
+    from rose.stack.mooncake import start_mooncake
+    from storage.mooncake_relay import MooncakeRelay
+    from storage.relay import FilesystemRelay
+    from storage.weight_publisher import publish_weights
+
+    size = args.bucket_mb << 20
+    total = size * args.buckets
+    blobs = [np.random.default_rng(i).integers(0, 255, size, dtype=np.uint8)
+             for i in range(args.buckets)]
+    keys = [f"bench/b{i}" for i in range(args.buckets)]
+    rows: list[dict] = []
+
+    def row(name: str, seconds: float, nbytes: int = total) -> None:
+        rows.append({"case": name, "seconds": seconds, "GB/s": nbytes / seconds / 1e9})
+
+    tmp = Path(tempfile.mkdtemp(prefix="rose-bench-relay-"))
+    services = start_mooncake(tmp)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    reader = ctx.Process(target=_reader, args=(child, services.master_addr, services.metadata_url))
+    try:
+        writer = MooncakeRelay(services.master_addr, services.metadata_url,
+                               segment_bytes=3 * total + (256 << 20),  # 3 versions held at most
+                               local_buffer_bytes=size + (16 << 20))
+        reader.start()
+        assert parent.recv() == "ready"
+
+        def put(zero_copy: bool) -> float:
+            t = time.perf_counter()
+            for k, b in zip(keys, blobs):
+                if zero_copy:
+                    writer.put(k, b)
+                else:
+                    assert writer._store.upsert(k, b, writer._config) == 0
+            return time.perf_counter() - t
+
+        def get(mode: str) -> float:
+            parent.send((mode, keys))
+            seconds, n, _ = parent.recv()
+            assert n == total
+            return seconds
+
+        put(True)  # first touch of the segment's pages
+        r = args.repeat
+        row("mooncake put, plain upsert (copy via local buffer)", _best(lambda: put(False), r))
+        row("mooncake put, zero-copy (register + upsert_from)", _best(lambda: put(True), r))
+        row("mooncake get, plain get -> bytes (other process)", _best(lambda: get("plain"), r))
+        row("mooncake get, zero-copy get_into per key", _best(lambda: get("single"), r))
+        row("mooncake get, zero-copy batch_get_into", _best(lambda: get("batch"), r))
+        writer.remove_prefix("bench/")
+
+        fs = FilesystemRelay(tmp / "fs-relay")
+
+        def fs_put() -> float:
+            t = time.perf_counter()
+            for k, b in zip(keys, blobs):
+                fs.put(k, b)
+            return time.perf_counter() - t
+
+        def fs_get() -> float:
+            t = time.perf_counter()
+            fs.get_many(keys)
+            return time.perf_counter() - t
+
+        row("filesystem put (tmp + rename)", _best(fs_put, args.repeat))
+        row("filesystem get (page cache)", _best(fs_get, args.repeat))
+
+        # End to end: a bf16 model of `total` bytes in 64 MB buckets.
+        n_layers = 8
+        g = torch.Generator().manual_seed(0)
+        cols = total // (2 * n_layers * 1024)
+        tensors = {f"layers.{i}.w": torch.randn(1024, cols, generator=g).to(torch.bfloat16)
+                   for i in range(n_layers)}
+        pub = []
+        for v in range(args.repeat):
+            pub.append(publish_weights(writer, "bench", v, tensors, bucket_bytes=size))
+        best = min(pub, key=lambda s: s.serialize_s + s.push_s)
+        row("publish_weights: serialize (pack + xxh3)", best.serialize_s, best.bytes)
+        row("publish_weights: push (zero-copy puts)", best.push_s, best.bytes)
+        pulls = []
+        for _ in range(args.repeat):
+            parent.send(("pull", "bench"))
+            pulls.append(parent.recv())
+        seconds, n, stats = min(pulls, key=lambda p: p[0])
+        row("pull_weights: fetch + verify (other process)", stats["fetch_s"], n)
+        row("pull_weights: decode to tensors (views)", stats["decode_s"], n)
+        row("pull_weights: total", seconds, n)
+        writer.remove_prefix("rose/bench/")
+        writer.close()
+    finally:
+        if reader.is_alive():
+            parent.send(None)
+            reader.join(10)
+        services.stop()
+
+    table = Table(title=f"relay: {args.buckets} x {args.bucket_mb} MB buckets, best of "
+                        f"{args.repeat}, loopback TCP")
+    for col in ("case", "seconds", "GB/s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in rows:
+        table.add_row(r["case"], f"{r['seconds']:.3f}", f"{r['GB/s']:.2f}")
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "relay.json"
+    out.write_text(json.dumps({"buckets": args.buckets, "bucket_mb": args.bucket_mb,
+                               "repeat": args.repeat, "machine": platform.platform(),
+                               "cpus": os.cpu_count(), "rows": rows}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`rose train` / `rose demo`: make sure models and the stack exist, then run the train flow.
+
+The flow runs in this (driver) process against the stack's Prefect server, so every rl_step
+shows up in the Prefect UI while a rich live view shows the phases here.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from rose.config import RunConfig, stack_dir
+
+
+def ensure_models(cfg: RunConfig, console: Console) -> None:
+    from rose.models.build import build_models
+
+    policy = cfg.models.policy_path()
+    if cfg.models.policy_dir and not (policy / "config.json").is_file():
+        raise FileNotFoundError(f"model directory {policy} does not exist or has no config.json")
+    if not (policy / "config.json").is_file() or not (cfg.models.serving_path() / "config.json").is_file():
+        with console.status("building the tiny models (tokenizer, Qwen3 policy warm-up, "
+                            "Qwen2 serving model): a few minutes, once"):
+            build_models(cfg.models)
+
+
+def ensure_stack(cfg: RunConfig, console: Console):
+    """Reuse the running local stack (or the configured cluster addresses), else start one."""
+    from rose.stack.local_stack import apply_env, load_stack, stack_env, start_stack
+
+    handle = load_stack(stack_dir())
+    if handle is None:
+        with console.status("starting the local stack: Prefect server, Mooncake master, "
+                            "Dask scheduler and workers (~30 s)"):
+            handle = start_stack(cfg.stack, stack_dir())
+    apply_env(stack_env(handle))
+    return handle
+
+
+def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True) -> list[dict]:
+    console = console or Console()
+    ensure_models(cfg, console)
+    handle = ensure_stack(cfg, console)
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live view is the log here
+    from dashboards.progress import live_progress, step_table
+    from flows.train import train
+
+    if live:
+        with live_progress(console):
+            summaries = train(cfg)
+    else:
+        summaries = train(cfg)
+        console.print(step_table(summaries))
+    data = cfg.trajectories_dir() / f"run={cfg.run_id}"
+    console.print(f"[bold]trajectories[/] (Arrow/Parquet): {data}")
+    console.print(f"[bold]query them[/]: rose query \"SELECT step, avg(trajectory_reward) "
+                  f"FROM turns WHERE run='{cfg.run_id}' GROUP BY step ORDER BY step\"")
+    console.print(f"[bold]Prefect UI[/]: {handle.prefect_ui_url}  (flow runs: rl_step, train)")
+    console.print("stop the stack with [bold]rose down[/]")
+    return summaries
+
+
+def default_run_id(prefix: str = "run") -> str:
+    """A fresh id per invocation, so a rerun never resumes someone else's state by accident."""
+    import time
+
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def query(sql: str, console: Console | None = None, root: Path | None = None) -> None:
+    from rich.table import Table
+
+    from storage.trajectories import TrajectoryStore
+
+    console = console or Console()
+    result = TrajectoryStore(root or RunConfig().trajectories_dir()).query(sql)
+    table = Table(header_style="bold cyan")
+    for name in result.column_names:
+        table.add_column(name)
+    for row in result.to_pylist():
+        table.add_row(*[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()])
+    console.print(table)

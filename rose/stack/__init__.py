@@ -1,0 +1,1 @@
+"""The local stack: Prefect server, Mooncake services, Dask scheduler and named workers."""

@@ -1,0 +1,9 @@
+"""Lossless sparse deltas of published weights (bf16 first; any dtype via its bit patterns)."""
+
+from storage.delta.entropy import entropy_bound, entropy_bound_bits
+from storage.delta.errors import CorruptPayload, DeltaBaseMismatch, DeltaError
+from storage.delta.header import DeltaHeader
+from storage.delta.payload import ENCODINGS, apply_delta, encode_delta, read_header
+
+__all__ = ["ENCODINGS", "CorruptPayload", "DeltaBaseMismatch", "DeltaError", "DeltaHeader",
+           "apply_delta", "encode_delta", "entropy_bound", "entropy_bound_bits", "read_header"]

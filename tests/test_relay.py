@@ -1,0 +1,139 @@
+"""Relays: the filesystem relay and a real Mooncake Store (master + metadata on 127.0.0.1)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from storage.relay import FilesystemRelay, RelayError, RelayKeyMissing, make_relay
+
+from mooncake_fixtures import (mooncake, mooncake_pair, ns, relays,  # noqa: F401 (fixtures)
+                               skip_without_mooncake)
+
+
+def test_round_trip_small_and_large(relays, ns):
+    writer, reader = relays
+    big = os.urandom(24 << 20)  # above the 16 MB local buffer: goes zero-copy
+    writer.put(f"{ns}/small", b"hello")
+    writer.put(f"{ns}/big", big)
+    writer.put(f"{ns}/view", memoryview(np.arange(6, dtype=np.float32)))
+    assert reader.get(f"{ns}/small") == b"hello"
+    assert reader.get(f"{ns}/big") == big
+    assert np.frombuffer(reader.get(f"{ns}/view"), np.float32).tolist() == [0, 1, 2, 3, 4, 5]
+    many = reader.get_many([f"{ns}/big", f"{ns}/small"])
+    assert bytes(many[0]) == big and bytes(many[1]) == b"hello"
+    many[1][0] = ord("j")  # writable, owned by the caller
+    assert reader.get(f"{ns}/small") == b"hello"
+
+
+def test_missing_key_raises_never_empty(relays, ns):
+    writer, reader = relays
+    with pytest.raises(RelayKeyMissing, match=f"{ns}/absent"):
+        reader.get(f"{ns}/absent")
+    with pytest.raises(KeyError):  # KeyError-like
+        reader.get_many([f"{ns}/absent"])
+    assert not reader.exists(f"{ns}/absent")
+
+
+def test_put_replaces_existing_value(relays, ns):
+    writer, reader = relays
+    key = f"{ns}/latest"
+    writer.put(key, b"v1")
+    writer.put(key, b"version-2-is-longer")  # Mooncake's plain put would keep b"v1"
+    assert reader.get(key) == b"version-2-is-longer"
+    writer.put(key, b"3")
+    assert reader.get(key) == b"3"
+    big = os.urandom(2 << 20)
+    writer.put(key, big)  # zero-copy path replaces too
+    assert reader.get(key) == big
+
+
+def test_remove_and_remove_prefix(relays, ns):
+    writer, reader = relays
+    for k in ("v1/bucket-0", "v1/manifest", "v10/bucket-0", "v1x"):
+        writer.put(f"{ns}/{k}", b"x")
+    writer.put(f"{ns}.v1/bucket-0", b"x")  # '.' in a prefix must not act as a wildcard
+    assert writer.remove_prefix(f"{ns}/v1/") == 2
+    assert not reader.exists(f"{ns}/v1/bucket-0") and not reader.exists(f"{ns}/v1/manifest")
+    assert reader.exists(f"{ns}/v10/bucket-0") and reader.exists(f"{ns}/v1x")
+    assert reader.exists(f"{ns}.v1/bucket-0")
+    assert writer.remove(f"{ns}/v1x") is True
+    assert writer.remove(f"{ns}/v1x") is False
+    with pytest.raises(RelayKeyMissing):
+        reader.get(f"{ns}/v1x")
+    with pytest.raises(ValueError, match="prefix"):
+        writer.remove_prefix("")
+
+
+def test_bad_keys_and_values_rejected(relays, ns):
+    writer, _ = relays
+    for key in ("", "/abs", "a//b", "a/../b", "sp ace", "a*b"):
+        with pytest.raises(ValueError, match="relay key"):
+            writer.put(key, b"x")
+    with pytest.raises(ValueError, match="empty"):
+        writer.put(f"{ns}/empty", b"")
+
+
+def test_filesystem_keys_can_nest_and_writes_leave_no_temp(tmp_path):
+    relay = FilesystemRelay(tmp_path / "r")
+    relay.put("a", b"1")
+    relay.put("a/b", b"2")  # a file and a 'directory' of the same name
+    assert relay.get("a") == b"1" and relay.get("a/b") == b"2"
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["a", "a%2Fb"]
+
+
+def test_make_relay_kinds(tmp_path, monkeypatch):
+    assert make_relay("filesystem", root=tmp_path).name == "filesystem"
+    with pytest.raises(ValueError, match="unknown relay kind"):
+        make_relay("carrier-pigeon")
+    monkeypatch.delenv("ROSE_MOONCAKE_MASTER", raising=False)
+    monkeypatch.delenv("ROSE_MOONCAKE_METADATA", raising=False)
+    with pytest.raises(RelayError, match="ROSE_MOONCAKE_MASTER"):
+        make_relay("mooncake")
+
+
+def test_make_relay_reads_mooncake_env(mooncake, monkeypatch):
+    from rose.stack.mooncake import mooncake_env
+
+    for k, v in mooncake_env(mooncake).items():
+        monkeypatch.setenv(k, v)
+    with make_relay("mooncake", segment_bytes=0, local_buffer_bytes=8 << 20) as relay:
+        relay.put("t/env", b"ok")
+        assert relay.get("t/env") == b"ok" and relay.name == "mooncake"
+        relay.remove("t/env")
+
+
+def test_dead_master_is_one_clear_error(mooncake):
+    from rose.stack.ports import free_port
+    from storage.mooncake_relay import MooncakeRelay
+
+    dead = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RelayError, match=f"master at {dead} does not answer"):
+        MooncakeRelay(dead, mooncake.metadata_url, segment_bytes=0)
+
+
+def test_master_gone_after_connect_raises_relay_error(tmp_path):
+    """A master that dies under a connected client: RelayError, not b'' or a hang."""
+    skip_without_mooncake()
+    from rose.stack.mooncake import start_mooncake
+    from storage.mooncake_relay import MooncakeRelay
+
+    services = start_mooncake(tmp_path)
+    relay = None
+    try:
+        relay = MooncakeRelay(services.master_addr, services.metadata_url, segment_bytes=16 << 20,
+                              local_buffer_bytes=8 << 20)
+        relay.put("t/k", b"v")
+        services.processes[-1].stop(grace=1)  # the master
+        unreachable = f"master at {services.master_addr} unreachable"
+        with pytest.raises(RelayError, match=unreachable):
+            relay.get("t/k")
+        with pytest.raises(RelayError, match=unreachable):
+            relay.put("t/k2", b"v")
+        with pytest.raises(RelayError, match=unreachable):
+            relay.exists("t/k")
+    finally:
+        if relay is not None:
+            relay.close()
+        services.stop()
