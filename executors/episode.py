@@ -27,9 +27,12 @@ class Episode:
         self.rerouted = False
         self.succeeded = False
         self.ready_since = time.monotonic()
+        self.scheduler_wait_s = 0.0  # ready -> dispatched, for the attempt that ran
 
     def request(self) -> TurnRequest:
+        """The next turn's request; the time it waited in the scheduler's queue is noted here."""
         self.attempt += 1
+        self.scheduler_wait_s = max(0.0, time.monotonic() - self.ready_since)
         return TurnRequest(f"{self.trajectory_id}/t{self.turn}/a{self.attempt}", self.trajectory_id,
                            list(self.tokens), self.max_tokens, self.temperature, self.top_p,
                            stop_token_ids=[self.chat.eos_id],
@@ -50,12 +53,12 @@ class Episode:
         self.turn += 1
         truncated = not outcome.done and self.turn >= self.max_turns
         self.done = outcome.done or truncated
-        if not outcome.info.get("valid_action", True):
+        if self.rerouted:  # placement first: a re-run turn is what an operator looks for
+            status = "rerouted"
+        elif not outcome.info.get("valid_action", True):
             status = "invalid_action"
-        elif truncated:
-            status = "truncated"
         else:
-            status = "rerouted" if self.rerouted else "ok"
+            status = "truncated" if truncated else "ok"
         row = {
             "run": self.run, "step": self.step, "policy_version": result.policy_version,
             "group": self.group, "trajectory": self.trajectory_id, "turn": self.turn - 1,
@@ -64,7 +67,9 @@ class Episode:
             "response_text": reply_text, "logprobs": list(result.logprobs),
             "reward": float(outcome.reward), "trajectory_reward": 0.0, "advantage": None,
             "done": self.done, "status": status, "worker": result.worker,
-            "worker_kind": result.worker_kind, "queued_s": result.queued_s,
+            "worker_kind": result.worker_kind,
+            # waiting in the scheduler's queue before dispatch + in the engine's before scheduling
+            "queued_s": self.scheduler_wait_s + result.queued_s,
             "prefill_s": result.prefill_s, "decode_s": result.decode_s, "env_s": env_s,
             "num_prompt_tokens": result.num_prompt_tokens,
             "num_cached_tokens": result.num_cached_tokens,

@@ -5,6 +5,7 @@ the `train_gpu` Dask worker so the optimizer state survives between flow runs.
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import defaultdict
@@ -146,6 +147,8 @@ class TrainerPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         if "train_gpu" in worker.state.total_resources:
+            # Dask pins workers to 1 OpenMP thread; rollout engines idle while we train.
+            torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", os.cpu_count() or 1)))
             self.trainer = Trainer(RunConfig.model_validate_json(self.cfg_json))
 
     def teardown(self, worker) -> None:

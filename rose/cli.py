@@ -19,7 +19,8 @@ from rose.stack.errors import StackError
 
 app = typer.Typer(help="ROSE: agentic RL post-training on borrowed serving GPUs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-console = Console()
+# Wide enough for the step table when piped (CI logs, `make demo | tee`).
+console = Console(width=None if Console().is_terminal else 140)
 err_console = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML/JSON run config (keys of RunConfig).")

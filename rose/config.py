@@ -84,7 +84,7 @@ class PublishConfig(Strict):
 class RunConfig(Strict):
     run_id: str = Field("demo", pattern=r"^[A-Za-z0-9_.-]+$")
     steps: int = Field(5, ge=1)
-    checkpoint_every: int = Field(5, ge=1)
+    checkpoint_every: int = Field(1, ge=1)  # every step: a restart resumes where it stopped
     seed: int = 0
     models: ModelsConfig = ModelsConfig()
     stack: StackConfig = StackConfig()

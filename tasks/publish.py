@@ -6,6 +6,7 @@ import time
 
 from distributed import worker_client
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from executors.rollout_worker import sync_weights, weights_digest
 from executors.trainer import local_trainer
@@ -15,7 +16,8 @@ from storage.weight_publisher import publish_weights
 from tasks.placement import require, workers_by_kind
 
 
-@task(name="publish", retries=2, retry_delay_seconds=1)
+# Never cached: publishing is idempotent and must leave every rollout worker on `version`.
+@task(name="publish", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def publish(cfg: RunConfig, version: int) -> dict:
     return publish_and_sync(cfg, version)
 

@@ -7,6 +7,7 @@ from prefect import task
 from rose.config import RunConfig
 from rose.grpo import group_advantages
 from storage.trajectories import TrajectoryStore
+from tasks.caching import STEP_CACHE
 
 
 def advantages_by_trajectory(rows: list[dict]) -> dict[str, float]:
@@ -28,7 +29,8 @@ def advantages_by_trajectory(rows: list[dict]) -> dict[str, float]:
     return {t: float(adv[i, j]) for i, ts in enumerate(order) for j, t in enumerate(ts)}
 
 
-@task(name="reward", retries=2, retry_delay_seconds=1)
+@task(name="reward", retries=2, retry_delay_seconds=1, cache_policy=STEP_CACHE,
+      persist_result=True)
 def reward(cfg: RunConfig, step: int) -> dict:
     store = TrajectoryStore(cfg.trajectories_dir())
     rows = store.read_step(cfg.run_id, step).to_pylist()

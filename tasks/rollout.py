@@ -12,6 +12,7 @@ from executors.rollout_scheduler import RolloutScheduler
 from rose.config import RunConfig
 from storage.trajectories import TrajectoryStore
 from storage.trajectory_schema import trajectory_id
+from tasks.caching import STEP_CACHE
 from tasks.placement import require, workers_by_kind
 
 
@@ -54,7 +55,9 @@ def summarize(report, policy_version: int) -> dict:
     }
 
 
-@task(name="rollout", retries=1, retry_delay_seconds=2)
+# Persisted and keyed by run/step/policy version: a resumed step reuses its trajectories.
+@task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=STEP_CACHE,
+      persist_result=True)
 def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     """Generate the step's trajectories with policy `policy_version`; write them as Arrow."""
     with worker_client() as client:

@@ -22,7 +22,9 @@ def stack(tmp_path_factory):
     from rose.models.build import build_models
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
-    build_models(ModelsConfig())
+    models = ModelsConfig()
+    if not (models.policy_path() / "config.json").is_file():  # reuse any prebuilt models
+        build_models(models)
     handle = start_stack(StackConfig(rollout_workers=1, relay="mooncake"), stack_dir())
     apply_env(stack_env(handle))
     try:

@@ -152,6 +152,9 @@ def build_models(cfg: ModelsConfig, force: bool = False, spec: BuildSpec | None 
     spec = spec or BuildSpec()
     policy, serving = cfg.policy_path(), cfg.serving_path()
     digest = spec.digest(cfg.seed)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars, per tiny file
     todo = [(k, p) for k, p in (("policy", policy), ("serving", serving)) if force or not _is_built(p, k, digest)]
     if not todo:
         return policy, serving

@@ -6,6 +6,7 @@ Every supported dtype is coded through the unsigned integer of its width (bf16 -
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,11 +28,12 @@ _TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NP_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NP_INT = {1: np.dtype("u1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
-# Scan for changes in cache-sized chunks; when few 8-byte words changed (estimated from a
+# Scan for changes in cache-sized chunks. When very few 8-byte words changed (estimated from a
 # sample), compare whole words first and look at lanes only inside changed words.
 _CHUNK = 1 << 18
-_SPARSE_WORDS = 1 / 16
-_SAMPLE_WINDOWS, _SAMPLE_WINDOW = 16, 4096
+_SPARSE_WORDS = 1 / 64
+# Samples: evenly spaced windows, for density estimates without a full pass.
+SAMPLE_WINDOWS, SAMPLE_WINDOW = 16, 8192
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -62,19 +64,40 @@ def from_bits(u: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torc
 
 @dataclass
 class Changes:
-    """Where new differs from base, and by how much (new - base, wrapping, unsigned)."""
-    positions: np.ndarray              # sorted int64
-    diff: np.ndarray                   # new[positions] - base[positions]
-    bitmap: np.ndarray | None = None   # packbits(new != base, little), when the scan made it
+    """Where new differs from base, and by how much."""
+    positions: np.ndarray  # sorted int64
+    diff: np.ndarray       # new[positions] - base[positions], wrapping, unsigned
 
 
-def changes(new: np.ndarray, base: np.ndarray) -> Changes:
-    """Every element whose bit pattern differs, with its difference (one pass, chunked)."""
+@functools.lru_cache(maxsize=256)
+def sample_windows(n: int) -> tuple[slice, ...] | None:
+    """Evenly spaced windows of a tensor, or None when n is small enough to look at it all."""
+    if n < 4 * SAMPLE_WINDOW * SAMPLE_WINDOWS:
+        return None
+    starts = np.linspace(0, n - SAMPLE_WINDOW, SAMPLE_WINDOWS).astype(np.int64)
+    return tuple(slice(int(s), int(s) + SAMPLE_WINDOW) for s in starts)
+
+
+def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:
+    """Estimated fraction of changed elements, or None when the tensor is too small to sample."""
+    windows = sample_windows(new.size)
+    if windows is None:
+        return None
+    changed = sum(int(np.count_nonzero(new[w] != base[w])) for w in windows)
+    return changed / (len(windows) * SAMPLE_WINDOW)
+
+
+def changes(new: np.ndarray, base: np.ndarray, density: float | None = None) -> Changes:
+    """Every element whose bit pattern differs, with its difference (one pass, chunked).
+
+    `density`: sampled_density(new, base) if the caller already has it.
+    """
     if new.shape != base.shape or new.dtype != base.dtype or new.ndim != 1:
         raise ValueError(f"cannot compare {new.dtype}{new.shape} with {base.dtype}{base.shape}")
     lanes = 8 // new.itemsize
-    words = lanes > 1 and _sampled_word_density(new, base, lanes) <= _SPARSE_WORDS
-    pos, diff, packed = [], [], []
+    density = sampled_density(new, base) if density is None else density
+    words = lanes > 1 and density is not None and 1 - (1 - density) ** lanes <= _SPARSE_WORDS
+    pos, diff = [], []
     for start in range(0, new.size, _CHUNK):
         a, b = new[start:start + _CHUNK], base[start:start + _CHUNK]
         if words:
@@ -82,15 +105,12 @@ def changes(new: np.ndarray, base: np.ndarray) -> Changes:
             diff.append(a[p] - b[p])
         else:
             d = a - b  # wraps; zero exactly where the bits agree
-            mask = d != 0
-            p = np.flatnonzero(mask)
+            p = np.flatnonzero(d != 0)  # a bool scan is numpy's fastest nonzero
             diff.append(d[p])
-            packed.append(np.packbits(mask, bitorder="little"))  # _CHUNK is a multiple of 8
         pos.append(p + start)
     if not pos:
-        return Changes(np.zeros(0, np.int64), np.zeros(0, new.dtype), np.zeros(0, np.uint8))
-    return Changes(np.concatenate(pos), np.concatenate(diff),
-                   None if words else np.concatenate(packed))
+        return Changes(np.zeros(0, np.int64), np.zeros(0, new.dtype))
+    return Changes(np.concatenate(pos), np.concatenate(diff))
 
 
 def changed_positions(new: np.ndarray, base: np.ndarray) -> np.ndarray:
@@ -98,21 +118,11 @@ def changed_positions(new: np.ndarray, base: np.ndarray) -> np.ndarray:
     return changes(new, base).positions
 
 
-def _sampled_word_density(a: np.ndarray, b: np.ndarray, lanes: int) -> float:
-    window = _SAMPLE_WINDOW * lanes
-    if a.size < 4 * window * _SAMPLE_WINDOWS:
-        return 1.0  # small: the plain scan is as cheap as sampling
-    starts = np.linspace(0, a.size // lanes - _SAMPLE_WINDOW, _SAMPLE_WINDOWS).astype(np.int64)
-    index = (starts[:, None] + np.arange(_SAMPLE_WINDOW)).reshape(-1)
-    wa = a[:a.size - a.size % lanes].view(np.uint64)
-    wb = b[:b.size - b.size % lanes].view(np.uint64)
-    return float(np.count_nonzero(wa[index] != wb[index])) / index.size
-
-
 def _word_positions(a: np.ndarray, b: np.ndarray, lanes: int) -> np.ndarray:
     whole = a.size - a.size % lanes
     hits = np.flatnonzero(a[:whole].view(np.uint64) != b[:whole].view(np.uint64))
-    rows, lane = np.nonzero(a[:whole].reshape(-1, lanes)[hits] != b[:whole].reshape(-1, lanes)[hits])
+    in_a, in_b = a[:whole].reshape(-1, lanes)[hits], b[:whole].reshape(-1, lanes)[hits]
+    rows, lane = np.nonzero(in_a != in_b)
     pos = hits[rows] * lanes + lane
     if whole < a.size:
         pos = np.concatenate([pos, np.flatnonzero(a[whole:] != b[whole:]) + whole])

@@ -87,10 +87,12 @@ def decode(data: bytes | memoryview) -> tuple[np.ndarray, int]:
         return np.zeros(0, np.int64), universe
     offset = _HEADER.size + packed_size(count, low)
     nbits = _high_bits(count, universe, low)
-    unary = np.unpackbits(np.frombuffer(buf, np.uint8, offset=offset), count=nbits, bitorder="little")
+    unary = np.unpackbits(np.frombuffer(buf, np.uint8, offset=offset), count=nbits,
+                          bitorder="little")
     ones = np.flatnonzero(unary.view(bool))
     if ones.size != count:
-        raise EliasFanoError(f"Elias-Fano high part holds {ones.size} positions, header says {count}")
+        raise EliasFanoError(f"Elias-Fano high part holds {ones.size} positions, "
+                             f"header says {count}")
     pos = np.empty(count, np.int64)
     for i in range(0, count, _CHUNK):
         j = min(i + _CHUNK, count)

@@ -3,8 +3,9 @@
   dense     the new bits, raw or as zstd'd byte planes; needs no base (a snapshot)
   xor_zstd  new XOR base, zstd level 1 (slime's scheme); wins where changes cluster
   coo       u64 count, int32 indices, raw new values (the ROSE paper's baseline, 48 bits/change)
-  ef        Elias-Fano positions + coded value differences (values.py)
-  bitmap    one bit per element + coded value differences; beats Elias-Fano above ~30% density
+  ef        Elias-Fano positions + coded value differences (values.py); the sparse workhorse
+  ternary   a 2-bit symbol per element (-1 / same / +1 / escape) + zstd (ternary.py); beats
+            Elias-Fano above ~15% density
 Encoders return the body bytes; decoders return a new array and raise ValueError when the body
 is malformed. Decoders never write into `base`.
 """
@@ -15,17 +16,16 @@ import struct
 
 import numpy as np
 
-from storage.delta import elias_fano, values, zstd_io
+from storage.delta import elias_fano, ternary, values, zstd_io
 
 _LEN = struct.Struct("<Q")
 DENSE_RAW, DENSE_ZSTD = 0, 1
 COO_MAX_ELEMENTS = 1 << 31  # int32 indices
-_BITMAP_CHUNK = 1 << 18     # elements per step when expanding a bitmap (stays in cache)
 
 # Stable on-the-wire ids: never renumber, only append.
-ENCODING_IDS = {"dense": 0, "xor_zstd": 1, "coo": 2, "ef": 3, "bitmap": 4}
+ENCODING_IDS = {"dense": 0, "xor_zstd": 1, "coo": 2, "ef": 3, "ternary": 4}
 ENCODING_NAMES = {i: name for name, i in ENCODING_IDS.items()}
-NEEDS_BASE = {"xor_zstd", "coo", "ef", "bitmap"}
+NEEDS_BASE = {"xor_zstd", "coo", "ef", "ternary"}
 
 
 def _planes(u: np.ndarray) -> bytes:
@@ -92,57 +92,31 @@ def decode_coo(body: memoryview, base: np.ndarray) -> np.ndarray:
     return out
 
 
-def bitmap_size(n: int) -> int:
-    return (n + 7) // 8
+def ef_size(count: int, n: int, value_blob: bytes) -> int:
+    """Exact body size of `encode_ef`."""
+    return _LEN.size + elias_fano.encoded_size(count, n) + len(value_blob)
 
 
-def encode_positions(kind: str, positions: np.ndarray, n: int,
-                     bitmap: np.ndarray | None = None) -> bytes:
-    """Elias-Fano or bitmap bytes of `positions` (`bitmap`: packbits of the mask, if known)."""
-    if kind == "ef":
-        return elias_fano.encode(positions, n, check=False)  # our own sorted scan
-    if bitmap is not None:
-        return bitmap.tobytes()
-    mask = np.zeros(n, np.uint8)
-    mask[positions] = 1
-    return np.packbits(mask, bitorder="little").tobytes()
-
-
-def decode_positions(kind: str, blob: memoryview, n: int) -> np.ndarray:
-    if kind == "ef":
-        positions, universe = elias_fano.decode(blob)
-        if universe != n:
-            raise ValueError(f"position universe {universe} != element count {n}")
-        return positions
-    if len(blob) != bitmap_size(n):
-        raise ValueError(f"bitmap is {len(blob)} bytes, expected {bitmap_size(n)}")
-    packed = np.frombuffer(blob, np.uint8)
-    step = _BITMAP_CHUNK // 8
-    found = [np.flatnonzero(np.unpackbits(packed[i:i + step], count=min(_BITMAP_CHUNK, n - 8 * i),
-                                          bitorder="little").view(bool)) + 8 * i
-             for i in range(0, packed.size, step)]
-    return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-
-def positions_size(kind: str, count: int, n: int) -> int:
-    return elias_fano.encoded_size(count, n) if kind == "ef" else bitmap_size(n)
-
-
-def encode_sparse(kind: str, positions: np.ndarray, n: int, value_blob: bytes,
-                  bitmap: np.ndarray | None = None) -> bytes:
-    """Body of `ef` / `bitmap`: u64 len + positions, then the value block of values.py."""
-    pos_blob = encode_positions(kind, positions, n, bitmap)
+def encode_ef(positions: np.ndarray, n: int, value_blob: bytes) -> bytes:
+    """u64 len + Elias-Fano positions, then the value block of values.py."""
+    pos_blob = elias_fano.encode(positions, n, check=False)  # our own sorted scan
     return b"".join([_LEN.pack(len(pos_blob)), pos_blob, value_blob])
 
 
-def decode_sparse(kind: str, body: memoryview, base: np.ndarray) -> np.ndarray:
+def decode_ef(body: memoryview, base: np.ndarray) -> np.ndarray:
     if len(body) < _LEN.size:
-        raise ValueError(f"{kind} body is truncated")
+        raise ValueError("ef body is truncated")
     (pos_len,) = _LEN.unpack_from(body)
     if _LEN.size + pos_len > len(body):
-        raise ValueError(f"{kind} body is truncated")
-    positions = decode_positions(kind, body[_LEN.size:_LEN.size + pos_len], base.size)
+        raise ValueError("ef body is truncated")
+    positions, universe = elias_fano.decode(body[_LEN.size:_LEN.size + pos_len])
+    if universe != base.size:
+        raise ValueError(f"position universe {universe} != element count {base.size}")
     diff = values.decode_values(body[_LEN.size + pos_len:], positions.size, base.dtype)
     out = base.copy()
     out[positions] += diff  # unsigned: wraps, the inverse of the encoder's new - base
     return out
+
+
+encode_ternary = ternary.encode
+decode_ternary = ternary.decode

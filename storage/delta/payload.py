@@ -1,11 +1,12 @@
 """One tensor's delta payload: choose the smallest encoding, and apply it only onto its base.
 
 encode_delta compares new and base bit for bit and emits header + body (header.py). The chooser
-computes what changed once, sizes coo / ef / bitmap / dense exactly without encoding them, and
-estimates xor_zstd from evenly spaced samples (running it in full only when the sample says it
-could win: it only does where changes cluster). apply_delta returns a new tensor and never
-touches the base; any doubt raises DeltaBaseMismatch or CorruptPayload, and the receiver then
-asks for a full snapshot.
+finds what changed once and sizes coo / ef / dense exactly without encoding them; where many
+elements changed (sampled density) it encodes ternary, which needs no position scan. Where the
+changes are structured (gap entropy well below Elias-Fano's cost: rows, strides) it also tries
+ternary, and xor_zstd when a sampled estimate says it could win. apply_delta returns
+a new tensor and never touches the base; any doubt raises DeltaBaseMismatch or CorruptPayload,
+and the receiver then asks for a full snapshot.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ import numpy as np
 import torch
 import xxhash
 
-from storage.delta import bits, encodings as enc, values
+from storage.delta import bits, elias_fano, encodings as enc, values, zstd_io
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
-_PROBE_WINDOW = 8192      # elements per sampled window for the xor_zstd estimate
-_PROBE_WINDOWS = 16
-_XOR_MARGIN = 0.9         # run xor_zstd in full only if its estimate is 10% below the best
+# Elias-Fano and ternary cost the same near 15% density (AdamW deltas); above it ternary is
+# smaller and needs no position scan, so a sampled density above it skips the scan.
+_TERNARY_DENSITY = 0.15
+_XOR_MARGIN = 0.9    # run xor_zstd in full only if its sampled estimate is 10% below the best
+# Gap probe: 16 runs of 4096 consecutive positions. For independent positions an octave code
+# of the gaps costs about what Elias-Fano does; 1.5 bits less per position means structure.
+_GAP_SAMPLES, _GAP_RUN, _GAP_SLACK_BITS, _GAP_MIN = 16, 4096, 1.5, 256
 
 
 def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
@@ -59,40 +64,81 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
     if base is None or force == "dense":
         return "dense", enc.encode_dense(new, dense_level)
     if force == "xor_zstd":
-        return "xor_zstd", enc.encode_xor_zstd(new, base)
-    change = bits.changes(new, base)
-    positions = change.positions
-    if force == "coo":
-        return "coo", enc.encode_coo(positions, new)
-    value_blob = values.encode_values(change.diff)
-    if force in ("ef", "bitmap"):
-        return force, enc.encode_sparse(force, positions, new.size, value_blob, change.bitmap)
-    n, k = new.size, positions.size
-    sizes = {"dense": 1 + new.nbytes,  # raw; with dense_level > 0 the real body is smaller
-             "coo": enc.coo_size(k, n, new.itemsize),
-             "ef": 8 + enc.positions_size("ef", k, n) + len(value_blob),
-             "bitmap": 8 + enc.positions_size("bitmap", k, n) + len(value_blob)}
-    best_size, best = min((s, name) for name, s in sizes.items() if s is not None)
-    if k and _xor_estimate(new, base) < _XOR_MARGIN * best_size:
-        xor_body = enc.encode_xor_zstd(new, base)
-        if len(xor_body) < best_size:
-            return "xor_zstd", xor_body
-    if best == "coo":
-        return best, enc.encode_coo(positions, new)
-    if best in ("ef", "bitmap"):
-        return best, enc.encode_sparse(best, positions, n, value_blob, change.bitmap)
-    return "dense", enc.encode_dense(new, dense_level)
+        return force, enc.encode_xor_zstd(new, base)
+    if force == "ternary":
+        return force, enc.encode_ternary(new, base)
+    n = new.size
+    sampled = bits.sampled_density(new, base)
+    # Candidates: exact sizes, with a recipe for the body (built only for the winner).
+    candidates: dict[str, tuple[int, object]] = {"dense": (1 + new.nbytes, None)}
+    structured = False
+    if force is None and sampled is not None and sampled >= _TERNARY_DENSITY:
+        body = enc.encode_ternary(new, base)  # dense change: skip the position scan entirely
+        candidates["ternary"] = (len(body), body)
+    else:
+        change = bits.changes(new, base, sampled)
+        k = change.positions.size
+        if force == "coo":
+            return force, enc.encode_coo(change.positions, new)
+        value_blob = values.encode_values(change.diff)
+        if force == "ef":
+            return force, enc.encode_ef(change.positions, n, value_blob)
+        if k == 0:
+            return "ef", enc.encode_ef(change.positions, n, value_blob)
+        coo = enc.coo_size(k, n, new.itemsize)
+        if coo is not None:
+            candidates["coo"] = (coo, lambda: enc.encode_coo(change.positions, new))
+        candidates["ef"] = (enc.ef_size(k, n, value_blob),
+                            lambda: enc.encode_ef(change.positions, n, value_blob))
+        # Structured change sets (rows, strides) are where Elias-Fano leaves bits on the table
+        # and the zstd-based encodings find runs; only then pay a full pass for them.
+        structured = _looks_structured(change.positions, n)
+        if structured or k >= _TERNARY_DENSITY * n:  # (or a small tensor / an off sample)
+            body = enc.encode_ternary(new, base)
+            candidates["ternary"] = (len(body), body)
+    best = min(candidates, key=lambda name: candidates[name][0])
+    best_size, recipe = candidates[best]
+    try_xor = "ef" not in candidates or structured
+    if try_xor and _xor_estimate(new, base) < _XOR_MARGIN * best_size:
+        body = enc.encode_xor_zstd(new, base)
+        if len(body) < best_size:
+            return "xor_zstd", body
+    if best == "dense":
+        return best, enc.encode_dense(new, dense_level)
+    return best, recipe() if callable(recipe) else recipe
 
 
 def _xor_estimate(new: np.ndarray, base: np.ndarray) -> float:
-    """xor_zstd body size, exact for small tensors, else from evenly spaced sample windows."""
-    n = new.size
-    if n <= 4 * _PROBE_WINDOW * _PROBE_WINDOWS:
+    """xor_zstd body size, exact for small tensors, else from evenly spaced sample windows
+    (zstd-1 looks back at most a window, so clustered changes show up in the samples)."""
+    windows = bits.sample_windows(new.size)
+    if windows is None:
         return len(enc.encode_xor_zstd(new, base))
-    starts = np.linspace(0, n - _PROBE_WINDOW, _PROBE_WINDOWS).astype(np.int64)
-    index = (starts[:, None] + np.arange(_PROBE_WINDOW)).reshape(-1)
-    sample = len(enc.encode_xor_zstd(new[index], base[index]))
-    return sample * n / index.size
+    sample = np.concatenate([new[w] ^ base[w] for w in windows])
+    return len(zstd_io.compress(sample, 1)) * new.size / sample.size
+
+
+def _looks_structured(positions: np.ndarray, n: int) -> bool:
+    """True when the gaps between changes have much less entropy than independent positions
+    would (runs along rows, strides), i.e. when Elias-Fano leaves bits on the table."""
+    k = positions.size
+    if k < _GAP_MIN:
+        return False  # too few to tell, and too small to matter
+    if k > _GAP_SAMPLES * _GAP_RUN:  # evenly spaced runs of consecutive positions
+        starts = np.linspace(0, k - _GAP_RUN, _GAP_SAMPLES).astype(np.int64)
+        runs = positions[starts[:, None] + np.arange(_GAP_RUN)]
+        gaps = np.diff(runs, axis=1).reshape(-1)
+    else:
+        gaps = np.diff(positions)
+    # Code each gap as its octave (entropy-coded) plus its offset inside the octave (verbatim):
+    # few symbols, so a sample estimates it well, and within ~0.5 bit of the gap entropy.
+    octave = np.log2(gaps).astype(np.int64)  # gaps >= 1
+    counts = np.bincount(octave)
+    counts = counts[counts > 0]
+    gap_bits = np.log2(gaps.size) - float(np.sum(counts * np.log2(counts))) / gaps.size
+    gap_bits += float(np.mean(octave))
+    ef_bits = (elias_fano.encoded_size(k, n) - elias_fano.encoded_size(0, n)) * 8 / k
+    return gap_bits < ef_bits - _GAP_SLACK_BITS
 
 
 def read_header(payload: bytes | memoryview) -> DeltaHeader:
@@ -125,8 +171,10 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
             out = enc.decode_xor_zstd(body, base_u)
         elif head.encoding == "coo":
             out = enc.decode_coo(body, base_u)
+        elif head.encoding == "ef":
+            out = enc.decode_ef(body, base_u)
         else:
-            out = enc.decode_sparse(head.encoding, body, base_u)
+            out = enc.decode_ternary(body, base_u)
     except (ValueError, IndexError) as exc:
         raise CorruptPayload(f"{where}: {head.encoding} body does not decode: {exc}") from exc
     if xxhash.xxh3_64_intdigest(out) != head.result_checksum:
