@@ -11,6 +11,12 @@ fresh placements are exercised too. Every `route()` call is timed with time.perf
 the bookkeeping (turn start/end plus the admission push it triggers).
 
     .venv/bin/python bench/scheduler.py [--decisions 200000] [--seed 0]
+
+Part 2, ablation on the real local stack (bench/scheduler_ablation.py): pinned vs turn-wise vs
+turn-wise + affinity, rollout time and prefix-cache hit rate, and the same step with and without
+the lent worker:
+
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/scheduler.py --ablation [--reps 3]
 """
 
 from __future__ import annotations
@@ -244,10 +250,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=200_000, help="timed route() calls per case")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ablation", action="store_true",
+                        help="run the ablation on the local stack instead of the latency bench")
+    parser.add_argument("--reps", type=int, default=3, help="ablation: repetitions per case")
+    parser.add_argument("--groups", type=int, default=8, help="ablation: GRPO groups per step")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--cap", type=int, default=16, help="ablation: trajectories per worker")
     args = parser.parse_args(argv)
+    console = Console(width=150)
+    if args.ablation:
+        from bench.scheduler_ablation import ablation_bench
+
+        ablation_bench(args.reps, args.groups, args.group_size, args.cap, console, write_json)
+        return
     if args.decisions < 100:
         raise SystemExit("--decisions must be >= 100 for a meaningful p99")
-    latency_bench(args.decisions, args.seed, Console(width=150))
+    latency_bench(args.decisions, args.seed, console)
 
 
 if __name__ == "__main__":

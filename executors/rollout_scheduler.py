@@ -2,8 +2,19 @@
 
 Turns ready at the same moment for the same worker travel as one Dask future (one engine
 batch); results come back as they finish, environments step, and the next turns are routed
-(cache-affine first, see executors/router.py). A turn lost to a dead, stalled or stale
-worker is re-prefilled elsewhere from the trajectory's history: no trajectory is lost.
+(cache-affine first, see executors/router.py). Serving workers take turns only while their
+co-serving executor admits them (executors/serving_admission.py).
+
+No trajectory is lost: a turn whose worker died (the Dask scheduler dropped it, seen within
+`heartbeat_s`, executors/worker_liveness.py), failed, aborted it (KV cut, stall) or answered
+"stale" (it holds an older policy) is re-prefilled elsewhere from the trajectory's history,
+and its row says "rerouted". A worker that answered "stale" or came back from a restart is
+out of the rollout, unless the caller gave `resync` (pull the step's weights onto it): then it
+rejoins, as a new incarnation with an empty prefix cache, at most `max_rejoins` times.
+
+With DAPO dynamic sampling (executors/group_launcher.py) the loop launches groups until enough
+have reward variance, then aborts the surplus in the engines (out of band: client.run) and
+drops those trajectories from the step.
 """
 from __future__ import annotations
 
@@ -16,8 +27,11 @@ from typing import Callable
 from distributed import Client, wait
 
 from executors.episode import Episode
+from executors.group_launcher import GroupLauncher
 from executors.rollout_worker import generate_turns
 from executors.router import TurnRouter, WorkerInfo
+from executors.serving_admission import ServingAdmission
+from executors.worker_liveness import WorkerLiveness
 
 log = logging.getLogger("rose.rollout")
 
@@ -26,13 +40,33 @@ class RolloutStuck(RuntimeError):
     pass
 
 
+def abort_turns(request_ids: list[str], dask_worker=None) -> int:
+    """Runs out of band on a worker (client.run): abort these turns in its engines now.
+
+    Out of band because the worker's task threads may all be blocked in generate_turns.
+    Contract with the co-serving executor: its plugin has `abort(ids)` or `loop.abort(ids)`.
+    """
+    hit = 0
+    for name in ("rose-rollout", "rose-coserving"):
+        plugin = dask_worker.plugins.get(name) if dask_worker is not None else None
+        fn = getattr(plugin, "abort", None) or getattr(getattr(plugin, "loop", None), "abort", None)
+        if callable(fn):
+            fn(list(request_ids))
+            hit += 1
+    return hit
+
+
 @dataclass
 class RolloutReport:
-    episodes: list[Episode]
+    episodes: list[Episode]  # the trajectories kept for the step
     seconds: float
     rerouted_turns: int = 0
     dead_workers: list[str] = field(default_factory=list)
+    excluded_workers: list[str] = field(default_factory=list)  # stale or failing, not dead
+    rejoined_workers: list[str] = field(default_factory=list)
     batches: int = 0
+    aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
+    sampling: dict = field(default_factory=dict)
 
     @property
     def rows(self) -> list[dict]:
@@ -41,92 +75,245 @@ class RolloutReport:
 
 class RolloutScheduler:
     def __init__(self, client: Client, workers: dict[str, str], cap_per_worker: int = 16,
-                 mode: str = "turnwise_affinity", admits: Callable[[str], bool] | None = None,
-                 max_attempts_per_turn: int = 5) -> None:
-        if not any(kind == "rollout" for kind in workers.values()):
-            raise ValueError("rollout needs at least one rollout worker")
-        self.client, self.admits = client, admits
+                 mode: str = "turnwise_affinity", admits: Callable[[str], bool] | None = None, *,
+                 serving_max_turns: int = 16, admission_refresh_s: float = 0.3,
+                 heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
+                 max_attempts_per_turn: int = 5, stuck_after_s: float = 120.0,
+                 generate: Callable = generate_turns, max_batch_failures: int = 3) -> None:
+        if not workers:
+            raise ValueError("rollout needs at least one rollout or serving worker")
+        self.client, self.kinds = client, dict(workers)
         self.router = TurnRouter(cap_per_worker, mode)
         for name, kind in workers.items():
             self.router.register_worker(WorkerInfo(name, kind))
-        self.max_attempts = max_attempts_per_turn
+        self.routable = set(workers)
+        self.liveness = WorkerLiveness(client, list(workers), heartbeat_s)
+        serving = [n for n, k in workers.items() if k == "serving"]
+        self.admission = None
+        if admits is None and serving:
+            self.admission = ServingAdmission(client, serving, self._load, serving_max_turns,
+                                              admission_refresh_s)
+            admits = self.admission.admits
+        self.admits = admits
+        self.tick_s = min(heartbeat_s, admission_refresh_s if serving else heartbeat_s)
+        self.resync, self.max_rejoins, self.generate = resync, max_rejoins, generate
+        self.max_attempts, self.stuck_after_s = max_attempts_per_turn, stuck_after_s
+        self.max_batch_failures = max_batch_failures
 
-    def _alive(self) -> set[str]:
-        return {w["name"] for w in self.client.scheduler_info()["workers"].values()}
+    def _load(self, name: str) -> int:
+        return self.router.load(name) if name in self.routable else 0
 
-    def run(self, episodes: list[Episode], on_turn: Callable[[dict], None] | None = None
-            ) -> RolloutReport:
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, work: list[Episode] | GroupLauncher,
+            on_turn: Callable[[dict], None] | None = None) -> RolloutReport:
         t0 = time.perf_counter()
-        report = RolloutReport(episodes, 0.0)
-        by_id = {ep.trajectory_id: ep for ep in episodes}
-        ready = deque(ep.trajectory_id for ep in episodes)
-        inflight: dict = {}
-        while ready or inflight:
-            self._dispatch(ready, by_id, inflight, report)
-            if not inflight:
-                raise RolloutStuck(f"{len(ready)} turns ready but no worker can take them "
-                                   f"(workers: {[w.name for w in self.router.workers()]})")
-            done, _ = wait(list(inflight), return_when="FIRST_COMPLETED")
+        launcher = work if isinstance(work, GroupLauncher) else GroupLauncher.fixed(work)
+        self.report = RolloutReport([], 0.0)
+        self.by_id: dict[str, Episode] = {}
+        self.ready: deque[str] = deque()
+        self.inflight: dict = {}  # future -> (worker, [trajectory ids])
+        self.running: dict[str, tuple[str, str]] = {}  # trajectory -> (worker, request id)
+        self.abandoned: set[str] = set()
+        self.active: set[str] = set()
+        self.resyncing: dict = {}  # future -> worker name
+        self.rejoins: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+        self._start(launcher.launch())
+        progress = time.monotonic()
+        while self.active:
+            self._housekeeping()
+            self._dispatch()
+            if time.monotonic() - progress > self.stuck_after_s:
+                raise RolloutStuck(f"no turn finished for {self.stuck_after_s:.0f} s; "
+                                   f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
+            if not self.inflight:
+                if not self.routable and not self.resyncing:
+                    raise RolloutStuck(f"{len(self.ready)} turns ready but no worker is left")
+                time.sleep(self.tick_s)  # waiting for admission, a rejoin, or a free slot
+                continue
+            try:
+                done, _ = wait(list(self.inflight), timeout=self.tick_s, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                continue
             for fut in done:
-                worker, tids = inflight.pop(fut)
-                try:
-                    results = fut.result()
-                except Exception as exc:  # worker died or the batch failed: reroute every turn
-                    self._lose_worker(worker, tids, by_id, ready, report, exc)
-                    continue
-                for tid, result in zip(tids, results):
-                    ep = by_id[tid]
-                    if not result.ok:  # aborted (KV cut / stall) or stale weights
-                        self.router.on_turn_aborted(tid, worker)
-                        self._give_back(ep, ready, report, result.finished_reason)
-                        continue
-                    self.router.on_turn_end(tid, worker)
-                    row = ep.apply(result)
-                    if on_turn:
-                        on_turn(row)
-                    if ep.done:
-                        self.router.forget(tid)
-                    else:
-                        ready.append(tid)
-        report.seconds = time.perf_counter() - t0
-        return report
+                if fut in self.inflight and self._finish_batch(fut, launcher, on_turn):
+                    progress = time.monotonic()
+        for fut in self.inflight:  # only surplus turns are left, already aborted in the engines
+            fut.cancel()
+        if self.admission is not None:
+            self.admission.close()
+        self.report.episodes = launcher.kept()
+        self.report.sampling = launcher.summary()
+        self.report.seconds = time.perf_counter() - t0
+        return self.report
 
-    def _dispatch(self, ready: deque, by_id: dict, inflight: dict, report: RolloutReport) -> None:
+    def _start(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            self.by_id[ep.trajectory_id] = ep
+            self.active.add(ep.trajectory_id)
+            self.ready.append(ep.trajectory_id)
+
+    def _dispatch(self) -> None:
         batches: dict[str, list[str]] = {}
-        waiting = deque()
-        while ready:
-            tid = ready.popleft()
+        waiting: deque[str] = deque()
+        while self.ready:
+            tid = self.ready.popleft()
+            if tid in self.abandoned:
+                continue
             worker = self.router.route(tid, self.admits)
             if worker is None:
                 waiting.append(tid)
                 continue
             self.router.on_turn_start(tid, worker)
             batches.setdefault(worker, []).append(tid)
-        ready.extend(waiting)
+        self.ready = waiting
         for worker, tids in batches.items():
-            requests = [by_id[tid].request() for tid in tids]
-            fut = self.client.submit(generate_turns, requests, workers=[worker],
+            requests = [self.by_id[tid].request() for tid in tids]
+            for tid, req in zip(tids, requests):
+                self.running[tid] = (worker, req.request_id)
+            fut = self.client.submit(self.generate, requests, workers=[worker],
                                      allow_other_workers=False, pure=False, retries=0)
-            inflight[fut] = (worker, tids)
-            report.batches += 1
+            self.inflight[fut] = (worker, tids)
+            self.report.batches += 1
 
-    def _give_back(self, ep: Episode, ready: deque, report: RolloutReport, why: str) -> None:
-        if ep.attempt >= self.max_attempts * (ep.turn + 1):
-            raise RolloutStuck(f"trajectory {ep.trajectory_id} turn {ep.turn} failed "
-                               f"{ep.attempt} attempts (last: {why})")
-        ep.give_back()
-        report.rerouted_turns += 1
-        ready.append(ep.trajectory_id)
-
-    def _lose_worker(self, worker: str, tids: list[str], by_id: dict, ready: deque,
-                     report: RolloutReport, exc: Exception) -> None:
-        dead = worker not in self._alive()
-        log.warning("turn batch on %s failed (%s: %s); rerouting %d turns%s", worker,
-                    type(exc).__name__, exc, len(tids), " - worker is gone" if dead else "")
-        if dead and any(w.name == worker for w in self.router.workers()):
-            self.router.remove_worker(worker)  # returns in-flight ids; we reroute tids below
-            report.dead_workers.append(worker)
-        for tid in tids:
-            if not dead:
+    def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
+        worker, tids = self.inflight.pop(fut)
+        try:
+            results = fut.result()
+        except Exception as exc:  # worker died, or the batch failed on a live worker
+            self._batch_failed(worker, tids, exc)
+            return False
+        stale, progressed = [], False
+        for tid, result in zip(tids, results):
+            if tid in self.abandoned:
+                continue
+            self.running.pop(tid, None)
+            if result.finished_reason == "stale":
+                stale.append(tid)  # still in flight for the router: rerouted with the worker
+                continue
+            if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
                 self.router.on_turn_aborted(tid, worker)
-            self._give_back(by_id[tid], ready, report, f"{type(exc).__name__}")
+                if self.admission is not None:
+                    self.admission.on_abort(worker)
+                self._give_back(tid, result.finished_reason)
+                continue
+            self.router.on_turn_end(tid, worker)
+            ep, progressed = self.by_id[tid], True
+            row = ep.apply(result)
+            if on_turn:
+                on_turn(row)
+            if not ep.done:
+                self.ready.append(tid)
+                continue
+            self.router.forget(tid)
+            self.active.discard(tid)
+            self._abandon(launcher.on_trajectory_done(ep))
+            self._start(launcher.launch())
+        self.failures.pop(worker, None)
+        if stale:
+            log.warning("%s answered stale (older policy than v%d): excluding it", worker,
+                        self.by_id[stale[0]].min_policy_version)
+            self._remove(worker, dead=False)
+            self._try_rejoin(worker)
+        return progressed
+
+    def _batch_failed(self, worker: str, tids: list[str], exc: Exception) -> None:
+        if worker not in self.routable:
+            return  # already removed: its turns went back to the queue then
+        log.warning("turn batch on %s failed (%s: %s); rerouting %d turns", worker,
+                    type(exc).__name__, exc, len(tids))
+        self._on_lost(self.liveness.poll(force=True).lost)
+        if worker not in self.routable:
+            return  # it died: _remove rerouted this batch with the rest of its turns
+        for tid in tids:
+            if tid not in self.abandoned:
+                self.running.pop(tid, None)
+                self.router.on_turn_aborted(tid, worker)
+                self._give_back(tid, type(exc).__name__)
+        self.failures[worker] = self.failures.get(worker, 0) + 1
+        if self.failures[worker] >= self.max_batch_failures:
+            self._remove(worker, dead=False)
+
+    def _give_back(self, tid: str, why: str) -> None:
+        ep = self.by_id[tid]
+        if ep.attempt >= self.max_attempts * (ep.turn + 1):
+            raise RolloutStuck(f"trajectory {tid} turn {ep.turn} failed {ep.attempt} attempts "
+                               f"(last: {why})")
+        ep.give_back()
+        self.report.rerouted_turns += 1
+        self.ready.append(tid)
+
+    # -- workers coming and going --------------------------------------------------------------
+    def _housekeeping(self) -> None:
+        events = self.liveness.poll()
+        self._on_lost(events.lost)
+        for name in events.returned:
+            log.warning("%s came back as a new incarnation (fresh state)", name)
+            self._try_rejoin(name)
+        for fut in [f for f in self.resyncing if f.done()]:
+            name = self.resyncing.pop(fut)
+            try:
+                fut.result()
+            except Exception as exc:
+                log.warning("weight sync on %s failed (%s): it stays out", name, exc)
+                continue
+            if name not in self.routable and self.liveness.address(name) is not None:
+                self.router.register_worker(WorkerInfo(name, self.kinds[name]))
+                self.routable.add(name)
+                if self.admission is not None and self.kinds[name] == "serving":
+                    self.admission.add(name)
+                self.report.rejoined_workers.append(name)
+        if self.admission is not None:
+            self.admission.refresh()
+
+    def _on_lost(self, names: list[str]) -> None:
+        for name in names:
+            if name in self.routable:
+                log.warning("%s is gone (Dask dropped it): rerouting its turns", name)
+                self._remove(name, dead=True)
+
+    def _remove(self, name: str, dead: bool) -> None:
+        lost = self.router.remove_worker(name)
+        self.routable.discard(name)
+        (self.report.dead_workers if dead else self.report.excluded_workers).append(name)
+        if self.admission is not None:
+            self.admission.drop(name)
+        for fut, (worker, _) in list(self.inflight.items()):
+            if worker == name:
+                del self.inflight[fut]
+                fut.cancel()
+        for tid in lost:
+            self.running.pop(tid, None)
+            if tid not in self.abandoned:
+                self._give_back(tid, "worker lost" if dead else "worker excluded")
+
+    def _try_rejoin(self, name: str) -> None:
+        if self.resync is None or self.rejoins.get(name, 0) >= self.max_rejoins:
+            return
+        fut = self.resync(name, self.kinds[name])
+        if fut is not None:
+            self.rejoins[name] = self.rejoins.get(name, 0) + 1
+            self.resyncing[fut] = name
+
+    # -- dynamic sampling: surplus ---------------------------------------------------------------
+    def _abandon(self, tids: list[str]) -> None:
+        by_worker: dict[str, list[str]] = {}
+        for tid in tids:
+            self.abandoned.add(tid)
+            self.active.discard(tid)
+            if tid in self.running:
+                worker, request_id = self.running.pop(tid)
+                by_worker.setdefault(worker, []).append(request_id)
+            try:
+                self.router.forget(tid)  # frees its slot now; its late result is ignored
+            except KeyError:
+                pass  # never started
+        for worker, ids in by_worker.items():
+            address = self.liveness.address(worker)
+            if address is None:
+                continue
+            try:
+                self.client.run(abort_turns, ids, workers=[address], on_error="ignore")
+                self.report.aborted_turns += len(ids)
+            except Exception as exc:  # the turns finish on their own; results are ignored
+                log.warning("abort on %s failed: %s", worker, exc)

@@ -33,15 +33,18 @@ _DONE = object()
 class ServingExecutor(Protocol):
     """What the endpoint needs from executors/coserving.py's CoServingExecutor."""
 
-    def submit_serving(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = False,
-                       temperature: float = 0.0, on_token: Callable | None = None) -> Any: ...
+    def submit_serving(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
+                       temperature: float = 0.0, on_token: Callable | None = None,
+                       request_id: str | None = None) -> Any: ...
+
+    def abort_serving(self, request_id: str) -> None: ...
 
     def metrics(self) -> dict: ...
 
 
 def _token_ids(args: tuple) -> list[int]:
-    # on_token may hand over one id or the ids of one engine step.
-    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+    # on_token(token_id, time) per token; a list of ids (one engine step) is accepted too.
+    if args and isinstance(args[0], (list, tuple)):
         return [int(t) for t in args[0]]
     return [int(args[0])] if args else []
 
@@ -105,16 +108,17 @@ async def _generate(state: EndpointState, kind: str, gen: Generation):
     def on_done(_fut) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     try:
         future = state.executor.submit_serving(
             gen.prompt_ids, gen.max_tokens, ignore_eos=gen.ignore_eos,
-            temperature=gen.temperature, on_token=on_token if gen.stream else None)
+            temperature=gen.temperature, on_token=on_token if gen.stream else None,
+            request_id=rid)
     except (ValueError, TypeError) as e:  # the executor refused these arguments
         raise APIError(400, f"request refused by the engine: {e}") from None
     except Exception as e:
         raise APIError(503, f"serving engine unavailable: {e}", kind="server_error") from None
     future.add_done_callback(on_done)
-    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     return rid, int(time.time()), future, queue
 
 
@@ -151,11 +155,17 @@ async def _respond(state: EndpointState, kind: str, gen: Generation, route: str)
         detok, n_out, first = _Detokenizer(state.tokenizer), 0, True
         # One SSE chunk per engine token (text may be empty mid-character), so a client's
         # chunk timestamps are token timestamps: the replay measures TTFT/TPOT from them.
-        while (item := await queue.get()) is not _DONE:
-            n_out += len(item)
-            chunk = _chunk(kind, rid, created, model, detok.push(item), None, first)
-            first = False
-            yield f"data: {json.dumps(chunk)}\n\n"
+        try:
+            while (item := await queue.get()) is not _DONE:
+                n_out += len(item)
+                chunk = _chunk(kind, rid, created, model, detok.push(item), None, first)
+                first = False
+                yield f"data: {json.dumps(chunk)}\n\n"
+        finally:
+            if not future.done():  # the client went away: free the engine's slot
+                abort = getattr(state.executor, "abort_serving", None)
+                if abort is not None:
+                    abort(rid)
         try:
             result = _result_of(future)
             finish = _finish(result)
@@ -273,16 +283,19 @@ def start_endpoint(executor: ServingExecutor, serving_model_dir: str | Path,
                    worker: str = "serving-0", model_name: str | None = None,
                    max_model_len: int | None = None, port: int = 0) -> ServingEndpoint:
     """Start (or return) this worker's endpoint; the served model name defaults to the model
-    directory's name. max_model_len must match the serving engine's (default: the model's)."""
+    directory's name; max_model_len defaults to the executor's (cfg.max_model_len), else the
+    model's."""
     if worker in _ENDPOINTS:
         return _ENDPOINTS[worker]
     from transformers import AutoTokenizer
 
     model_dir = Path(serving_model_dir)
     vocab, context = _model_facts(model_dir)
+    # The engine's context (CoServingConfig.max_model_len) bounds requests, not the model's.
+    engine_context = getattr(getattr(executor, "cfg", None), "max_model_len", None)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     state = EndpointState(executor, tokenizer, model_name or model_dir.name,
-                          int(max_model_len or context), vocab, EndpointMetrics(executor))
+                          int(max_model_len or engine_context or context), vocab, EndpointMetrics(executor))
     _ENDPOINTS[worker] = endpoint = ServingEndpoint(build_app(state), port=port)
     return endpoint
 

@@ -105,6 +105,7 @@ class Trainer:
             seq, mask = assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in rows])
             if adv != 0.0 and sum(mask) > 0:  # zero-advantage trajectories give no gradient
                 samples.append((seq, mask, float(adv)))
+        samples.sort(key=lambda s: len(s[0]))  # similar lengths per micro-batch: less padding
         stats = defaultdict(float)
         micro = self.cfg.train.micro_batch
         batches = [samples[i: i + micro] for i in range(0, len(samples), micro)]
@@ -147,8 +148,8 @@ class TrainerPlugin(WorkerPlugin):
 
     def setup(self, worker) -> None:
         if "train_gpu" in worker.state.total_resources:
-            # Dask pins workers to 1 OpenMP thread; rollout engines idle while we train.
-            torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", os.cpu_count() or 1)))
+            # One thread by default: on a loaded 2-core machine two threads ran 4x slower.
+            torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", "1")))
             self.trainer = Trainer(RunConfig.model_validate_json(self.cfg_json))
 
     def teardown(self, worker) -> None:

@@ -2,6 +2,11 @@
 
 Each task runs on a Dask worker standing for a GPU (pinned by resource); fine-grained work
 (turns, weight pulls) fans out from inside the tasks as plain Dask futures.
+
+Resume: rollout and reward persist their (small) results under a key of run, step and task
+source (tasks/caching.py), so a retried or resumed step gets them back as `Cached` and leaves
+the step's Arrow file untouched; train asks the trainer's version whether its update already
+happened; publish is idempotent. Each run ends with table + markdown artifacts.
 """
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ import time
 import dask
 from prefect import flow
 
+from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
 from rose.config import RunConfig
+from storage.trajectories import PART, TrajectoryStore
 from tasks.publish import publish
 from tasks.reward import reward
 from tasks.rollout import rollout
@@ -20,39 +27,56 @@ from tasks.train import train
 ON_TRAINER = {"resources": {"train_gpu": 1}}  # drivers and trainer state live on the trainer
 
 
-def _phase(name: str, step: int, submit):
+def _phase(name: str, step: int, submit, states: dict[str, str]):
     emit("phase_start", step=step, phase=name)
     t0 = time.perf_counter()
     with dask.annotate(**ON_TRAINER):
         future = submit()
     result = future.result()
     seconds = time.perf_counter() - t0
-    emit("phase_end", step=step, phase=name, seconds=seconds, result=result)
+    states[name] = future.state.name  # "Cached" when reused from an earlier attempt
+    emit("phase_end", step=step, phase=name, seconds=seconds, result=result,
+         state=states[name])
     return result, seconds
+
+
+def trajectories_present(cfg: RunConfig, step: int) -> bool:
+    return (TrajectoryStore(cfg.trajectories_dir()).step_dir(cfg.run_id, step) / PART).exists()
 
 
 @flow(name="rl_step", flow_run_name="{cfg.run_id}-step-{step}", log_prints=True)
 def rl_step(cfg: RunConfig, step: int) -> dict:
     """Advance the policy from version step-1 to version step."""
     t0 = time.perf_counter()
-    rolled, rollout_s = _phase("rollout", step, lambda: rollout.submit(cfg, step, step - 1))
-    rewarded, reward_s = _phase("reward", step, lambda: reward.submit(cfg, step))
-    trained, train_s = _phase("train", step, lambda: train.submit(cfg, step))
-    published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step))
+    states: dict[str, str] = {}
+    # A cached rollout whose Arrow file is gone would hand reward a dangling path: recompute.
+    roll = rollout.with_options(refresh_cache=not trajectories_present(cfg, step))
+    rolled, rollout_s = _phase("rollout", step, lambda: roll.submit(cfg, step, step - 1), states)
+    # Reward rewrites the rollout's file: reuse its result only if the rollout was reused too.
+    rew = reward.with_options(refresh_cache=states["rollout"] != "Cached")
+    rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states)
+    trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states)
+    published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states)
     step_s = time.perf_counter() - t0
     tokens = rolled["input_tokens"] + rolled["output_tokens"]
+    # A reused rollout took its time in an earlier attempt: count it, or throughput looks inflated.
+    busy_s = step_s + (rolled["rollout_s"] if states["rollout"] == "Cached" else 0.0)
     summary = {
         "step": step, "reward": rolled["mean_reward"], "success_rate": rolled["success_rate"],
         "trajectories": rolled["trajectories"], "turns": rolled["turns"], "tokens": tokens,
         "output_tokens": rolled["output_tokens"],
         "prefix_cache_hit_rate": rolled["prefix_cache_hit_rate"],
         "rollout_s": rollout_s, "reward_s": reward_s, "train_s": train_s,
-        "publish_s": publish_s, "step_s": step_s, "tokens_per_s": tokens / step_s,
+        "publish_s": publish_s, "step_s": step_s, "tokens_per_s": tokens / busy_s,
         "loss": trained.get("loss", 0.0), "grad_norm": trained.get("grad_norm", 0.0),
         "informative": rewarded["informative_trajectories"],
         "publish_bytes": published["bytes"], "policy_version": published["version"],
         "arrow_path": rolled["path"], "rerouted_turns": rolled["rerouted_turns"],
         "engine_rollout_s": rolled["rollout_s"], "engine_train_s": trained.get("train_s", 0.0),
+        "serving_workers": rolled.get("serving_workers", cfg.stack.serving_workers),
+        "slo_attainment": rolled.get("slo_attainment"),
+        "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
     }
+    publish_step_artifacts(cfg.run_id, summary)
     emit("step_end", **summary)
     return summary

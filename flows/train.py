@@ -1,15 +1,24 @@
 """The training run: N RL steps, each its own `rl_step` flow run, from the last checkpoint on.
 
     python -m flows.train --steps 5        (or `rose train`, which also starts the stack)
+
+Deployed (prefect.yaml, `rose deploy`) as `train/train` and `rl-step/rl-step`; both take a
+RunConfig, so the Prefect UI renders its fields as a form with defaults and validation.
+Started again on a run that stopped (a failure, `rose down`), `train` continues after the
+trainer's version: the trainer reloads its last checkpoint, the relay gets that version again,
+and completed phases of an interrupted step come back from Prefect's result store.
 """
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from distributed import Client
 from prefect import flow
 from prefect_dask import DaskTaskRunner
 
+from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
 from executors.rollout_worker import RolloutWorkerPlugin
 from executors.trainer import TrainerPlugin, local_trainer
@@ -18,6 +27,7 @@ from rose.config import RunConfig
 from tasks.publish import publish_and_sync
 
 ON_TRAINER = {"resources": {"train_gpu": 1}}
+RUN_CONFIG_FILE = "config.json"
 
 
 def dask_address(cfg: RunConfig) -> str:
@@ -28,10 +38,12 @@ def dask_address(cfg: RunConfig) -> str:
     from rose.stack.local_stack import load_stack
 
     handle = load_stack(stack_dir())
-    if handle is None:
-        raise RuntimeError("no Dask scheduler: start the local stack with `rose up` or set "
-                           "stack.dask_scheduler to an existing one")
-    return handle.dask_scheduler
+    if handle is not None:
+        return handle.dask_scheduler
+    if os.environ.get("ROSE_DASK_SCHEDULER"):  # set for deployment workers (`rose deploy`)
+        return os.environ["ROSE_DASK_SCHEDULER"]
+    raise RuntimeError(f"no Dask scheduler: no running local stack in {stack_dir()} (start "
+                       "one with `rose up`) and stack.dask_scheduler is not set")
 
 
 def attach_executors(client: Client, cfg: RunConfig) -> int:
@@ -47,19 +59,55 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
                          **ON_TRAINER).result()
 
 
-@flow(name="train", flow_run_name="{cfg.run_id}", log_prints=True)
-def train(cfg: RunConfig) -> list[dict]:
-    """Run steps (last completed + 1) .. cfg.steps; each step is an `rl_step` flow run."""
+def save_run_config(cfg: RunConfig) -> Path:
+    """<run dir>/config.json: what `rose resume <run>` starts again from."""
+    path = cfg.run_dir() / RUN_CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(cfg.model_dump_json(indent=1))
+    tmp.replace(path)
+    return path
+
+
+def prepare(cfg: RunConfig) -> tuple[str, int]:
+    """Connect, attach executors, re-publish the trainer's version; (address, version)."""
     address = dask_address(cfg)
     with Client(address) as client:
         version = attach_executors(client, cfg)
-        emit("run_start", run=cfg.run_id, start_version=version, steps=cfg.steps)
         # The relay may have lost its objects (restart): publish what the trainer holds now.
         client.submit(publish_and_sync, cfg, version, pure=False, **ON_TRAINER).result()
+    return address, version
+
+
+@flow(name="train", flow_run_name="{cfg.run_id}", log_prints=True)
+def train(cfg: RunConfig = RunConfig()) -> list[dict]:
+    """Run steps (last completed + 1) .. cfg.steps; each step is an `rl_step` flow run."""
+    save_run_config(cfg)
+    address, version = prepare(cfg)
+    emit("run_start", run=cfg.run_id, start_version=version, steps=cfg.steps)
+    print(f"run {cfg.run_id}: trainer at policy version {version}, "
+          f"steps {version + 1}..{cfg.steps} to go")
     step_flow = rl_step.with_options(task_runner=DaskTaskRunner(address=address))
     summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
+    publish_run_artifact(cfg.run_id, summaries)
     emit("run_end", run=cfg.run_id, summaries=summaries)
     return summaries
+
+
+@flow(name="rl-step", flow_run_name="{cfg.run_id}-rerun-step", log_prints=True)
+def run_step(cfg: RunConfig = RunConfig(), step: int | None = None) -> dict:
+    """Run (or resume) one RL step on the stack; default: the step after the trainer's version.
+
+    Only that step or the trainer's own version (a step whose publish did not finish) can run:
+    any other would train on trajectories of a policy the trainer no longer holds.
+    """
+    address, version = prepare(cfg)
+    step = version + 1 if step is None else step
+    if step not in (version, version + 1) or step < 1:
+        raise ValueError(f"step {step} cannot run: the trainer of run {cfg.run_id} holds "
+                         f"version {version}, so the next step is {version + 1}")
+    save_run_config(cfg)
+    return rl_step.with_options(task_runner=DaskTaskRunner(address=address))(cfg, step)
 
 
 def main() -> None:

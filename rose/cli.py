@@ -59,12 +59,17 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
        serving_workers: Optional[int] = typer.Option(None, help="Serving workers (serving_gpu)."),
        prefect_port: Optional[int] = typer.Option(None, help="Prefect server port (default: free)."),
        scheduler_port: Optional[int] = typer.Option(None, help="Dask scheduler port (default: free)."),
+       dask_scheduler: Optional[str] = typer.Option(None, help="Use this existing Dask scheduler "
+                                                    "(cluster mode, docs/cluster.md)."),
+       prefect_api_url: Optional[str] = typer.Option(None, help="Use this existing Prefect "
+                                                     "server, e.g. http://host:4200/api."),
        config: Optional[Path] = ConfigOpt) -> None:
     """Start the local stack (Prefect server, Mooncake, Dask scheduler + workers), or reuse it."""
     from rose.stack.local_stack import dead_parts, read_stack, start_stack
     from rose.stack.status import print_stack
 
-    cfg = _config(config, rollout_workers=rollout_workers, serving_workers=serving_workers)
+    cfg = _config(config, rollout_workers=rollout_workers, serving_workers=serving_workers,
+                  dask_scheduler=dask_scheduler, prefect_api_url=prefect_api_url)
     previous = read_stack(stack_dir())
     dead = dead_parts(previous) if previous else []
     reused = previous is not None and not dead
@@ -153,6 +158,30 @@ def query(sql: str = typer.Argument(..., help="SQL over the view `turns` (one ro
     run_query(sql, console)
 
 
+@app.command()
+@clear_errors
+def deploy(config: Optional[Path] = ConfigOpt) -> None:
+    """Work pool + prefect.yaml deployments + a process worker (stopped by `rose down`)."""
+    from rose.deploy import POOL, deploy as run_deploy
+
+    done = run_deploy(_config(config), console)
+    console.print(f"[green]deployed[/] {', '.join(done.deployments)} on pool {POOL}; worker pid "
+                  f"{done.worker_pid}{' (reused)' if done.worker_reused else ''}")
+    console.print(f"run one from the UI ({done.ui_url}/deployments) or: "
+                  "prefect deployment run train/train")
+
+
+@app.command()
+@clear_errors
+def resume(run_id: str = typer.Argument(..., help="The run to continue."),
+           steps: Optional[int] = typer.Option(None, help="Steps to reach (default: the run's).")
+           ) -> None:
+    """Continue a failed or stopped run: finished phases are reused, not recomputed."""
+    from rose.resume import resume as run_resume
+
+    run_resume(run_id, steps, console)
+
+
 models_app = typer.Typer(help="Locally built models (no hub downloads).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
@@ -168,6 +197,39 @@ def models_build(force: bool = typer.Option(False, help="Rebuild even if up to d
     with console.status("building models"):
         policy, serving = build_models(cfg.models, force=force)
     console.print(f"policy: {policy}\nserving: {serving}")
+
+
+serve_app = typer.Typer(help="Serving side: trace replay against serving endpoints.",
+                        no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("replay")
+@clear_errors
+def serve_replay(
+        endpoint: list[str] = typer.Option(..., help="Endpoint base URL (repeat for several)."),
+        trace: Path = typer.Option(None, help="Trace CSV (default: the Azure 2023 code trace)."),
+        start: Optional[float] = typer.Option(None, help="Window start, trace seconds."),
+        duration: float = typer.Option(600.0, help="Window length, trace seconds."),
+        around_peak: bool = typer.Option(False, help="Center the window on the busiest second."),
+        time_scale: float = typer.Option(1.0, help="Replay seconds per trace second (0.1 = 10x faster)."),
+        length_scale: float = typer.Option(1.0, help="Prompt tokens per trace context token."),
+        output_scale: Optional[float] = typer.Option(None, help="Output tokens per trace "
+                                                     "generated token (default: length scale)."),
+        sample: float = typer.Option(1.0, help="Fraction of the window's requests sent (seeded)."),
+        seed: int = typer.Option(0, help="Seed for sampling and synthetic prompts."),
+        slo_ttft: Optional[float] = typer.Option(None, help="TTFT SLO (s) for attainment."),
+        slo_tpot: Optional[float] = typer.Option(None, help="TPOT SLO (s) for attainment."),
+        vocab_size: Optional[int] = typer.Option(None, help="Token id range (default: endpoint's)."),
+        max_model_len: Optional[int] = typer.Option(None, help="Context to clamp to (default: endpoint's)."),
+        out: Path = typer.Option(Path("replay-results"), help="Output directory.")) -> None:
+    """Replay a window of a serving trace (EOS ignored, synthetic prompts); TTFT/TPOT per request."""
+    from rose.serve.replay_run import run_replay
+    from rose.serve.trace import DEFAULT_TRACE
+
+    run_replay(endpoint, trace or DEFAULT_TRACE, out, start, duration, around_peak, time_scale,
+               length_scale, output_scale, sample, seed, slo_ttft, slo_tpot, vocab_size,
+               max_model_len, console)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,24 @@ class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_concurrency_per_worker: int = Field(16, ge=1)  # paper default cap per rollout GPU
+    # elastic rollout scheduler (executors/rollout_scheduler.py)
+    routing: Literal["turnwise_affinity", "turnwise", "pinned"] = "turnwise_affinity"
+    serving_max_turns_per_worker: int = Field(16, ge=1)  # rollout turns queued on a serving GPU
+    heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness
+    # DAPO dynamic sampling: launch groups until `groups` of them have reward variance, abort the
+    # surplus; only those groups reach the step. The next step's launch comes from this one's
+    # keep rate (persisted in the run dir).
+    dynamic_sampling: bool = False
+    dynamic_sampling_oversample: float = Field(1.5, ge=1)  # first launch: ceil(groups * this)
+    dynamic_sampling_max_launch: float = Field(4.0, ge=1)  # cap: ceil(groups * this) per step
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> "RolloutConfig":
+        if self.dynamic_sampling_max_launch < self.dynamic_sampling_oversample:
+            raise ValueError(f"dynamic_sampling_max_launch ({self.dynamic_sampling_max_launch}) "
+                             f"must be >= dynamic_sampling_oversample "
+                             f"({self.dynamic_sampling_oversample})")
+        return self
 
 
 class TrainConfig(Strict):

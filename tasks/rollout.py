@@ -1,14 +1,22 @@
 """Rollout phase: every trajectory of the step, multi-turn, fanned out over rollout workers."""
 from __future__ import annotations
 
+import json
+import math
+import os
+import signal
 import statistics
+from typing import Callable
 
 from distributed import worker_client
 from prefect import task
 
 from envs.registry import make_env
+from executors.dynamic_sampling import DynamicSampler
 from executors.episode import Episode
+from executors.group_launcher import GroupLauncher
 from executors.rollout_scheduler import RolloutScheduler
+from executors.rollout_worker import sync_weights
 from rose.config import RunConfig
 from storage.trajectories import TrajectoryStore
 from storage.trajectory_schema import trajectory_id
@@ -21,19 +29,94 @@ def env_seed(run_seed: int, step: int, group: int) -> int:
     return (run_seed * 1_000_003 + step * 1_009 + group) % (2**31)
 
 
-def make_episodes(cfg: RunConfig, step: int, policy_version: int) -> list[Episode]:
+def group_factory(cfg: RunConfig, step: int, policy_version: int) -> Callable[[int], list[Episode]]:
+    """make_group(g): the group_size trajectories of group g (one tokenizer for all groups)."""
     from transformers import AutoTokenizer
 
     from rose.models.chat import ChatTokens
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(cfg.models.policy_path()))
     r = cfg.rollout
-    return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
-                    env=make_env(r.env, max_turns=r.max_turns),
-                    env_seed=env_seed(cfg.seed, step, g), chat=chat, max_turns=r.max_turns,
-                    max_tokens=r.max_tokens_per_turn, temperature=r.temperature, top_p=r.top_p,
-                    min_policy_version=policy_version)
-            for g in range(r.groups) for i in range(r.group_size)]
+
+    def make_group(g: int) -> list[Episode]:
+        return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
+                        env=make_env(r.env, max_turns=r.max_turns),
+                        env_seed=env_seed(cfg.seed, step, g), chat=chat, max_turns=r.max_turns,
+                        max_tokens=r.max_tokens_per_turn, temperature=r.temperature,
+                        top_p=r.top_p, min_policy_version=policy_version)
+                for i in range(r.group_size)]
+    return make_group
+
+
+def make_episodes(cfg: RunConfig, step: int, policy_version: int) -> list[Episode]:
+    make_group = group_factory(cfg, step, policy_version)
+    return [ep for g in range(cfg.rollout.groups) for ep in make_group(g)]
+
+
+SAMPLING_FILE = "dynamic_sampling.json"  # in the run dir: the next step's launch target
+
+
+def group_launcher(cfg: RunConfig, step: int, policy_version: int) -> GroupLauncher:
+    """All groups at once, or DAPO dynamic sampling sized from the previous step's keep rate."""
+    r, make_group = cfg.rollout, group_factory(cfg, step, policy_version)
+    if not r.dynamic_sampling:
+        return GroupLauncher(make_group, r.groups)
+    max_launch = math.ceil(r.groups * r.dynamic_sampling_max_launch)
+    launch = math.ceil(r.groups * r.dynamic_sampling_oversample)
+    try:
+        launch = int(json.loads((cfg.run_dir() / SAMPLING_FILE).read_text())["next_launch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # first step (or unreadable): the configured oversampling
+    launch = max(r.groups, min(max_launch, launch))
+    return GroupLauncher(make_group, r.groups,
+                         DynamicSampler(r.groups, launch, max_launch=max_launch))
+
+
+def save_sampling(cfg: RunConfig, step: int, sampling: dict) -> None:
+    if "next_step_launch" not in sampling:
+        return
+    path = cfg.run_dir() / SAMPLING_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step, "next_launch": sampling["next_step_launch"],
+                               **sampling}))
+    tmp.replace(path)
+
+
+def resync_from_relay(client, cfg: RunConfig, version: int):
+    """A restarted (or stale) rollout worker pulls the step's policy before it rejoins."""
+    def resync(name: str, kind: str):
+        if kind != "rollout":
+            return None  # a co-serving executor syncs through its own plugin: it stays out
+        return client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
+                             cfg.publish.pull_batch_bytes, workers=[name],
+                             allow_other_workers=False, pure=False)
+    return resync
+
+
+FAULT_FILE = "fault_kill.json"  # in the run dir: what the injected kill hit (tests read it)
+
+
+def kill_worker_hook(client, cfg: RunConfig, scheduler: RolloutScheduler, after_turns: int,
+                     fault: dict):
+    """Tests only: SIGKILL the last rollout worker's PROCESS (not its nanny) once `after_turns`
+    turns are done and it has turns in flight, so the kill always lands mid-step."""
+    victim = sorted(n for n, k in scheduler.kinds.items() if k == "rollout")[-1]
+    done = [0]
+
+    def on_turn(row: dict) -> None:
+        done[0] += 1
+        if fault or done[0] < after_turns or victim not in scheduler.routable \
+                or scheduler.router.load(victim) == 0:
+            return
+        address = scheduler.liveness.address(victim)
+        pid = client.run(os.getpid, workers=[address])[address]
+        fault.update(killed=victim, pid=pid, after_turns=done[0],
+                     in_flight=sorted(t for t, (w, _) in scheduler.running.items() if w == victim))
+        os.kill(pid, signal.SIGKILL)
+        cfg.run_dir().mkdir(parents=True, exist_ok=True)
+        (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
+    return on_turn
 
 
 def summarize(report, policy_version: int) -> dict:
@@ -51,6 +134,9 @@ def summarize(report, policy_version: int) -> dict:
         "prefix_cache_hit_rate": sum(r["num_cached_tokens"] for r in rows) / max(1, prompt_tokens),
         "invalid_turns": sum(r["status"] == "invalid_action" for r in rows),
         "rerouted_turns": report.rerouted_turns, "dead_workers": report.dead_workers,
+        "excluded_workers": report.excluded_workers, "rejoined_workers": report.rejoined_workers,
+        "aborted_turns": report.aborted_turns, "sampling": report.sampling,
+        "scheduler_queued_s": sum(r["queued_s"] for r in rows),
         "rollout_s": report.seconds, "batches": report.batches,
     }
 
@@ -60,11 +146,21 @@ def summarize(report, policy_version: int) -> dict:
       persist_result=True)
 def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     """Generate the step's trajectories with policy `policy_version`; write them as Arrow."""
+    r = cfg.rollout
     with worker_client() as client:
         kinds = workers_by_kind(client)
-        workers = {n: k for n, k in kinds.items() if k == "rollout"}
         require(kinds, "rollout")
-        scheduler = RolloutScheduler(client, workers, cfg.rollout.max_concurrency_per_worker)
-        report = scheduler.run(make_episodes(cfg, step, policy_version))
+        workers = {n: k for n, k in kinds.items() if k in ("rollout", "serving")}
+        scheduler = RolloutScheduler(
+            client, workers, r.max_concurrency_per_worker, r.routing,
+            serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
+            resync=resync_from_relay(client, cfg, policy_version))
+        fault: dict = {}
+        on_turn = None
+        if cfg.fault_injection.get("kill_rollout_worker_at_step") == step:
+            after = cfg.fault_injection.get("kill_rollout_worker_after_turns", 4)
+            on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
+        report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
+    save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
-    return {**summarize(report, policy_version), "path": str(path)}
+    return {**summarize(report, policy_version), "path": str(path), "fault": fault}

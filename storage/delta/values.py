@@ -41,8 +41,8 @@ def encode_values(diff: np.ndarray) -> bytes:
     word = padded.view("<u4")
     packed = (word | (word >> 6) | (word >> 12) | (word >> 18)).astype(np.uint8)
     planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, udt.itemsize).T)
-    z_classes = zstd_io.compress(packed.tobytes(), 1)
-    z_escapes = zstd_io.compress(planes.tobytes(), 1)
+    z_classes = zstd_io.compress(packed, 1)
+    z_escapes = zstd_io.compress(planes, 1)
     return b"".join([np.packbits(negative, bitorder="little").tobytes(),
                      _LEN.pack(len(z_classes)), z_classes, _LEN.pack(len(z_escapes)), z_escapes])
 

@@ -9,7 +9,8 @@ import zstandard
 _local = threading.local()
 
 
-def compress(data: bytes | memoryview, level: int = 1) -> bytes:
+def compress(data, level: int = 1) -> bytes:
+    """One zstd frame (with its content size) of any contiguous buffer."""
     cache = _local.__dict__.setdefault("compressors", {})
     if level not in cache:
         cache[level] = zstandard.ZstdCompressor(level=level)

@@ -1,0 +1,174 @@
+"""Scheduler ablation on the real local stack (issue 5 acceptance; `bench/scheduler.py --ablation`).
+
+One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
+when executors/coserving.py exists, else a second rollout worker (rollout-1) standing in for
+the lent GPU under the same per-worker cap. Demand (trajectories in flight) is above one worker's
+cap, so turns queue and routing matters. Cases, all on the same step (same seeds, seeded
+sampling, so every case generates comparable trajectories), each from a cold prefix cache:
+  pinned             every turn of a trajectory on the worker of its first turn
+  turnwise           every turn to the least-loaded worker
+  turnwise+affinity  the worker of the previous turn if it has room (rose.md component 3)
+  rollout worker alone (turnwise+affinity): the same step without the lent worker
+Repetitions are interleaved (the machine is shared); the table shows medians. Writes
+bench/results/scheduler_ablation.json.
+
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/scheduler.py --ablation [--reps 3]
+"""
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
+CASES = (("pinned", "pinned", True), ("turnwise", "turnwise", True),
+         ("turnwise+affinity", "turnwise_affinity", True),
+         ("rollout worker alone", "turnwise_affinity", False))
+
+
+def reset_prefix_cache() -> bool:
+    """On a rollout worker: drop its prefix cache, so every case starts cold."""
+    from executors.rollout_worker import _plugin
+
+    _plugin().loop.call(lambda engine: engine.reset_prefix_cache())
+    return True
+
+
+def coserving_available() -> bool:
+    try:
+        from executors.coserving import coserving_state  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ensure_models(console: Console) -> None:
+    from rose.config import ModelsConfig, data_dir
+    from rose.models.build import build_models
+
+    if (ModelsConfig().policy_path() / "config.json").is_file():
+        return
+    if (PREBUILT / "policy" / "config.json").is_file():
+        shutil.copytree(PREBUILT, data_dir() / "models", dirs_exist_ok=True)
+    else:
+        console.print("building the tiny models (once)")
+        build_models(ModelsConfig())
+
+
+def step_episodes(cfg, seed_base: int = 0):
+    from tasks.rollout import make_episodes
+
+    episodes = make_episodes(cfg, 1, 0)
+    for i, ep in enumerate(episodes):
+        ep.sample_seed = seed_base + i
+    return episodes
+
+
+def measure(report, lent: str) -> dict:
+    rows = report.rows
+    prompt = sum(r["num_prompt_tokens"] for r in rows)
+    out = sum(len(r["response_ids"]) for r in rows)
+    affine = moves = 0
+    for ep in report.episodes:
+        for a, b in zip(ep.rows, ep.rows[1:]):
+            moves += 1
+            affine += a["worker"] == b["worker"]
+    return {"seconds": report.seconds, "turns": len(rows), "input_tokens": prompt,
+            "output_tokens": out, "tokens_per_s": (prompt + out) / report.seconds,
+            "prefix_cache_hit_rate": sum(r["num_cached_tokens"] for r in rows) / max(1, prompt),
+            "lent_share": sum(r["worker"] == lent for r in rows) / max(1, len(rows)),
+            "same_worker_as_previous_turn": affine / max(1, moves),
+            "mean_queued_s": statistics.fmean(r["queued_s"] for r in rows),
+            "rerouted_turns": report.rerouted_turns}
+
+
+def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Console) -> dict:
+    from distributed import Client
+
+    from executors.rollout_scheduler import RolloutScheduler
+    from executors.rollout_worker import RolloutWorkerPlugin, worker_state
+    from rose.config import RolloutConfig, RunConfig, StackConfig, stack_dir
+    from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
+
+    ensure_models(console)
+    serving = coserving_available()
+    lent, lent_kind = ("serving-0", "serving") if serving else ("rollout-1", "rollout")
+    stack_cfg = StackConfig(rollout_workers=1 if serving else 2, serving_workers=int(serving),
+                            relay="filesystem")
+    cfg = RunConfig(run_id="ablation", rollout=RolloutConfig(
+        groups=groups, group_size=group_size, max_turns=8, max_concurrency_per_worker=cap))
+    with console.status("starting the local stack (Dask + 2 vLLM engines)"):
+        handle = start_stack(stack_cfg, stack_dir())
+    apply_env(stack_env(handle))
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in CASES}
+    try:
+        with Client(handle.dask_scheduler) as client:
+            client.register_plugin(RolloutWorkerPlugin(cfg.models.policy_path()), name="rose-rollout")
+            engines = ["rollout-0"] + ([] if serving else [lent])
+            client.gather([client.submit(worker_state, workers=[w], pure=False) for w in engines])
+
+            def one(mode: str, with_lent: bool) -> dict:
+                client.gather([client.submit(reset_prefix_cache, workers=[w], pure=False)
+                               for w in engines])
+                workers = {"rollout-0": "rollout", **({lent: lent_kind} if with_lent else {})}
+                sched = RolloutScheduler(client, workers, cap, mode)
+                return measure(sched.run(step_episodes(cfg)), lent)
+
+            with console.status("warm-up"):
+                one("turnwise_affinity", True)
+            for rep in range(reps):
+                order = CASES[rep % len(CASES):] + CASES[:rep % len(CASES)]  # rotate: fair noise
+                for name, mode, with_lent in order:
+                    with console.status(f"rep {rep + 1}/{reps}: {name}"):
+                        results[name].append(one(mode, with_lent))
+    finally:
+        stop_stack(stack_dir())
+    rows = {name: median_row(runs) for name, runs in results.items()}
+    alone, both = rows["rollout worker alone"], rows["turnwise+affinity"]
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "lent_worker": {"name": lent, "kind": lent_kind,
+                            "note": "co-serving executor" if serving else
+                            "no co-serving executor yet: a second rollout worker stands in"},
+            "trajectories": groups * group_size, "cap_per_worker": cap, "reps": reps,
+            "cases": rows, "runs": results,
+            "speedup_with_lent_worker": alone["seconds"] / both["seconds"],
+            "affinity_vs_turnwise": rows["turnwise"]["seconds"] / both["seconds"],
+            "turnwise_vs_pinned": rows["pinned"]["seconds"] / rows["turnwise"]["seconds"]}
+
+
+def median_row(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def print_ablation(payload: dict, console: Console) -> None:
+    table = Table(title=f"Scheduler ablation: {payload['trajectories']} trajectories, cap "
+                        f"{payload['cap_per_worker']}/worker, lent worker {payload['lent_worker']['name']}"
+                        f" ({payload['lent_worker']['kind']}), median of {payload['reps']}")
+    for col in ("case", "rollout s", "turns", "tokens/s", "prefix hit", "same worker",
+                "on lent", "queued s"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for name, r in payload["cases"].items():
+        table.add_row(name, f"{r['seconds']:.2f}", f"{r['turns']:.0f}", f"{r['tokens_per_s']:.0f}",
+                      f"{r['prefix_cache_hit_rate']:.1%}", f"{r['same_worker_as_previous_turn']:.0%}",
+                      f"{r['lent_share']:.0%}", f"{r['mean_queued_s']:.3f}")
+    console.print(table)
+    console.print(f"lent worker speed-up (alone / with): {payload['speedup_with_lent_worker']:.2f}x; "
+                  f"affinity vs turnwise: {payload['affinity_vs_turnwise']:.2f}x; "
+                  f"turnwise vs pinned: {payload['turnwise_vs_pinned']:.2f}x")
+    console.print(f"[dim]{payload['lent_worker']['note']}")
+
+
+def ablation_bench(reps: int, groups: int, group_size: int, cap: int, console: Console,
+                   write_json) -> dict:
+    t0 = time.perf_counter()
+    payload = run_ablation(reps, groups, group_size, cap, console)
+    payload["bench_s"] = time.perf_counter() - t0
+    print_ablation(payload, console)
+    write_json(Path(__file__).resolve().parent / "results" / "scheduler_ablation.json", payload)
+    return payload

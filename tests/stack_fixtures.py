@@ -1,0 +1,109 @@
+"""Helpers for slow tests that run a real local stack in their own data directory.
+
+Models are built once per pytest session (under its base temp dir, or taken from
+ROSE_TEST_MODELS_DIR) and linked into each test's data directory. Prefect reads its settings
+once per process, so everything that talks to a stack's server goes through `prefect_for`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_models(tmp_path_factory) -> Path:
+    given = os.environ.get("ROSE_TEST_MODELS_DIR")
+    if given:
+        return Path(given)
+    from rose.config import ModelsConfig
+    from rose.models.build import build_models
+
+    root = tmp_path_factory.getbasetemp() / "rose-models"
+    build_models(ModelsConfig(policy_dir=root / "policy", serving_dir=root / "serving"))
+    return root
+
+
+def new_data_dir(tmp_path_factory, name: str) -> Path:
+    data = tmp_path_factory.mktemp(name)
+    (data / "models").symlink_to(shared_models(tmp_path_factory), target_is_directory=True)
+    return data
+
+
+@contextmanager
+def prefect_for(handle):
+    """Prefect client settings pointing at this stack's server (whatever was imported before)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: handle.prefect_api_url,
+                                     PREFECT_HOME: handle.prefect_home}):
+        yield
+
+
+@dataclass
+class FlowRunInfo:
+    run: Any  # prefect FlowRun
+    tasks: list  # its task runs
+
+    @property
+    def state(self):
+        return self.run.state
+
+
+def flow_runs(name: str) -> list[FlowRunInfo]:
+    """Flow runs with this name, oldest first, each with its task runs."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterName,
+                                                TaskRunFilter, TaskRunFilterFlowRunId)
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async def fetch():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])),
+                sort=FlowRunSort.START_TIME_ASC)
+            return [FlowRunInfo(run, await client.read_task_runs(task_run_filter=TaskRunFilter(
+                flow_run_id=TaskRunFilterFlowRunId(any_=[run.id])))) for run in runs]
+
+    return asyncio.run(fetch())
+
+
+def task_states(run) -> dict[str, str]:
+    """phase -> state name ("Cached", "Completed", "Failed") of one rl_step flow run."""
+    return {t.name.rsplit("-", 1)[0]: t.state.name for t in run.tasks}
+
+
+def file_fingerprint(path: Path) -> tuple[int, str]:
+    return path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rose_cli(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """`rose ...` as a user runs it (own process, so its Prefect settings are its own)."""
+    return subprocess.run([sys.executable, "-m", "rose.cli", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:
+    """(trainer version + bf16 digest, rollout-0's version + digest) from the live workers."""
+    from distributed import Client
+
+    from executors.rollout_worker import weights_digest, worker_state
+    from executors.trainer import local_trainer
+
+    def trainer_state(run):
+        t = local_trainer(run)
+        return {"version": t.version, "digest": weights_digest(t.weights_bf16())}
+
+    with Client(scheduler) as client:
+        trainer = client.submit(trainer_state, run_id, resources={"train_gpu": 1},
+                                pure=False).result()
+        worker = client.submit(worker_state, workers=["rollout-0"], pure=False).result()
+    return trainer, worker

@@ -1,0 +1,92 @@
+"""A rollout worker PROCESS is killed mid-step on the real local stack; nothing is lost.
+
+Slow (a few minutes): starts Prefect, the Dask scheduler, a trainer and two vLLM rollout
+workers, and runs two RL steps through the `train` flow. At step 1 the rollout task's fault
+hook (RunConfig.fault_injection) SIGKILLs rollout-1's worker process (its nanny lives on and
+restarts it) once 6 turns are done and rollout-1 has turns in flight. The step must complete
+with every trajectory, the turns that were in flight on rollout-1 re-run on rollout-0 and
+recorded as "rerouted"; step 2 must run too, with the restarted worker back in service.
+
+    ROSE_TEST_DATA_DIR=/tmp/x .venv/bin/pytest -m slow tests/test_fault_reroute.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-fault"))
+    old = dict(os.environ)
+    os.environ["ROSE_DATA_DIR"] = str(data)
+    from rose.config import ModelsConfig, StackConfig, stack_dir
+    from rose.models.build import build_models
+    from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
+
+    models = ModelsConfig()
+    if not (models.policy_path() / "config.json").is_file():
+        if (PREBUILT / "policy" / "config.json").is_file():  # a copy beats minutes of building
+            shutil.copytree(PREBUILT, data / "models", dirs_exist_ok=True)
+        else:
+            build_models(models)
+    handle = start_stack(StackConfig(rollout_workers=2, relay="filesystem"), stack_dir())
+    apply_env(stack_env(handle))
+    try:
+        yield handle
+    finally:
+        stop_stack(stack_dir())
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def test_killed_rollout_worker_loses_no_trajectory(stack):
+    from distributed import Client
+
+    from flows.train import train
+    from rose.config import RolloutConfig, RunConfig
+    from rose.grpo import assemble_trajectory
+    from storage.trajectories import TrajectoryStore
+    from tasks.rollout import FAULT_FILE
+
+    cfg = RunConfig(run_id="fault", steps=2,
+                    rollout=RolloutConfig(groups=4, group_size=4, max_turns=4,
+                                          max_concurrency_per_worker=8),
+                    fault_injection={"kill_rollout_worker_at_step": 1,
+                                     "kill_rollout_worker_after_turns": 6})
+    summaries = train(cfg)
+    assert [s["step"] for s in summaries] == [1, 2]
+
+    fault = json.loads((cfg.run_dir() / FAULT_FILE).read_text())
+    assert fault["killed"] == "rollout-1" and fault["in_flight"]
+    store = TrajectoryStore(cfg.trajectories_dir())
+    for step in (1, 2):
+        rows = store.read_step("fault", step).to_pylist()
+        tids = {r["trajectory"] for r in rows}
+        assert tids == {f"s{step}-g{g}-t{i}" for g in range(4) for i in range(4)}
+        for tid in tids:  # every trajectory whole: turns 0..n-1, ends done, tokens consistent
+            turns = sorted((r for r in rows if r["trajectory"] == tid), key=lambda r: r["turn"])
+            assert [r["turn"] for r in turns] == list(range(len(turns)))
+            assert turns[-1]["done"] and not any(r["done"] for r in turns[:-1])
+            assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in turns])
+        assert all(r["advantage"] is not None for r in rows)  # reward and train ran on them
+
+    rows1 = store.read_step("fault", 1).to_pylist()
+    rerouted = [r for r in rows1 if r["status"] == "rerouted"]
+    # each turn that was in flight on the killed worker was re-run on the survivor
+    assert set(fault["in_flight"]) <= {r["trajectory"] for r in rerouted}
+    assert all(r["worker"] == "rollout-0" for r in rerouted
+               if r["trajectory"] in fault["in_flight"])
+    assert summaries[0]["rerouted_turns"] >= len(fault["in_flight"])
+
+    with Client(stack.dask_scheduler) as client:  # the nanny brought a new process back
+        pids = client.run(os.getpid)
+        names = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    assert "rollout-1" in names and pids[names["rollout-1"]] != fault["pid"]
