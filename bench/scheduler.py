@@ -256,12 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--groups", type=int, default=8, help="ablation: GRPO groups per step")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--cap", type=int, default=16, help="ablation: trajectories per worker")
+    parser.add_argument("--lent", choices=("auto", "serving", "rollout"), default="auto",
+                        help="ablation: the lent worker is a co-serving executor (auto: when "
+                             "executors/coserving.py has its plugin) or a second rollout worker")
     args = parser.parse_args(argv)
     console = Console(width=150)
     if args.ablation:
         from bench.scheduler_ablation import ablation_bench
 
-        ablation_bench(args.reps, args.groups, args.group_size, args.cap, console, write_json)
+        ablation_bench(args.reps, args.groups, args.group_size, args.cap, console, write_json,
+                       args.lent)
         return
     if args.decisions < 100:
         raise SystemExit("--decisions must be >= 100 for a meaningful p99")

@@ -32,17 +32,9 @@ CASES = (("pinned", "pinned", True), ("turnwise", "turnwise", True),
          ("rollout worker alone", "turnwise_affinity", False))
 
 
-def reset_prefix_cache() -> bool:
-    """On a rollout worker: drop its prefix cache, so every case starts cold."""
-    from executors.rollout_worker import _plugin
-
-    _plugin().loop.call(lambda engine: engine.reset_prefix_cache())
-    return True
-
-
 def coserving_available() -> bool:
     try:
-        from executors.coserving import coserving_state  # noqa: F401
+        from executors.coserving import CoServingPlugin, coserving_state  # noqa: F401
     except ImportError:
         return False
     return True
@@ -79,16 +71,22 @@ def measure(report, lent: str) -> dict:
         for a, b in zip(ep.rows, ep.rows[1:]):
             moves += 1
             affine += a["worker"] == b["worker"]
+    per_worker = {}
+    for w in sorted({r["worker"] for r in rows}):
+        mine = [r for r in rows if r["worker"] == w]
+        per_worker[w] = {"turns": len(mine), **{k: statistics.fmean(r[k] for r in mine)
+                                                for k in ("queued_s", "prefill_s", "decode_s")}}
     return {"seconds": report.seconds, "turns": len(rows), "input_tokens": prompt,
             "output_tokens": out, "tokens_per_s": (prompt + out) / report.seconds,
             "prefix_cache_hit_rate": sum(r["num_cached_tokens"] for r in rows) / max(1, prompt),
             "lent_share": sum(r["worker"] == lent for r in rows) / max(1, len(rows)),
             "same_worker_as_previous_turn": affine / max(1, moves),
             "mean_queued_s": statistics.fmean(r["queued_s"] for r in rows),
-            "rerouted_turns": report.rerouted_turns}
+            "rerouted_turns": report.rerouted_turns, "per_worker": per_worker}
 
 
-def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Console) -> dict:
+def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Console,
+                 lent_kind: str = "auto") -> dict:
     from distributed import Client
 
     from executors.rollout_scheduler import RolloutScheduler
@@ -96,8 +94,20 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
     from rose.config import RolloutConfig, RunConfig, StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
+    def reset_prefix_cache() -> bool:  # nested: pickled by value (workers cannot import bench/)
+        """On a rollout or co-serving worker: drop the rollout prefix cache (every case cold)."""
+        from executors.coserving_worker import coserving_plugin
+        from executors.rollout_worker import _plugin
+
+        co = coserving_plugin()
+        if co is None:
+            _plugin().loop.call(lambda engine: engine.reset_prefix_cache())
+        elif co.executor.rollout is not None:  # bench only: the executor's loop-thread call
+            co.executor._call(lambda: co.executor.rollout.engine.reset_prefix_cache())
+        return True
+
     ensure_models(console)
-    serving = coserving_available()
+    serving = coserving_available() if lent_kind == "auto" else lent_kind == "serving"
     lent, lent_kind = ("serving-0", "serving") if serving else ("rollout-1", "rollout")
     stack_cfg = StackConfig(rollout_workers=1 if serving else 2, serving_workers=int(serving),
                             relay="filesystem")
@@ -110,8 +120,19 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
     try:
         with Client(handle.dask_scheduler) as client:
             client.register_plugin(RolloutWorkerPlugin(cfg.models.policy_path()), name="rose-rollout")
-            engines = ["rollout-0"] + ([] if serving else [lent])
-            client.gather([client.submit(worker_state, workers=[w], pure=False) for w in engines])
+            engines = ["rollout-0", lent]
+            ready = [client.submit(worker_state, workers=["rollout-0"], pure=False)]
+            if serving:
+                from executors.coserving import CoServingPlugin, coserving_state
+
+                with console.status("co-serving executor: two engines + latency profiles"):
+                    client.register_plugin(CoServingPlugin(cfg.models.serving_path(),
+                                                           cfg.models.policy_path()),
+                                           name="rose-coserving")
+                    ready.append(client.submit(coserving_state, workers=[lent], pure=False))
+            else:
+                ready.append(client.submit(worker_state, workers=[lent], pure=False))
+            client.gather(ready)
 
             def one(mode: str, with_lent: bool) -> dict:
                 client.gather([client.submit(reset_prefix_cache, workers=[w], pure=False)
@@ -143,7 +164,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
 
 
 def median_row(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "per_worker"}
 
 
 def print_ablation(payload: dict, console: Console) -> None:
@@ -165,10 +186,12 @@ def print_ablation(payload: dict, console: Console) -> None:
 
 
 def ablation_bench(reps: int, groups: int, group_size: int, cap: int, console: Console,
-                   write_json) -> dict:
+                   write_json, lent_kind: str = "auto") -> dict:
     t0 = time.perf_counter()
-    payload = run_ablation(reps, groups, group_size, cap, console)
+    payload = run_ablation(reps, groups, group_size, cap, console, lent_kind)
     payload["bench_s"] = time.perf_counter() - t0
     print_ablation(payload, console)
-    write_json(Path(__file__).resolve().parent / "results" / "scheduler_ablation.json", payload)
+    name = "scheduler_ablation.json" if payload["lent_worker"]["kind"] == "serving" \
+        else "scheduler_ablation_two_rollout.json"
+    write_json(Path(__file__).resolve().parent / "results" / name, payload)
     return payload

@@ -116,6 +116,10 @@ class CoServingExecutor:
         self._post(("rollout", request, fut))
         return fut
 
+    def abort_rollout(self, request_ids: list[str]) -> None:
+        """Abort rollout turns now (the scheduler gave up on them); answered "abort"."""
+        self._post(("abort_rollout", list(request_ids)))
+
     def start_step(self) -> None:
         self._call(lambda: self._do_start_step())
 
@@ -125,7 +129,26 @@ class CoServingExecutor:
     def load_rollout_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         self._call(lambda: self._load_weights(version, tensors))
 
-    def metrics(self) -> dict:
+    def rollout_weight_matches(self, tensors: dict[str, torch.Tensor]) -> bool | None:
+        """Does the rollout engine hold these embeddings bit for bit (None: cannot tell)."""
+        from executors.vllm_engine import read_weight
+
+        name = "model.embed_tokens.weight"
+        if name not in tensors or self.rollout is None:
+            return None
+
+        def same() -> bool | None:
+            if self.rollout is None:
+                return None
+            got = read_weight(self.rollout.engine, name)
+            return bool(torch.equal(got.view(torch.int16), tensors[name].view(torch.int16)))
+        return self._call(same)
+
+    def metrics(self, fresh: bool = False) -> dict:
+        """Counters, policy snapshot, SLO, profiles. The loop refreshes it every 50 ms while
+        busy and whenever it goes idle; fresh=True waits for the loop to build one now."""
+        if fresh:
+            return self._call(self._snapshot)
         return dict(self._snap) if self._snap else self._snapshot()
 
     def close(self) -> None:
@@ -141,8 +164,15 @@ class CoServingExecutor:
             self._cv.notify()
 
     def _call(self, fn: Callable[[], object]) -> object:
+        """Run fn on the loop thread between engine steps (engines are single-threaded)."""
+        if threading.current_thread() is self._thread:
+            return fn()
         fut: Future = Future()
-        self._post(("call", fn, fut))
+        with self._cv:
+            if not self._running:
+                raise RuntimeError("co-serving executor is closed")
+            self._inbox.append(("call", fn, fut))
+            self._cv.notify()
         return fut.result()
 
     def _take(self, inbox: list[tuple]) -> None:
@@ -154,6 +184,8 @@ class CoServingExecutor:
                 self.serving.add(*item[1:])
             elif kind == "abort_serving":
                 self.serving.abort([item[1]])
+            elif kind == "abort_rollout" and self.rollout is not None:
+                self.rollout.abort(item[1], "other")
             elif kind == "rollout":
                 self.c["rollout_submitted"] += 1
                 request, fut = item[1], item[2]
@@ -366,3 +398,8 @@ class CoServingExecutor:
 
 def _vocab(engine) -> int:
     return engine.model_config.get_vocab_size()
+
+
+# The Dask side lives in executors/coserving_worker.py; callers import it from here.
+from executors.coserving_worker import (CoServingPlugin, coserving_state,  # noqa: E402,F401
+                                        generate_turns_coserving, sync_weights_coserving)

@@ -70,8 +70,8 @@ class ServingSide:
         if len(prompt_ids) + max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) "
                              f"exceeds the model's context of {self.max_model_len}")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
+            raise ValueError(f"temperature must be in [0, 2], got {temperature!r}")
 
     def add(self, rid: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool,
             temperature: float, on_token: TokenCallback | None, fut: Future, arrival: float) -> None:

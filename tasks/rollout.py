@@ -84,14 +84,25 @@ def save_sampling(cfg: RunConfig, step: int, sampling: dict) -> None:
 
 
 def resync_from_relay(client, cfg: RunConfig, version: int):
-    """A restarted (or stale) rollout worker pulls the step's policy before it rejoins."""
+    """A restarted (or stale) worker pulls the step's policy before it rejoins the rollout
+    (sync_weights loads it into a co-serving executor's rollout engine on serving workers)."""
     def resync(name: str, kind: str):
-        if kind != "rollout":
-            return None  # a co-serving executor syncs through its own plugin: it stays out
         return client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
                              cfg.publish.pull_batch_bytes, workers=[name],
                              allow_other_workers=False, pure=False)
     return resync
+
+
+def start_coserving_step() -> bool:
+    """On a serving worker: a new RL step for its co-serving executor (rollout KV budget from
+    recent serving usage; the emergency-cut freeze lifts). False where there is none."""
+    from executors.coserving_worker import coserving_plugin
+
+    plugin = coserving_plugin()
+    if plugin is None:
+        return False
+    plugin.executor.start_step()
+    return True
 
 
 FAULT_FILE = "fault_kill.json"  # in the run dir: what the injected kill hit (tests read it)
@@ -151,6 +162,10 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         kinds = workers_by_kind(client)
         require(kinds, "rollout")
         workers = {n: k for n, k in kinds.items() if k in ("rollout", "serving")}
+        serving = [n for n, k in workers.items() if k == "serving"]
+        # not awaited (an executor still starting must not hold up the rollout); held till the end
+        step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
+                                     pure=False) for n in serving]
         scheduler = RolloutScheduler(
             client, workers, r.max_concurrency_per_worker, r.routing,
             serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
@@ -161,6 +176,7 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             after = cfg.fault_injection.get("kill_rollout_worker_after_turns", 4)
             on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
         report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
+        del step_starts
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
     return {**summarize(report, policy_version), "path": str(path), "fault": fault}

@@ -39,10 +39,13 @@ def new_data_dir(tmp_path_factory, name: str) -> Path:
 @contextmanager
 def prefect_for(handle):
     """Prefect client settings pointing at this stack's server (whatever was imported before)."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.settings import (PREFECT_API_URL, PREFECT_HOME,
+                                  PREFECT_RESULTS_LOCAL_STORAGE_PATH, temporary_settings)
 
-    with temporary_settings(updates={PREFECT_API_URL: handle.prefect_api_url,
-                                     PREFECT_HOME: handle.prefect_home}):
+    # Flows run in this process; Dask workers take the results path from its settings.
+    with temporary_settings(updates={
+            PREFECT_API_URL: handle.prefect_api_url, PREFECT_HOME: handle.prefect_home,
+            PREFECT_RESULTS_LOCAL_STORAGE_PATH: Path(handle.prefect_home) / "storage"}):
         yield
 
 

@@ -24,7 +24,8 @@ def _uint_view(t: torch.Tensor) -> np.ndarray:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(_uint_view(a), _uint_view(b))
+    same_kind = a.dtype == b.dtype and a.shape == b.shape
+    return same_kind and np.array_equal(_uint_view(a), _uint_view(b))
 
 
 def _make_pair(dtype: torch.dtype, shape: tuple[int, ...], density: float, seed: int):

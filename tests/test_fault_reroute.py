@@ -90,3 +90,30 @@ def test_killed_rollout_worker_loses_no_trajectory(stack):
         pids = client.run(os.getpid)
         names = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
     assert "rollout-1" in names and pids[names["rollout-1"]] != fault["pid"]
+
+
+def test_dynamic_sampling_step_keeps_whole_groups(stack):
+    """DAPO dynamic sampling through the real flow: only kept groups reach the Arrow step,
+    each whole, reward and train accept them, and the next step's launch target is saved."""
+    from flows.train import train
+    from rose.config import RolloutConfig, RunConfig
+    from storage.trajectories import TrajectoryStore
+    from tasks.rollout import SAMPLING_FILE
+
+    cfg = RunConfig(run_id="dapo", steps=1,
+                    rollout=RolloutConfig(groups=2, group_size=4, max_turns=4,
+                                          dynamic_sampling=True, dynamic_sampling_oversample=2.0,
+                                          dynamic_sampling_max_launch=3.0))
+    [summary] = train(cfg)
+    rows = TrajectoryStore(cfg.trajectories_dir()).read_step("dapo", 1).to_pylist()
+    groups: dict[int, set[str]] = {}
+    for r in rows:
+        groups.setdefault(r["group"], set()).add(r["trajectory"])
+    assert len(groups) == 2 and all(len(t) == 4 for t in groups.values())
+    assert summary["trajectories"] == 8 and all(r["advantage"] is not None for r in rows)
+    saved = json.loads((cfg.run_dir() / SAMPLING_FILE).read_text())
+    assert saved["step"] == 1 and 2 <= saved["next_launch"] <= 6
+    assert saved["groups_launched"] >= 4  # ceil(2 * 2.0) up front
+    varied = [g for g, t in groups.items()
+              if len({r["trajectory_reward"] for r in rows if r["group"] == g}) > 1]
+    assert len(varied) == min(2, saved["groups_varied"])  # varied groups first, then filler

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,7 @@ def test_failed_train_resumes_without_redoing_rollout(stack):
                                             "train": "Completed", "publish": "Completed"}
     assert not summaries[0]["train_resumed"]  # the update of step 2 ran now, exactly once
     assert file_fingerprint(step2) == before
+    assert any((Path(stack.prefect_home) / "storage").iterdir())  # results live in the stack
 
     failed, resumed = flow_runs(f"{RUN}-step-2")
     assert failed.state.is_failed() and resumed.state.is_completed()

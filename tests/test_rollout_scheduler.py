@@ -285,3 +285,25 @@ def test_liveness_tells_lost_and_returned_incarnations_apart():
     assert ev.lost == ["rollout-0"] and ev.returned == ["rollout-0"]
     with pytest.raises(RuntimeError, match="not connected"):
         WorkerLiveness(client, ["serving-9"])
+
+
+def test_a_freed_slot_goes_to_the_trajectory_whose_prefix_is_there():
+    from collections import deque
+
+    client = FakeSchedulerClient()
+    sched = RolloutScheduler(client, TWO, cap_per_worker=1, generate=fake_generate)
+    router = sched.router
+    router.on_turn_start("t", "rollout-0")  # t just finished a turn on rollout-0 ...
+    router.on_turn_end("t", "rollout-0")
+    router.on_turn_start("x", "rollout-1")  # ... rollout-1 is busy, "old" has waited longest
+    sched.last_worker = {"t": "rollout-0"}
+    sched.ready = deque(["old", "t"])
+    batches: dict = {}
+    sched.ready = sched._place(batches, affine_only=True)
+    sched.ready = sched._place(batches, affine_only=False)
+    assert batches == {"rollout-0": ["t"]} and list(sched.ready) == ["old"]
+    # plain FIFO (what turnwise routing does) would hand the slot to "old": t re-prefills later
+    router.on_turn_end("t", "rollout-0")
+    sched.ready, batches = deque(["old", "t"]), {}
+    sched.ready = sched._place(batches, affine_only=False)
+    assert batches == {"rollout-0": ["old"]} and list(sched.ready) == ["t"]

@@ -172,3 +172,42 @@ def test_a_client_leaving_mid_stream_aborts_its_request(fake):
         time.sleep(0.02)
     assert rid in ex.aborted
     assert ex.futures[rid].result().finish_reason == "abort"
+
+
+@pytest.mark.slow
+def test_real_executor_behind_the_endpoint(tmp_path_factory):
+    """The tiny serving model in a serving-only co-serving executor, through the openai client."""
+    data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-data"))
+    from executors.coserving import CoServingConfig, CoServingExecutor
+    from rose.config import ModelsConfig
+    from rose.models.build import build_models
+
+    models = ModelsConfig(policy_dir=data / "models" / "policy",
+                          serving_dir=data / "models" / "serving")
+    policy, serving = build_models(models)
+    cfg = CoServingConfig(serving, policy, mode="serving_only", max_model_len=512,
+                          chunk_tokens=256, max_num_seqs=8, profile_repeats=1)
+    ex = CoServingExecutor(cfg, worker="real-0")
+    try:
+        ep = start_endpoint(ex, serving, worker="real-0")
+        client = openai.OpenAI(base_url=ep.url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="serving", prompt=[5, 6, 7], max_tokens=6,
+                                      temperature=0.0, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+        again = client.completions.create(model="serving", prompt=[5, 6, 7], max_tokens=6,
+                                          temperature=0.0, extra_body={"ignore_eos": True})
+        assert again.choices[0].text == r.choices[0].text  # greedy: same engine, same text
+        chunks = list(client.chat.completions.create(
+            model="serving", messages=[{"role": "user", "content": "Where is the goal?"}],
+            max_tokens=5, stream=True, extra_body={"ignore_eos": True}))
+        assert sum(1 for c in chunks if c.choices[0].finish_reason is None) == 5
+        with pytest.raises(openai.BadRequestError, match="max_tokens is too large"):
+            client.completions.create(model="serving", prompt=[5] * 500, max_tokens=100)
+        deadline = time.monotonic() + 10  # the executor refreshes its snapshot every ~50 ms
+        while "rose_coserving_serving_finished 3.0" not in (
+                text := httpx.get(ep.url + "/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "rose_coserving_serving_finished 3.0" in text
+    finally:
+        stop_endpoint("real-0")
+        ex.close()

@@ -19,8 +19,8 @@ from rose.models.demos import Demo
 
 @dataclass
 class WarmupSpec:
-    steps: int = 300
-    batch_size: int = 32
+    steps: int = 200
+    batch_size: int = 16
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0

@@ -44,6 +44,9 @@ def prefect_env(api_url: str, home: Path) -> dict[str, str]:
     return {
         "PREFECT_API_URL": api_url,
         "PREFECT_HOME": str(home),
+        # Persisted task results (what a resumed step reuses). Prefect 3.7 derives this from
+        # ~/.prefect, not from PREFECT_HOME, so it must be set explicitly.
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(home) / "storage"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "true",
     }

@@ -1,0 +1,212 @@
+"""The co-serving executor on real engines (slow) and its profile cache and config (fast).
+
+Slow tests share one executor (module fixture, run in file order: no serving traffic before
+the burst test, so its first budget is exact) on a small emulated device:
+kv_blocks=64 per engine (63 usable pages), max_model_len 1024, 16-token rollout chunks.
+Hand-computed KV numbers used below (reserve 20%, watermark half the reserve, cut by 2):
+  reserve = ceil(0.2 * 63) = 13 pages; idle-step budget = 63 - 13 = 50 pages; after a cut 25.
+  A rollout block is 4/3 pages (policy: 4 layers vs serving: 3 layers, same KV heads/dims).
+  A 1000-token rollout prompt = 32 blocks = 43 pages (fits 50, not 25, not 32).
+  A 550-token serving prompt + 8 tokens = 18 blocks > watermark 63 - 50 - 13 + 6.5 = 6.5.
+  After that burst, start_step's budget = 63 - 13 - 18 = 32 pages < 43: the next 1000-token
+  rollout prompt cannot finish its prefill, so it stalls.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from executors.coserving_config import CoServingConfig
+from executors.coserving_profile import load_or_measure, profile_path
+from executors.latency_profile import Curve, LatencyProfile
+
+
+def _model_source() -> Path:
+    for root in (os.environ.get("ROSE_TEST_DATA_DIR"), os.environ.get("ROSE_DATA_DIR"), "/tmp/rd"):
+        if root and (Path(root) / "models" / "policy" / "config.json").is_file():
+            return Path(root) / "models"
+    return None
+
+
+def _profile(scale: float = 1.0) -> LatencyProfile:
+    curve = Curve((16, 512), (0.01 * scale, 0.05 * scale))
+    return LatencyProfile(curve, curve, Curve((1, 8), (0.002, 0.004)), 16, "fake")
+
+
+# ---- fast ----------------------------------------------------------------------------------
+def test_profile_cache_measures_once_then_reads(tmp_path):
+    model = tmp_path / "policy"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_hidden_layers": 4}')
+    calls = []
+    measure = lambda: calls.append(1) or _profile()
+    path = profile_path(model, {"chunk_tokens": 16})
+    assert path.parent == tmp_path and path.name.startswith("policy.profile-")
+    first, src1 = load_or_measure(path, measure)
+    second, src2 = load_or_measure(path, measure)
+    assert (src1, src2) == ("measured", "cached") and len(calls) == 1
+    assert second.prefill(16) == first.prefill(16) == 0.01
+    # other settings or another architecture: another file
+    assert profile_path(model, {"chunk_tokens": 32}) != path
+    (model / "config.json").write_text('{"num_hidden_layers": 8}')
+    assert profile_path(model, {"chunk_tokens": 16}) != path
+    # a torn cache file is measured over, not trusted
+    path.write_text("{not json")
+    _, src3 = load_or_measure(path, measure)
+    assert src3 == "measured" and len(calls) == 2
+
+
+def test_config_rejects_bad_values(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="unknown co-serving mode"):
+        CoServingConfig(model, model, mode="greedy")
+    with pytest.raises(ValueError, match="kv_blocks=10 cannot hold"):
+        CoServingConfig(model, model, kv_blocks=10)
+    with pytest.raises(ValueError, match="reserve_fraction"):
+        CoServingConfig(model, model, reserve_fraction=1.0)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        CoServingConfig(tmp_path / "missing", model)
+
+
+# ---- slow: real engines ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    src = _model_source()
+    if src is None:
+        os.environ.setdefault("ROSE_DATA_DIR", str(tmp_path_factory.mktemp("rose-data")))
+        from rose.config import ModelsConfig
+        from rose.models.build import build_models
+        build_models(ModelsConfig())
+        src = Path(os.environ["ROSE_DATA_DIR"]) / "models"
+    dst = tmp_path_factory.mktemp("coserving-models")  # fresh: profiles are measured here
+    for name in ("policy", "serving"):
+        shutil.copytree(src / name, dst / name)
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    return dst
+
+
+def _config(models: Path, **kw) -> CoServingConfig:
+    base = dict(mode="rose", kv_blocks=64, max_model_len=1024, chunk_tokens=16, max_num_seqs=8,
+                profile_repeats=1, lease_s=1.0, stall_timeout_s=1.5, usage_window_s=300.0)
+    return CoServingConfig(models / "serving", models / "policy", **{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def executor(models):
+    from executors.coserving import CoServingExecutor
+
+    ex = CoServingExecutor(_config(models))
+    yield ex
+    ex.close()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 400) for _ in range(n)]
+
+
+def _turn(tid: str, n: int, seed: int, max_tokens: int = 4):
+    from executors.turns import TurnRequest
+    return TurnRequest(f"{tid}/t0/a0", tid, _prompt(n, seed), max_tokens, temperature=1.0, seed=seed)
+
+
+def _wait(pred, timeout: float = 60.0, every: float = 0.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.mark.slow
+def test_rollout_turns_complete_when_serving_is_idle_and_leases_expire(executor):
+    turns = [_turn(f"idle-{i}", 100, i) for i in range(4)]
+    results = [f.result(timeout=120) for f in [executor.submit_rollout(t) for t in turns]]
+    print("DEBUG", executor.metrics(fresh=True))
+    for t, r in zip(turns, results):
+        assert r.ok and r.worker_kind == "serving" and r.trajectory_id == t.trajectory_id
+        assert 1 <= len(r.response_ids) <= 4 and len(r.logprobs) == len(r.response_ids)
+        assert r.num_prompt_tokens == 100
+    m = executor.metrics(fresh=True)
+    assert m["kv"]["rollout_request_blocks"] == 0  # every finished turn gave its blocks back
+    assert m["kv"]["leases"] == 4  # each kept its 3 full prompt blocks (4 pages) on lease
+    assert m["kv"]["rollout_prefix_blocks"] == 4 * 4
+    _wait(lambda: executor.metrics(fresh=True)["rollout"]["leases_expired"] == 4, 10, 0.1)
+    m = executor.metrics(fresh=True)
+    assert m["kv"]["rollout_prefix_blocks"] == 0 and m["rollout"]["lease_blocks_evicted"] == 12
+
+
+@pytest.mark.slow
+def test_serving_burst_cuts_and_aborts_rollout_then_freezes(executor):
+    executor.start_step()
+    m = executor.metrics(fresh=True)
+    assert (m["kv"]["budget_blocks"], m["kv"]["state"]) == (50, "normal")
+    long_turn = executor.submit_rollout(_turn("burst", 1000, 7))
+    _wait(lambda: executor.metrics(fresh=True)["kv"]["rollout_request_blocks"] >= 27)
+    burst = executor.submit_serving(_prompt(550, 1), 8, ignore_eos=True)
+    r = long_turn.result(timeout=60)
+    assert r.finished_reason == "abort" and not r.ok  # reroutable
+    m = executor.metrics(fresh=True)
+    assert m["kv"]["cuts"] == 1 and m["rollout"]["aborted_cut"] == 1
+    assert m["kv"]["state"] == "frozen" and m["kv"]["budget_blocks"] == 25
+    assert len(burst.result(timeout=60).output_ids) == 8  # serving was never disturbed
+    executor.start_step()
+    m = executor.metrics(fresh=True)
+    assert m["kv"]["state"] == "normal" and m["kv"]["budget_blocks"] == 63 - 13 - 18
+
+
+@pytest.mark.slow
+def test_rollout_that_cannot_progress_is_reported_stalled(executor):
+    before = executor.metrics(fresh=True)["rollout"]["aborted_stall"]
+    t0 = time.monotonic()
+    r = executor.submit_rollout(_turn("stuck", 1000, 8)).result(timeout=60)
+    assert r.finished_reason == "abort" and time.monotonic() - t0 >= 1.5
+    m = executor.metrics(fresh=True)
+    assert m["rollout"]["aborted_stall"] == before + 1 and m["rollout"]["in_flight"] == 0
+    assert m["kv"]["rollout_request_blocks"] == 0  # its partial prefill's blocks were freed
+
+
+@pytest.mark.slow
+def test_serving_requests_complete_with_their_token_counts(executor):
+    streamed: dict[int, list[int]] = {5: [], 9: [], 1: []}
+    futures = {n: executor.submit_serving(_prompt(40 + n, n), n, ignore_eos=True,
+                                          on_token=lambda tok, t, n=n: streamed[n].append(tok))
+               for n in streamed}
+    for n, fut in futures.items():
+        r = fut.result(timeout=120)
+        assert len(r.output_ids) == n and r.finish_reason == "length"
+        assert streamed[n] == r.output_ids and len(r.token_times) == n
+        assert r.token_times == sorted(r.token_times) and r.first_token_at >= r.arrival
+        assert r.ttft_s >= 0 and (n == 1 or r.tpot_s >= 0)
+    for bad, why in (([], "empty prompt"), ([1, 10**6], "token ids outside"),
+                     (_prompt(1020, 0), "exceeds the model's context")):
+        with pytest.raises(ValueError, match=why):
+            executor.submit_serving(bad, 8)
+
+
+@pytest.mark.slow
+def test_profiles_are_cached_next_to_the_models(executor, models):
+    from executors.coserving import CoServingExecutor
+
+    m = executor.metrics()
+    assert m["profiles"]["source"] == {"serving": "measured", "rollout": "measured"}
+    assert "derived from the serving profile" in m["slo"]["source"]
+    assert len(list(models.glob("serving.profile-*.json"))) == 1
+    assert len(list(models.glob("policy.profile-*.json"))) == 1
+    alone = CoServingExecutor(_config(models, mode="serving_only"))
+    try:
+        assert alone.metrics()["profiles"]["source"]["serving"] == "cached"
+        assert not alone.admitting()
+        r = alone.submit_rollout(_turn("nowhere", 20, 1)).result(timeout=30)
+        assert r.finished_reason == "abort"
+    finally:
+        alone.close()

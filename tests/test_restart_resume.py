@@ -1,0 +1,100 @@
+"""Stop the whole stack in the middle of a 5-step run, start it again, resume: as a user does.
+
+`rose train` (5 steps) fails in train of step 4, i.e. after step 3 completed and after step 4's
+rollout and reward finished; `rose down` stops every process; `rose up` starts a fresh stack
+(new ports, new engines, empty relay) on the same data directory; `rose resume` continues.
+Checked: steps 1-3 are not run again, step 4's rollout comes back `Cached` across the restart
+(Prefect's database and result store live in the data directory), steps 4 and 5 complete, no
+(trajectory, turn) row is duplicated in the Arrow dataset, and the trainer (reloaded from its
+step-3 checkpoint), its checkpoints and the rollout worker (fed through the new relay) agree.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.stack_fixtures import (file_fingerprint, flow_runs, new_data_dir, prefect_for,
+                                  rose_cli, task_states, trainer_and_worker_state)
+
+pytestmark = pytest.mark.slow
+RUN = "restart-t"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    data = new_data_dir(tmp_path_factory, "rose-restart")
+    env = {**os.environ, "ROSE_DATA_DIR": str(data)}
+    for key in [k for k in env if k.startswith(("PREFECT_", "ROSE_MOONCAKE", "ROSE_RELAY"))]:
+        env.pop(key)  # another stack's settings must not leak into the CLI processes
+    old = os.environ.get("ROSE_DATA_DIR")
+    os.environ["ROSE_DATA_DIR"] = str(data)  # for the in-process readers (stack.json, Arrow)
+    try:
+        yield data, env
+    finally:
+        rose_cli(["down"], env, timeout=120)
+        if old is None:
+            os.environ.pop("ROSE_DATA_DIR", None)
+        else:
+            os.environ["ROSE_DATA_DIR"] = old
+
+
+def _counts(store, run: str) -> tuple[dict[int, int], int, int]:
+    rows = store.query(f"SELECT step, count(*) AS n FROM turns WHERE run = '{run}' "
+                       "GROUP BY step ORDER BY step").to_pylist()
+    dup = store.query(f"SELECT count(*) AS n, count(DISTINCT (trajectory, turn)) AS d "
+                      f"FROM turns WHERE run = '{run}'").to_pylist()[0]
+    return {r["step"]: r["n"] for r in rows}, dup["n"], dup["d"]
+
+
+def test_full_stack_restart_resumes_after_last_completed_step(data):
+    data_dir, env = data
+    from rose.config import RolloutConfig, RunConfig, stack_dir
+    from rose.stack.local_stack import load_stack
+    from storage.checkpoints import checkpoint_steps
+    from storage.trajectories import PART, TrajectoryStore
+
+    cfg = RunConfig(run_id=RUN, steps=5, seed=3, fault_injection={"train": 4},
+                    rollout=RolloutConfig(groups=2, group_size=4, max_turns=3))
+    cfg_file = data_dir / "run.json"
+    cfg_file.write_text(cfg.model_dump_json())
+    first = rose_cli(["train", "--config", str(cfg_file)], env)
+    assert first.returncode == 1 and "fault injected into train at step 4" in first.stderr
+    store = TrajectoryStore(cfg.trajectories_dir())
+    assert store.steps(RUN) == [1, 2, 3, 4]
+    assert checkpoint_steps(cfg.run_dir() / "checkpoints")[-1] == 3
+    step4 = file_fingerprint(store.step_dir(RUN, 4) / PART)
+    counts_before, _, _ = _counts(store, RUN)
+
+    down = rose_cli(["down"], env, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert load_stack(stack_dir()) is None and not (stack_dir() / "stack.json").exists()
+    up = rose_cli(["up"], env, timeout=300)
+    assert up.returncode == 0, up.stderr
+    resumed = rose_cli(["resume", RUN], env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "last checkpoint step 3" in resumed.stdout
+
+    counts, rows, distinct = _counts(store, RUN)
+    assert rows == distinct  # no (trajectory, turn) twice
+    assert sorted(counts) == [1, 2, 3, 4, 5]
+    assert {s: counts[s] for s in (1, 2, 3, 4)} == counts_before
+    assert file_fingerprint(store.step_dir(RUN, 4) / PART) == step4
+    assert checkpoint_steps(cfg.run_dir() / "checkpoints") == [3, 4, 5]
+    assert json.loads((cfg.run_dir() / "config.json").read_text())["fault_injection"] == {}
+
+    handle = load_stack(stack_dir())
+    with prefect_for(handle):
+        for step in (1, 2, 3):  # not run again after the restart
+            [run] = flow_runs(f"{RUN}-step-{step}")
+            assert run.state.is_completed()
+        failed, done4 = flow_runs(f"{RUN}-step-4")
+        assert failed.state.is_failed() and done4.state.is_completed()
+        assert task_states(done4) == {"rollout": "Cached", "reward": "Cached",
+                                      "train": "Completed", "publish": "Completed"}
+        [done5] = flow_runs(f"{RUN}-step-5")
+        assert set(task_states(done5).values()) == {"Completed"}
+    trainer, worker = trainer_and_worker_state(handle.dask_scheduler, RUN)
+    assert trainer["version"] == worker["version"] == 5
+    assert trainer["digest"] == worker["digest"]
