@@ -224,9 +224,10 @@ def main(argv=None) -> None:
         return
     console = Console(width=None if Console().is_terminal else 160)
     from rose.config import ModelsConfig
-    from rose.models.build import build_models
 
-    build_models(ModelsConfig())  # no-op when built
+    for path in (ModelsConfig().serving_path(), ModelsConfig().policy_path()):
+        if not (path / "config.json").is_file():  # any build will do: the bench times engines
+            raise SystemExit(f"no model in {path}: run `rose models build` (ROSE_DATA_DIR)")
     reqs, desc = workload(args)
     modes = args.configs.split(",") if args.configs else [m for m, _, _ in CONFIGS]
     unknown = set(modes) - {m for m, _, _ in CONFIGS}

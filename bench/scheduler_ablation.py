@@ -183,6 +183,11 @@ def print_ablation(payload: dict, console: Console) -> None:
                   f"affinity vs turnwise: {payload['affinity_vs_turnwise']:.2f}x; "
                   f"turnwise vs pinned: {payload['turnwise_vs_pinned']:.2f}x")
     console.print(f"[dim]{payload['lent_worker']['note']}")
+    for name, runs in payload["runs"].items():  # where a turn's time goes, per worker (last rep)
+        parts = [f"{w}: {v['turns']} turns, queued {v['queued_s'] * 1e3:.0f} ms, prefill "
+                 f"{v['prefill_s'] * 1e3:.0f} ms, decode {v['decode_s'] * 1e3:.0f} ms"
+                 for w, v in runs[-1]["per_worker"].items()]
+        console.print(f"[dim]{name}: " + "; ".join(parts))
 
 
 def ablation_bench(reps: int, groups: int, group_size: int, cap: int, console: Console,

@@ -9,9 +9,14 @@ API (rose.md component 1; issue 4):
                       on_token=None, request_id=None) -> Future[ServingResult]  # ValueError if bad
     ex.abort_serving(request_id)             # e.g. the client went away
     ex.submit_rollout(TurnRequest) -> Future[TurnResult]  # "abort" = cut/stalled/evicted: reroute
+    ex.abort_rollout(request_ids)            # the scheduler gave up on these turns
     ex.start_step()    # new RL step: rollout KV budget from recent serving peak; unfreeze
-    ex.admitting() -> bool; ex.metrics() -> dict; ex.load_rollout_weights(version, tensors)
+    ex.admitting() -> bool                   # would a rollout turn be admitted now
+    ex.metrics(fresh=False) -> dict          # counters, policy, SLO used, profiles (/metrics)
+    ex.load_rollout_weights(version, tensors); ex.rollout_weight_matches(tensors) -> bool | None
     ex.close()
+    Dask side (executors/coserving_worker.py, re-exported here): CoServingPlugin ("rose-coserving"),
+    generate_turns_coserving(requests), coserving_state(), sync_weights_coserving(...).
 One thread owns both engines (vLLM engines are not thread-safe) and runs the control loop:
 every iteration a serving step when serving has work, then at most one rollout step, which in
 "rose" mode runs only if DualSLOAdmission admits its predicted cost (rollout profile: the
@@ -21,9 +26,8 @@ BudgetedScheduler gets a block cap so serving + rollout never exceed it (CPU has
 """
 from __future__ import annotations
 
-import logging
+import itertools
 import math
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -32,22 +36,35 @@ from typing import Callable
 import torch
 
 from executors.coserving_config import MODES, WIRING, CoServingConfig, Wiring  # noqa: F401
+from executors.coserving_engines import EvictReload, open_engine, shutdown_rollout
+from executors.coserving_metrics import snapshot
 from executors.coserving_rollout import RolloutSide, StepPlan, empty_result, new_counters
 from executors.coserving_serving import ServingResult, ServingSide  # noqa: F401
+from executors.engine_owner import EngineOwner
 from executors.kv_memory_policy import KVMemoryPolicy
 from executors.slo_admission import DualSLOAdmission, SLOConfig
 from executors.stall_detector import StallDetector
 from executors.turns import TurnRequest, TurnResult
 
-log = logging.getLogger(__name__)
 
-
-class CoServingExecutor:
+class CoServingExecutor(EngineOwner):
     def __init__(self, cfg: CoServingConfig, worker: str = "serving-0") -> None:
-        from executors.coserving_engines import open_engine
-
         self.cfg, self.worker, self.w = cfg, worker, cfg.wiring
-        t0 = time.perf_counter()
+        self.version, self._weights = 0, None
+        self.c = {"serving_submitted": 0, "rollout_submitted": 0, "admitted": 0, "denied": {},
+                  "decisions": 0, "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "start_steps": 0}
+        self._rc = new_counters()
+        self.autoscale = EvictReload(cfg.evict_load_threshold, cfg.reload_after_s)
+        self._usage: deque[tuple[float, int]] = deque()  # (time, serving blocks) samples
+        self._admitting = False
+        self._snap: dict = {}
+        self._ids = itertools.count(1)
+        self._start(f"coserving-{worker}")  # builds both engines on the loop thread
+
+    def _open(self) -> None:
+        from executors.coserving_profile import profile_summary
+
+        cfg, t0 = self.cfg, time.perf_counter()
         s_engine, s_sched, self.serving_profile, s_src = open_engine(cfg, "serving")
         self.serving = ServingSide(s_engine, s_sched, _vocab(s_engine), cfg.max_model_len)
         self.total = s_sched.usable_blocks()  # the emulated device pool, in pages
@@ -55,9 +72,12 @@ class CoServingExecutor:
                                       cfg.cut_factor, cfg.lease_s) if self.w.memory_policy else None)
         self.rollout: RolloutSide | None = None
         self.rollout_profile, r_src, self.page_ratio = None, None, 1.0
-        self._rc = new_counters()
         if self.w.rollout:
-            r_engine, r_sched, self.rollout_profile, r_src = open_engine(cfg, "rollout")
+            try:
+                r_engine, r_sched, self.rollout_profile, r_src = open_engine(cfg, "rollout")
+            except BaseException:
+                s_engine.engine_core.shutdown()
+                raise
             self.page_ratio = r_sched.block_bytes() / s_sched.block_bytes()
             self.rollout = self._rollout_side(r_engine, r_sched)
         self.slo, self.slo_source = cfg.slo, "configured"
@@ -66,27 +86,12 @@ class CoServingExecutor:
             self.slo_source = ("derived from the serving profile: ttft = max(50 ms, 4 x P(2048)), "
                                "tpot = max(20 ms, 5 x D(16))")
         self.admission = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic")
-        from executors.coserving_profile import profile_summary
-
         self.profiles = {"source": {"serving": s_src, "rollout": r_src},
                          "serving": profile_summary(self.serving_profile),
                          "rollout": profile_summary(self.rollout_profile) if self.rollout_profile else None}
         self.startup_s = time.perf_counter() - t0
-        self.version, self._weights = 0, None
-        self.c = {"serving_submitted": 0, "rollout_submitted": 0, "admitted": 0, "denied": {},
-                  "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "evictions": 0,
-                  "reload_s": [], "start_steps": 0}
-        self._usage: deque[tuple[float, int]] = deque()
-        self._calm_since: float | None = None
-        self._admitting = False
-        self._snap: dict = {}
-        self._inbox: list[tuple] = []
-        self._cv = threading.Condition()
-        self._running = True
-        self._next_id = 0
         self._do_start_step()
-        self._thread = threading.Thread(target=self._run, name=f"coserving-{worker}", daemon=True)
-        self._thread.start()
+        self._snap = snapshot(self)
 
     def _rollout_side(self, engine, scheduler) -> RolloutSide:
         return RolloutSide(engine, scheduler, self.rollout_profile, worker=self.worker,
@@ -99,13 +104,9 @@ class CoServingExecutor:
                        request_id: str | None = None) -> Future:
         self.serving.validate(prompt_ids, max_tokens, temperature)
         fut: Future = Future()
-        with self._cv:
-            if request_id is None:
-                self._next_id += 1
-                request_id = f"serve-{self._next_id}"
-            self._inbox.append(("serve", request_id, list(prompt_ids), max_tokens, ignore_eos,
-                                float(temperature), on_token, fut, time.monotonic()))
-            self._cv.notify()
+        request_id = request_id or f"serve-{next(self._ids)}"
+        self._post(("serve", request_id, list(prompt_ids), max_tokens, ignore_eos,
+                    float(temperature), on_token, fut, time.monotonic()))
         return fut
 
     def abort_serving(self, request_id: str) -> None:
@@ -148,32 +149,8 @@ class CoServingExecutor:
         """Counters, policy snapshot, SLO, profiles. The loop refreshes it every 50 ms while
         busy and whenever it goes idle; fresh=True waits for the loop to build one now."""
         if fresh:
-            return self._call(self._snapshot)
-        return dict(self._snap) if self._snap else self._snapshot()
-
-    def close(self) -> None:
-        with self._cv:
-            self._running = False
-            self._cv.notify()
-        self._thread.join(timeout=30)
-
-    # ---- plumbing ----
-    def _post(self, item: tuple) -> None:
-        with self._cv:
-            self._inbox.append(item)
-            self._cv.notify()
-
-    def _call(self, fn: Callable[[], object]) -> object:
-        """Run fn on the loop thread between engine steps (engines are single-threaded)."""
-        if threading.current_thread() is self._thread:
-            return fn()
-        fut: Future = Future()
-        with self._cv:
-            if not self._running:
-                raise RuntimeError("co-serving executor is closed")
-            self._inbox.append(("call", fn, fut))
-            self._cv.notify()
-        return fut.result()
+            return self._call(lambda: snapshot(self))
+        return dict(self._snap)
 
     def _take(self, inbox: list[tuple]) -> None:
         now = time.monotonic()
@@ -195,29 +172,25 @@ class CoServingExecutor:
                 else:
                     self.rollout.add(request, fut, now)
             elif kind == "call":
-                try:
-                    item[2].set_result(item[1]())
-                except BaseException as exc:  # surfaced to the caller, never kills the loop
-                    item[2].set_exception(exc)
+                self._run_call(item)
 
     # ---- the control loop (one thread owns both engines) ----
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                if self._running and not self._inbox and not self._busy:
-                    live = self.rollout is not None and self.rollout.has_work()
-                    self._cv.wait(timeout=0.005 if live else 0.25)
-                if not self._running:
-                    break
-                inbox, self._inbox = self._inbox, []
-            try:
-                self._iterate(inbox)
-            except Exception:  # keep serving alive; the failure is logged and counted
-                log.exception("co-serving loop iteration failed")
-                self.c["loop_errors"] = self.c.get("loop_errors", 0) + 1
-        self._shutdown()
+    def _idle_wait(self) -> float:
+        live = self.rollout is not None and self.rollout.has_work()
+        return 0.005 if live else 0.25  # rollout waiting on KV room: poll; else timers only
 
-    _busy = False
+    def _on_failure(self, exc: Exception) -> None:
+        for live in self.serving.live.values():
+            if not live.fut.done():
+                live.fut.set_exception(RuntimeError(f"serving engine failed: {exc}"))
+        self.serving.live.clear()
+        if self.rollout is not None:
+            for rid in list(self.rollout.live):
+                t = self.rollout.live.pop(rid)
+                self.rollout.stall.on_finish(rid)
+                if self.policy is not None:
+                    self.policy.on_rollout_free(rid)
+                t.fut.set_result(empty_result(t.request, self.worker, self.version, "abort"))
 
     def _iterate(self, inbox: list[tuple]) -> None:
         t_iter = time.perf_counter()
@@ -237,6 +210,7 @@ class CoServingExecutor:
                 d0 = time.perf_counter()
                 go = self._decide(now)
                 self.c["decide_s"] += time.perf_counter() - d0
+                self.c["decisions"] += 1
                 if go is not None:
                     engine_s += self.rollout.step(*go)
                     ran = True
@@ -245,7 +219,7 @@ class CoServingExecutor:
         self.c["iterations"] += 1
         self.c["loop_s"] += time.perf_counter() - t_iter - engine_s
         if not self._busy or not self._snap or now - self._snap["at"] >= 0.05:
-            self._snap = self._snapshot()
+            self._snap = snapshot(self)
 
     def _serving_cap(self) -> int | None:
         """Serving's share of the emulated device pool: what rollout does not hold."""
@@ -264,13 +238,16 @@ class CoServingExecutor:
         share = 1.0 if self.w.static_share is None else self.w.static_share
         return r.blocks_for(math.floor(self.total * share))
 
-    def _decide(self, now: float) -> tuple[StepPlan | None, int] | None:
+    def _decide(self, now: float) -> tuple[StepPlan, int] | None:
         """(plan, block cap) of the rollout step to run now, or None (not admitted)."""
         r, cap = self.rollout, self._rollout_cap()
         room = max(0, cap - r.used_blocks())
         plans = r.plans(self.cfg.chunk_tokens if self.w.chunked else None, room)
+        if not plans:  # nothing fits the KV room (or nothing to schedule): wait
+            self.c["denied"]["kv_headroom"] = self.c["denied"].get("kv_headroom", 0) + 1
+            return None
         if not self.w.admission:
-            return (plans[0] if plans else None), cap
+            return plans[0], cap
         reason = "kv_headroom"
         queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
         for plan in plans:
@@ -315,31 +292,22 @@ class CoServingExecutor:
         peak = max([u for _, u in self._usage] + [self.serving.used_blocks()])
         if self.policy is not None:
             self.policy.start_step(min(peak, self.total), now)
-        self.c["start_steps"] = self.c.get("start_steps", 0) + 1
+        self.c["start_steps"] += 1
 
     def _autoscale(self, now: float) -> None:
-        from executors.coserving_engines import open_engine, shutdown_rollout
-
-        load = len(self.serving.live)
-        if self.rollout is not None and load >= self.cfg.evict_load_threshold:
+        act = self.autoscale.tick(len(self.serving.live), self.rollout is not None, now)
+        if act == "evict":
             self.rollout.abort(list(self.rollout.live), "evict")
             shutdown_rollout(self.rollout)
-            self.rollout, self._calm_since = None, None
-            self.c["evictions"] += 1
-        elif self.rollout is None and load <= self.cfg.evict_load_threshold // 2:
-            if self._calm_since is None:
-                self._calm_since = now
-            elif now - self._calm_since >= self.cfg.reload_after_s:
-                t0 = time.perf_counter()  # the real cost: engine build + weights (profile cached)
-                engine, sched, _, _ = open_engine(self.cfg, "rollout")
-                self.rollout = self._rollout_side(engine, sched)
-                if self._weights is not None:
-                    self._load_weights(*self._weights)
-                self.rollout.version = self.version
-                self.c["reload_s"].append(time.perf_counter() - t0)
-                self._calm_since = None
-        else:
-            self._calm_since = None
+            self.rollout = None
+        elif act == "reload":
+            t0 = time.perf_counter()  # the real cost: engine build + warm-up + weights
+            engine, sched, _, _ = open_engine(self.cfg, "rollout")
+            self.rollout = self._rollout_side(engine, sched)
+            if self._weights is not None:
+                self._load_weights(*self._weights)
+            self.rollout.version = self.version
+            self.autoscale.reload_s.append(time.perf_counter() - t0)
 
     def _load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         from executors.vllm_engine import reload_weights
@@ -352,47 +320,13 @@ class CoServingExecutor:
         if self.w.evict_on_burst:
             self._weights = (version, tensors)  # a rebuilt engine starts from the model dir
 
-    # ---- metrics and shutdown ----
-    def _snapshot(self) -> dict:
-        c, s, r = self.c, self.serving, self._rc
-        iters = max(1, c["iterations"])
-        rollout_blocks = self.rollout.used_blocks() if self.rollout is not None else 0
-        return {
-            "at": time.monotonic(), "worker": self.worker, "mode": self.cfg.mode,
-            "version": self.version, "admitting": self._admitting,
-            "slo": {"ttft_s": self.slo.ttft_s, "tpot_s": self.slo.tpot_s, "source": self.slo_source},
-            "serving": {"submitted": c["serving_submitted"], "finished": s.finished,
-                        "in_flight": len(s.live), "queued_prefills": sum(not x.times for x in s.live.values()),
-                        "tokens": s.tokens, "steps": s.steps, "mean_step_ms": 1e3 * s.step_s / max(1, s.steps),
-                        "used_blocks": s.used_blocks(), "callback_errors": s.callback_errors},
-            "rollout": {"up": self.rollout is not None, "submitted": c["rollout_submitted"],
-                        "in_flight": len(self.rollout.live) if self.rollout else 0,
-                        **{k: v for k, v in r.items() if not k.endswith("_s")},
-                        "mean_step_ms": 1e3 * r["step_s"] / max(1, r["steps"]),
-                        "mean_predicted_ms": 1e3 * r["predicted_s"] / max(1, r["planned_steps"]),
-                        "mean_abs_error_ms": 1e3 * r["abs_error_s"] / max(1, r["planned_steps"]),
-                        "used_blocks": rollout_blocks, "page_ratio": self.page_ratio,
-                        "admitted": c["admitted"], "denied": dict(c["denied"]),
-                        "evictions": c["evictions"], "reload_s": list(c["reload_s"])},
-            "kv": {"total_pages": self.total, **(self.policy.snapshot() if self.policy else {})},
-            "loop": {"iterations": c["iterations"], "mean_overhead_us": 1e6 * c["loop_s"] / iters,
-                     "mean_decide_us": 1e6 * c["decide_s"] / max(1, c["admitted"] + sum(c["denied"].values())),
-                     "errors": c.get("loop_errors", 0), "startup_s": self.startup_s},
-            "profiles": self.profiles,
-        }
-
+    # ---- shutdown ----
     def _shutdown(self) -> None:
-        from executors.coserving_engines import shutdown_rollout
-
         self.serving.abort(list(self.serving.live))
         if self.rollout is not None:
             self.rollout.abort(list(self.rollout.live), "other")
             shutdown_rollout(self.rollout)
             self.rollout = None
-        for item in self._inbox:  # submitted after close: answer, never hang a caller
-            fut = item[-2] if item[0] == "serve" else (item[2] if len(item) > 2 else None)
-            if isinstance(fut, Future) and not fut.done():
-                fut.set_exception(RuntimeError("co-serving executor closed"))
         self.serving.engine.engine_core.shutdown()
 
 

@@ -71,10 +71,12 @@ def load_or_measure(path: Path, measure: Callable[[], LatencyProfile]) -> tuple[
 class EngineTimer:
     """Times whole prefills and single decode steps on an idle engine (before the loop starts)."""
 
-    def __init__(self, engine, scheduler, vocab_size: int, seed: int = 0) -> None:
+    def __init__(self, engine, scheduler, vocab_size: int, seed: int = 0,
+                 rollout: bool = False) -> None:
         self.engine, self.scheduler, self.vocab = engine, scheduler, vocab_size
         self.rng = random.Random(seed)
         self.n = 0
+        self.rollout = rollout  # sample as rollout turns do: seeded, temperature 1, logprobs
 
     def _add(self, prompt_len: int, max_tokens: int, ids: list[int] | None = None) -> None:
         from vllm import SamplingParams, TokensPrompt
@@ -82,8 +84,13 @@ class EngineTimer:
 
         self.n += 1
         ids = ids or [self.rng.randrange(3, self.vocab) for _ in range(prompt_len)]
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                                detokenize=False, output_kind=RequestOutputKind.DELTA)
+        if self.rollout:  # vLLM's logprob ranks run a torch.compile'd kernel: compiled here
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0,
+                                    seed=self.n, logprobs=0, detokenize=False,
+                                    output_kind=RequestOutputKind.DELTA)
+        else:
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                                    detokenize=False, output_kind=RequestOutputKind.DELTA)
         self.engine.add_request(f"profile-{self.n}", TokensPrompt(prompt_token_ids=ids), params)
 
     def _drain(self) -> None:
@@ -109,8 +116,10 @@ class EngineTimer:
         return took
 
     def warm_up(self, chunk_tokens: int) -> None:
-        """Run each kind of step once (first shapes pay one-off kernel setup): a long prefill,
-        chunked, prefix-cache hits with a mixed prefill + decode batch, a decode batch."""
+        """Run each kind of step once (first shapes pay one-off kernel setup and, for rollout
+        sampling, a torch.compile that takes seconds): a long prefill, chunked, prefix-cache hits
+        with a mixed prefill + decode batch, decode batches of two sizes (the second size makes
+        torch.compile build its dynamic-shape kernel)."""
         self.prefill(min(4 * chunk_tokens, 1024), chunk_tokens)
         shared = [self.rng.randrange(3, self.vocab) for _ in range(96)]
         self._add(0, 4, shared)
@@ -119,11 +128,13 @@ class EngineTimer:
             self._add(0, 4, shared + [self.rng.randrange(3, self.vocab)])
         self._drain()
         self.decode_step(4)
+        self.decode_step(3)
 
 
 def measure_engine(engine, scheduler, *, vocab_size: int, max_model_len: int, chunk_tokens: int,
-                   max_batch: int, name: str, repeats: int = 3) -> LatencyProfile:
-    timer = EngineTimer(engine, scheduler, vocab_size)
+                   max_batch: int, name: str, repeats: int = 3, rollout: bool = False) -> LatencyProfile:
+    """Profile an idle engine; rollout=True samples like rollout turns (seeded, logprobs)."""
+    timer = EngineTimer(engine, scheduler, vocab_size, rollout=rollout)
     timer.warm_up(chunk_tokens)
     batches = [b for b in PROFILE_BATCHES if b <= max_batch] or [1, 2]
     profile = profile_engine(lambda L: timer.prefill(L, None), timer.decode_step,

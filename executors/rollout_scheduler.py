@@ -2,15 +2,12 @@
 
 Turns ready at the same moment for the same worker travel as one Dask future (one engine
 batch); results come back as they finish, environments step, and the next turns are routed
-(cache-affine first, see executors/router.py). Serving workers take turns only while their
-co-serving executor admits them (executors/serving_admission.py).
+(cache-affine first, see executors/router.py). Which workers take part, and when serving
+workers admit turns, is executors/worker_pool.py's business.
 
 No trajectory is lost: a turn whose worker died (the Dask scheduler dropped it, seen within
-`heartbeat_s`, executors/worker_liveness.py), failed, aborted it (KV cut, stall) or answered
-"stale" (it holds an older policy) is re-prefilled elsewhere from the trajectory's history,
-and its row says "rerouted". A worker that answered "stale" or came back from a restart is
-out of the rollout, unless the caller gave `resync` (pull the step's weights onto it): then it
-rejoins, as a new incarnation with an empty prefix cache, at most `max_rejoins` times.
+`heartbeat_s`), failed, aborted it (KV cut, stall) or answered "stale" (it holds an older
+policy) is re-prefilled elsewhere from the trajectory's history, and its row says "rerouted".
 
 With DAPO dynamic sampling (executors/group_launcher.py) the loop launches groups until enough
 have reward variance, then aborts the surplus in the engines (out of band: client.run) and
@@ -29,31 +26,14 @@ from distributed import Client, wait
 from executors.episode import Episode
 from executors.group_launcher import GroupLauncher
 from executors.rollout_worker import generate_turns
-from executors.router import TurnRouter, WorkerInfo
-from executors.serving_admission import ServingAdmission
-from executors.worker_liveness import WorkerLiveness
+from executors.router import TurnRouter
+from executors.worker_pool import WorkerPool
 
 log = logging.getLogger("rose.rollout")
 
 
 class RolloutStuck(RuntimeError):
     pass
-
-
-def abort_turns(request_ids: list[str], dask_worker=None) -> int:
-    """Runs out of band on a worker (client.run): abort these turns in its engines now.
-
-    Out of band because the worker's task threads may all be blocked in generate_turns.
-    Contract with the co-serving executor: its plugin has `abort(ids)` or `loop.abort(ids)`.
-    """
-    hit = 0
-    for name in ("rose-rollout", "rose-coserving"):
-        plugin = dask_worker.plugins.get(name) if dask_worker is not None else None
-        fn = getattr(plugin, "abort", None) or getattr(getattr(plugin, "loop", None), "abort", None)
-        if callable(fn):
-            fn(list(request_ids))
-            hit += 1
-    return hit
 
 
 @dataclass
@@ -67,6 +47,7 @@ class RolloutReport:
     batches: int = 0
     aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
     sampling: dict = field(default_factory=dict)
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (unix time, what, worker)
 
     @property
     def rows(self) -> list[dict]:
@@ -80,28 +61,14 @@ class RolloutScheduler:
                  heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
                  max_attempts_per_turn: int = 5, stuck_after_s: float = 120.0,
                  generate: Callable = generate_turns, max_batch_failures: int = 3) -> None:
-        if not workers:
-            raise ValueError("rollout needs at least one rollout or serving worker")
-        self.client, self.kinds = client, dict(workers)
-        self.router = TurnRouter(cap_per_worker, mode)
-        for name, kind in workers.items():
-            self.router.register_worker(WorkerInfo(name, kind))
-        self.routable = set(workers)
-        self.liveness = WorkerLiveness(client, list(workers), heartbeat_s)
-        serving = [n for n, k in workers.items() if k == "serving"]
-        self.admission = None
-        if admits is None and serving:
-            self.admission = ServingAdmission(client, serving, self._load, serving_max_turns,
-                                              admission_refresh_s)
-            admits = self.admission.admits
-        self.admits = admits
-        self.tick_s = min(heartbeat_s, admission_refresh_s if serving else heartbeat_s)
-        self.resync, self.max_rejoins, self.generate = resync, max_rejoins, generate
-        self.max_attempts, self.stuck_after_s = max_attempts_per_turn, stuck_after_s
-        self.max_batch_failures = max_batch_failures
-
-    def _load(self, name: str) -> int:
-        return self.router.load(name) if name in self.routable else 0
+        self.client, self.router = client, TurnRouter(cap_per_worker, mode)
+        self.pool = WorkerPool(client, workers, self.router, heartbeat_s=heartbeat_s,
+                               admits=admits, serving_max_turns=serving_max_turns,
+                               admission_refresh_s=admission_refresh_s, resync=resync,
+                               max_rejoins=max_rejoins)
+        self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views
+        self.generate, self.max_attempts = generate, max_attempts_per_turn
+        self.stuck_after_s, self.max_batch_failures = stuck_after_s, max_batch_failures
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, work: list[Episode] | GroupLauncher,
@@ -116,24 +83,23 @@ class RolloutScheduler:
         self.last_worker: dict[str, str] = {}  # trajectory -> worker of its last finished turn
         self.abandoned: set[str] = set()
         self.active: set[str] = set()
-        self.resyncing: dict = {}  # future -> worker name
-        self.rejoins: dict[str, int] = {}
         self.failures: dict[str, int] = {}
         self._start(launcher.launch())
         progress = time.monotonic()
         while self.active:
-            self._housekeeping()
+            self._on_lost(self.pool.poll())
             self._dispatch()
             if time.monotonic() - progress > self.stuck_after_s:
                 raise RolloutStuck(f"no turn finished for {self.stuck_after_s:.0f} s; "
                                    f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
             if not self.inflight:
-                if not self.routable and not self.resyncing:
+                if not self.pool.any_left():
                     raise RolloutStuck(f"{len(self.ready)} turns ready but no worker is left")
-                time.sleep(self.tick_s)  # waiting for admission, a rejoin, or a free slot
+                time.sleep(self.pool.tick_s)  # waiting for admission, a rejoin, or a free slot
                 continue
             try:
-                done, _ = wait(list(self.inflight), timeout=self.tick_s, return_when="FIRST_COMPLETED")
+                done, _ = wait(list(self.inflight), timeout=self.pool.tick_s,
+                               return_when="FIRST_COMPLETED")
             except TimeoutError:
                 continue
             for fut in done:
@@ -141,8 +107,10 @@ class RolloutScheduler:
                     progress = time.monotonic()
         for fut in self.inflight:  # only surplus turns are left, already aborted in the engines
             fut.cancel()
-        if self.admission is not None:
-            self.admission.close()
+        self.pool.close()
+        r, p = self.report, self.pool
+        r.dead_workers, r.excluded_workers, r.rejoined_workers = p.dead, p.excluded, p.rejoined
+        r.events = p.events
         self.report.episodes = launcher.kept()
         self.report.sampling = launcher.summary()
         self.report.seconds = time.perf_counter() - t0
@@ -180,7 +148,7 @@ class RolloutScheduler:
             if full or (affine_only and tid not in self.last_worker):
                 waiting.append(tid)
                 continue
-            worker = self.router.route(tid, self.admits)
+            worker = self.router.route(tid, self.pool.admits)
             if worker is None or (affine_only and worker != self.last_worker[tid]):
                 waiting.append(tid)
                 full = worker is None and not affine_only and self.router.mode != "pinned"
@@ -206,8 +174,7 @@ class RolloutScheduler:
                 continue
             if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
                 self.router.on_turn_aborted(tid, worker)
-                if self.admission is not None:
-                    self.admission.on_abort(worker)
+                self.pool.on_abort(worker)
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)
@@ -228,7 +195,7 @@ class RolloutScheduler:
             log.warning("%s answered stale (older policy than v%d): excluding it", worker,
                         self.by_id[stale[0]].min_policy_version)
             self._remove(worker, dead=False)
-            self._try_rejoin(worker)
+            self.pool.try_rejoin(worker)
         return progressed
 
     def _batch_failed(self, worker: str, tids: list[str], exc: Exception) -> None:
@@ -236,7 +203,7 @@ class RolloutScheduler:
             return  # already removed: its turns went back to the queue then
         log.warning("turn batch on %s failed (%s: %s); rerouting %d turns", worker,
                     type(exc).__name__, exc, len(tids))
-        self._on_lost(self.liveness.poll(force=True).lost)
+        self._on_lost(self.pool.poll(force=True))
         if worker not in self.routable:
             return  # it died: _remove rerouted this batch with the rest of its turns
         for tid in tids:
@@ -257,41 +224,14 @@ class RolloutScheduler:
         self.report.rerouted_turns += 1
         self.ready.append(tid)
 
-    # -- workers coming and going --------------------------------------------------------------
-    def _housekeeping(self) -> None:
-        events = self.liveness.poll()
-        self._on_lost(events.lost)
-        for name in events.returned:
-            log.warning("%s came back as a new incarnation (fresh state)", name)
-            self._try_rejoin(name)
-        for fut in [f for f in self.resyncing if f.done()]:
-            name = self.resyncing.pop(fut)
-            try:
-                fut.result()
-            except Exception as exc:
-                log.warning("weight sync on %s failed (%s): it stays out", name, exc)
-                continue
-            if name not in self.routable and self.liveness.address(name) is not None:
-                self.router.register_worker(WorkerInfo(name, self.kinds[name]))
-                self.routable.add(name)
-                if self.admission is not None and self.kinds[name] == "serving":
-                    self.admission.add(name)
-                self.report.rejoined_workers.append(name)
-        if self.admission is not None:
-            self.admission.refresh()
-
+    # -- workers leaving -------------------------------------------------------------------------
     def _on_lost(self, names: list[str]) -> None:
         for name in names:
-            if name in self.routable:
-                log.warning("%s is gone (Dask dropped it): rerouting its turns", name)
-                self._remove(name, dead=True)
+            log.warning("%s is gone (Dask dropped it): rerouting its turns", name)
+            self._remove(name, dead=True)
 
     def _remove(self, name: str, dead: bool) -> None:
-        lost = self.router.remove_worker(name)
-        self.routable.discard(name)
-        (self.report.dead_workers if dead else self.report.excluded_workers).append(name)
-        if self.admission is not None:
-            self.admission.drop(name)
+        lost = self.pool.remove(name, dead)
         for fut, (worker, _) in list(self.inflight.items()):
             if worker == name:
                 del self.inflight[fut]
@@ -300,14 +240,6 @@ class RolloutScheduler:
             self.running.pop(tid, None)
             if tid not in self.abandoned:
                 self._give_back(tid, "worker lost" if dead else "worker excluded")
-
-    def _try_rejoin(self, name: str) -> None:
-        if self.resync is None or self.rejoins.get(name, 0) >= self.max_rejoins:
-            return
-        fut = self.resync(name, self.kinds[name])
-        if fut is not None:
-            self.rejoins[name] = self.rejoins.get(name, 0) + 1
-            self.resyncing[fut] = name
 
     # -- dynamic sampling: surplus ---------------------------------------------------------------
     def _abandon(self, tids: list[str]) -> None:
@@ -323,11 +255,4 @@ class RolloutScheduler:
             except KeyError:
                 pass  # never started
         for worker, ids in by_worker.items():
-            address = self.liveness.address(worker)
-            if address is None:
-                continue
-            try:
-                self.client.run(abort_turns, ids, workers=[address], on_error="ignore")
-                self.report.aborted_turns += len(ids)
-            except Exception as exc:  # the turns finish on their own; results are ignored
-                log.warning("abort on %s failed: %s", worker, exc)
+            self.report.aborted_turns += self.pool.abort(worker, ids)

@@ -34,6 +34,7 @@ Loader = Callable[[int, dict[str, torch.Tensor]], dict[str, Any]]
 _publishers: dict[tuple[str, str], SparsePublisher] = {}
 _agents: dict[tuple[str, str], "PullAgent"] = {}  # (worker id, run) -> agent
 _lock = threading.Lock()
+FULL_TIMEOUT_S = 120.0  # how long a worker waits for a requested full snapshot
 
 
 # ---- trainer side ----------------------------------------------------------------------------
@@ -159,7 +160,8 @@ def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
         found = _agents.get((wid, run))
         if found is None:
             receiver = WeightReceiver(shared_relay(relay_kind, role="reader"), run,
-                                      requester=name, batch_bytes=batch_bytes)
+                                      requester=name, batch_bytes=batch_bytes,
+                                      full_timeout_s=FULL_TIMEOUT_S)
             loader = loader or engine_loader(run, lambda: receiver.digest)
             for key in [k for k in _agents if k[0] == wid]:
                 del _agents[key]  # one run at a time per worker: drop other runs' weights

@@ -87,7 +87,7 @@ class WeightReceiver:
             # Same number: held unless the relay's copy says other bits (a republished version)
             if manifest is None or manifest.meta.get("digest") in (None, self.digest):
                 return report
-            reason = f"v{target} was republished with other bits than those held"
+            reason = report.fallback = f"v{target} was republished with other bits than held"
             if manifest.meta.get("kind") != "full":
                 manifest = None
         if manifest is not None:

@@ -33,8 +33,9 @@ WAIT_FOR = ("dedicated", "none", "all")
 
 # Never cached: publishing is idempotent and must leave every rollout worker on `version`.
 @task(name="publish", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
-def publish(cfg: RunConfig, version: int) -> dict:
-    return publish_and_sync(cfg, version)
+def publish(cfg: RunConfig, version: int, until: str = "dedicated") -> dict:
+    # `until` is publish_and_sync's `wait_for`: Prefect reserves that name for task arguments.
+    return publish_and_sync(cfg, version, until)
 
 
 def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
@@ -49,7 +50,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     t0 = time.perf_counter()
     publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
                                   cfg.publish.sparse)
-    report = publisher.publish(version, trainer.weights_bf16())
+    report = publisher.publish(version, trainer.weights_bf16(), copy=False)  # fresh tensors
     digest = report.digest  # = executors.rollout_worker.weights_digest of the bf16 weights
     pushed_s = time.perf_counter() - t0
     with worker_client() as client:

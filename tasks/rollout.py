@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import statistics
+import time
 from typing import Callable
 
 from distributed import worker_client
@@ -120,9 +121,9 @@ def kill_worker_hook(client, cfg: RunConfig, scheduler: RolloutScheduler, after_
         if fault or done[0] < after_turns or victim not in scheduler.routable \
                 or scheduler.router.load(victim) == 0:
             return
-        address = scheduler.liveness.address(victim)
+        address = scheduler.pool.address(victim)
         pid = client.run(os.getpid, workers=[address])[address]
-        fault.update(killed=victim, pid=pid, after_turns=done[0],
+        fault.update(killed=victim, pid=pid, after_turns=done[0], killed_at=time.time(),
                      in_flight=sorted(t for t, (w, _) in scheduler.running.items() if w == victim))
         os.kill(pid, signal.SIGKILL)
         cfg.run_dir().mkdir(parents=True, exist_ok=True)
@@ -147,6 +148,7 @@ def summarize(report, policy_version: int) -> dict:
         "rerouted_turns": report.rerouted_turns, "dead_workers": report.dead_workers,
         "excluded_workers": report.excluded_workers, "rejoined_workers": report.rejoined_workers,
         "aborted_turns": report.aborted_turns, "sampling": report.sampling,
+        "worker_events": report.events,
         "scheduler_queued_s": sum(r["queued_s"] for r in rows),
         "rollout_s": report.seconds, "batches": report.batches,
     }
@@ -177,6 +179,9 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
         report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
         del step_starts
+    if fault:  # tests: what the scheduler saw after the injected kill
+        fault["worker_events"] = report.events
+        (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
     return {**summarize(report, policy_version), "path": str(path), "fault": fault}

@@ -2,7 +2,7 @@
 
 Slow tests share one executor (module fixture, run in file order: no serving traffic before
 the burst test, so its first budget is exact) on a small emulated device:
-kv_blocks=64 per engine (63 usable pages), max_model_len 1024, 16-token rollout chunks.
+kv_blocks=64 per engine (63 usable pages), max_model_len 1024, 32-token rollout chunks.
 Hand-computed KV numbers used below (reserve 20%, watermark half the reserve, cut by 2):
   reserve = ceil(0.2 * 63) = 13 pages; idle-step budget = 63 - 13 = 50 pages; after a cut 25.
   A rollout block is 4/3 pages (policy: 4 layers vs serving: 3 layers, same KV heads/dims).
@@ -93,8 +93,8 @@ def models(tmp_path_factory):
 
 
 def _config(models: Path, **kw) -> CoServingConfig:
-    base = dict(mode="rose", kv_blocks=64, max_model_len=1024, chunk_tokens=16, max_num_seqs=8,
-                profile_repeats=1, lease_s=1.0, stall_timeout_s=1.5, usage_window_s=300.0)
+    base = dict(mode="rose", kv_blocks=64, max_model_len=1024, chunk_tokens=32, max_num_seqs=8,
+                profile_repeats=1, lease_s=2.0, stall_timeout_s=5.0, usage_window_s=600.0)
     return CoServingConfig(models / "serving", models / "policy", **{**base, **kw})
 
 
@@ -129,20 +129,20 @@ def _wait(pred, timeout: float = 60.0, every: float = 0.0):
 
 @pytest.mark.slow
 def test_rollout_turns_complete_when_serving_is_idle_and_leases_expire(executor):
-    turns = [_turn(f"idle-{i}", 100, i) for i in range(4)]
+    turns = [_turn(f"idle-{i}", 64, i) for i in range(3)]
     results = [f.result(timeout=120) for f in [executor.submit_rollout(t) for t in turns]]
-    print("DEBUG", executor.metrics(fresh=True))
     for t, r in zip(turns, results):
         assert r.ok and r.worker_kind == "serving" and r.trajectory_id == t.trajectory_id
         assert 1 <= len(r.response_ids) <= 4 and len(r.logprobs) == len(r.response_ids)
-        assert r.num_prompt_tokens == 100
+        assert r.num_prompt_tokens == 64
     m = executor.metrics(fresh=True)
     assert m["kv"]["rollout_request_blocks"] == 0  # every finished turn gave its blocks back
-    assert m["kv"]["leases"] == 4  # each kept its 3 full prompt blocks (4 pages) on lease
-    assert m["kv"]["rollout_prefix_blocks"] == 4 * 4
-    _wait(lambda: executor.metrics(fresh=True)["rollout"]["leases_expired"] == 4, 10, 0.1)
+    # each turn left its 2 full prompt blocks (3 pages; 64 + <= 4 tokens) cached, leased 2 s
+    assert m["kv"]["leases"] + m["rollout"]["leases_expired"] == 3
+    assert m["kv"]["rollout_prefix_blocks"] == 3 * m["kv"]["leases"]
+    _wait(lambda: executor.metrics(fresh=True)["rollout"]["leases_expired"] == 3, 30, 0.1)
     m = executor.metrics(fresh=True)
-    assert m["kv"]["rollout_prefix_blocks"] == 0 and m["rollout"]["lease_blocks_evicted"] == 12
+    assert m["kv"]["rollout_prefix_blocks"] == 0 and m["rollout"]["lease_blocks_evicted"] == 6
 
 
 @pytest.mark.slow
@@ -169,7 +169,7 @@ def test_rollout_that_cannot_progress_is_reported_stalled(executor):
     before = executor.metrics(fresh=True)["rollout"]["aborted_stall"]
     t0 = time.monotonic()
     r = executor.submit_rollout(_turn("stuck", 1000, 8)).result(timeout=60)
-    assert r.finished_reason == "abort" and time.monotonic() - t0 >= 1.5
+    assert r.finished_reason == "abort" and time.monotonic() - t0 >= 5.0
     m = executor.metrics(fresh=True)
     assert m["rollout"]["aborted_stall"] == before + 1 and m["rollout"]["in_flight"] == 0
     assert m["kv"]["rollout_request_blocks"] == 0  # its partial prefill's blocks were freed

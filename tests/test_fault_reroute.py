@@ -85,6 +85,9 @@ def test_killed_rollout_worker_loses_no_trajectory(stack):
     assert all(r["worker"] == "rollout-0" for r in rerouted
                if r["trajectory"] in fault["in_flight"])
     assert summaries[0]["rerouted_turns"] >= len(fault["in_flight"])
+    lost = [t for t, what, w in fault["worker_events"] if what == "lost" and w == "rollout-1"]
+    assert lost, fault["worker_events"]
+    print(f"kill seen by the scheduler {lost[0] - fault['killed_at']:.2f} s after SIGKILL")
 
     with Client(stack.dask_scheduler) as client:  # the nanny brought a new process back
         pids = client.run(os.getpid)

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from tests.stack_fixtures import (file_fingerprint, flow_runs, new_data_dir, prefect_for,
-                                  task_states, trainer_and_worker_state)
+                                  rose_cli, task_states, trainer_and_worker_state)
 
 pytestmark = pytest.mark.slow
 RUN = "resume-t"
+DEPLOYED: list = []  # the worker record of `rose deploy`, checked at teardown
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +41,11 @@ def stack(tmp_path_factory):
         with prefect_for(handle):
             yield handle
     finally:
-        stop_stack(stack_dir())
+        stopped = stop_stack(stack_dir())
         os.environ.clear()
         os.environ.update(old)
+    if DEPLOYED:  # `rose down` (stop_stack) also stops the worker `rose deploy` started
+        assert "prefect-worker" in stopped and not DEPLOYED[0].alive()
 
 
 def _cfg(**kw):
@@ -123,3 +126,59 @@ def _assert_equals_uninterrupted_training(cfg, trainer_digest: str) -> None:
     for idx, state in ckpt.optimizer_state["state"].items():
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(state[key], ref_opt[idx][key]), (idx, key)
+
+
+def test_deployments_run_on_the_stack_with_validated_forms(stack):
+    """`rose deploy` on the running stack; a train run started through the API completes.
+
+    Shares this module's stack (engines already loaded) to keep the suite short.
+    """
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from rose.config import stack_dir
+    from rose.deploy import DEPLOYMENTS, WORKER, running_worker
+
+    out = rose_cli(["deploy"], dict(os.environ), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    worker = running_worker(stack_dir())
+    assert worker is not None and worker.name == WORKER
+    DEPLOYED.append(worker)
+    again = rose_cli(["deploy"], dict(os.environ), timeout=300)
+    assert again.returncode == 0 and "(reused)" in again.stdout
+    assert running_worker(stack_dir()).pid == worker.pid
+
+    async def inspect():
+        async with get_client() as client:
+            names = [f"{(await client.read_flow(d.flow_id)).name}/{d.name}"
+                     for d in await client.read_deployments()]
+            train = await client.read_deployment_by_name("train/train")
+            with pytest.raises(Exception, match="cfg.rollout.groups"):
+                await client.create_flow_run_from_deployment(
+                    train.id, parameters={"cfg": {"rollout": {"groups": 0}}})
+            return names, train.parameter_openapi_schema
+
+    names, schema = asyncio.run(inspect())
+    assert set(DEPLOYMENTS) <= set(names)
+    form = schema["properties"]["cfg"]
+    assert form["default"]["rollout"]["groups"] == 8  # RunConfig's defaults fill the UI form
+    assert "RunConfig" in schema["definitions"]
+
+    params = {"cfg": {"run_id": "deployed", "steps": 1,
+                      "rollout": {"groups": 2, "group_size": 4, "max_turns": 3}}}
+    run = run_deployment("train/train", parameters=params, timeout=300, poll_interval=1)
+    assert run.state.is_completed(), run.state
+    [step] = flow_runs("deployed-step-1")
+    assert step.state.is_completed()
+
+    async def artifacts():
+        async with get_client() as client:
+            return {a.key: a for a in await client.read_artifacts()}
+
+    found = asyncio.run(artifacts())
+    table = found["deployed-step-1"]
+    assert table.type == "table" and table.flow_run_id == step.run.id
+    assert found["deployed-step-1-summary"].type == "markdown"
+    assert "SLO attainment (serving)" in str(table.data)

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from distributed import Client, Scheduler, SpecCluster, Worker, get_worker
+from distributed import Client, Scheduler, SpecCluster, Worker, WorkerPlugin, get_worker
 
 from envs.base import MultiTurnEnv, StepResult
 from executors.dynamic_sampling import DynamicSampler
@@ -226,8 +226,21 @@ def test_serving_admission_is_a_cached_flag_refreshed_by_polls(cluster):
     adm.close()
 
 
+class AbortRecorder(WorkerPlugin):
+    """Stands in for the rollout engine's plugin: records out-of-band aborts."""
+
+    name = "rose-rollout"
+
+    def __init__(self):
+        self.aborted: list[str] = []
+
+    def abort(self, request_ids):
+        self.aborted.extend(request_ids)
+
+
 def test_dynamic_sampling_keeps_only_varied_groups_and_aborts_the_surplus(cluster):
-    _, client = cluster
+    c, client = cluster
+    client.register_plugin(AbortRecorder(), name="rose-rollout")
     for g in range(20):  # groups 0, 3, 6, ... never vary; the others have one winner
         if g % 3:
             WINNERS.add(f"s1-g{g}-t0")
@@ -243,6 +256,9 @@ def test_dynamic_sampling_keeps_only_varied_groups_and_aborts_the_surplus(cluste
     assert s["groups_launched"] == s["groups_varied"] + s["groups_zero_variance"] + s["groups_aborted"]
     adv = advantages_by_trajectory(report.rows)  # the reward task accepts the kept groups
     assert len(adv) == 9
+    aborted = [rid for n in TWO for rid in c.workers[n].plugins["rose-rollout"].aborted]
+    assert len(aborted) == report.aborted_turns  # the surplus in flight, aborted in the engines
+    assert not {int(rid.split("-g")[1].split("-")[0]) for rid in aborted} & kept
 
 
 def test_group_launcher_fills_up_with_zero_variance_groups_when_budget_runs_out():
@@ -307,3 +323,24 @@ def test_a_freed_slot_goes_to_the_trajectory_whose_prefix_is_there():
     sched.ready, batches = deque(["old", "t"]), {}
     sched.ready = sched._place(batches, affine_only=False)
     assert batches == {"rollout-0": ["old"]} and list(sched.ready) == ["t"]
+
+
+def test_dynamic_sampling_config_and_the_persisted_launch_target(tmp_path, monkeypatch):
+    import tasks.rollout as rollout_task
+    from rose.config import RolloutConfig, RunConfig
+
+    with pytest.raises(ValueError, match="dynamic_sampling_max_launch"):
+        RolloutConfig(dynamic_sampling_oversample=3.0, dynamic_sampling_max_launch=2.0)
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(rollout_task, "group_factory",
+                        lambda cfg, step, version: lambda g: [episode(g, i, step) for i in range(2)])
+    cfg = RunConfig(run_id="ds", rollout=RolloutConfig(
+        groups=4, group_size=2, dynamic_sampling=True, dynamic_sampling_oversample=1.5,
+        dynamic_sampling_max_launch=2.0))
+    first = rollout_task.group_launcher(cfg, 1, 0).sampler
+    assert (first.initial_launch, first.max_launch) == (6, 8)  # ceil(4 * 1.5), ceil(4 * 2.0)
+    for wanted, got in ((5, 5), (20, 8), (1, 4)):  # next step's target, clamped to [4, 8]
+        rollout_task.save_sampling(cfg, 1, {"next_step_launch": wanted})
+        assert rollout_task.group_launcher(cfg, 2, 1).sampler.initial_launch == got
+    plain = RunConfig(run_id="ds", rollout=RolloutConfig(groups=4, group_size=2))
+    assert rollout_task.group_launcher(plain, 1, 0).sampler is None

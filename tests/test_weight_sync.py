@@ -320,3 +320,41 @@ def test_mooncake_master_restart_republishes_full_snapshot(tmp_path):
         writer.close()
     finally:
         services.stop()
+
+
+def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
+    """A trainer that came back with other bits under the same version number (e.g. resumed
+    from an older checkpoint) republishes in full; a receiver holding the old bits must not
+    keep them just because the number matches."""
+    from executors.rollout_worker import weights_digest
+    from storage.sparse_publisher import tensors_digest
+
+    relay = FilesystemRelay(tmp_path)
+    train = Training(10)
+    SparsePublisher(relay, "r").publish(3, train.weights())
+    rx = WeightReceiver(relay, "r", full_timeout_s=1)
+    rx.pull(3)
+    assert rx.pull(3).mode == "noop"
+    train.step()
+    restarted = SparsePublisher(relay, "r")  # a new trainer process: no base held
+    report = restarted.publish(3, train.weights())
+    assert report.kind == "full" and report.digest == tensors_digest(train.weights())
+    nonempty = {n: t for n, t in train.weights().items() if t.numel()}
+    assert tensors_digest(nonempty) == weights_digest(nonempty)  # the spine's digest
+    got = rx.pull(3)
+    assert got.mode == "full" and "other bits" in got.fallback
+    assert same(rx.tensors, train.weights()) and rx.digest == report.digest
+
+
+@pytest.mark.parametrize("force", ["ef", "coo", "ternary"])
+def test_change_count_read_from_payload_matches_a_compare(force):
+    from storage.delta import encode_delta
+    from storage.sparse_publisher import changed_in_payload
+
+    g = torch.Generator().manual_seed(11)
+    base = torch.randn(5000, generator=g).to(torch.bfloat16)
+    new = base.clone()
+    new[torch.randperm(5000, generator=g)[:123]] += 1.0  # 123 distinct positions move
+    payload = encode_delta(new, base, name="w", base_version=0, target_version=1, force=force)
+    assert changed_count(new, base) == 123
+    assert changed_in_payload(payload) == (None if force == "ternary" else 123)

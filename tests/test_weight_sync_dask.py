@@ -169,10 +169,13 @@ def test_worker_left_behind_resyncs_in_full(cluster):
         pub.stop_server()
 
 
-def test_a_failed_pull_is_reported_not_hung(cluster):
+def test_a_failed_pull_is_reported_not_hung(cluster, monkeypatch):
+    import executors.weight_sync as ws
+
+    monkeypatch.setattr(ws, "FULL_TIMEOUT_S", 0.5)
     client, relay = cluster
     start_pulls(client, ["rollout-0"], "filesystem", "nothing-published", 0)
-    with pytest.raises(RuntimeError, match="pull of v0 failed"):
+    with pytest.raises(RuntimeError, match="pull of v0 failed: SnapshotUnavailable"):
         wait_versions(client, ["rollout-0"], "nothing-published", 0, timeout=60)
 
 

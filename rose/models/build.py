@@ -31,7 +31,9 @@ from rose.models.warmup import WarmupSpec, warmup
 
 BUILD_VERSION = 1  # bump when the build recipe changes in a way the spec does not show
 MARKER = "rose_build.json"
-BUILD_THREADS = 2  # fixed, so float reductions (and the weights) are the same on every run
+# One thread: float reductions (so the weights) are then the same on every machine, and on 2
+# busy cores a second OpenMP thread mostly spin-waits (measured 5-10x slower, not faster).
+BUILD_THREADS = 1
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
@@ -76,7 +78,7 @@ class BuildSpec:
         for name in sorted(ENVS):
             env = make_env(name)
             probe[name] = [env.system_prompt, env.reset(0), env.expert_reply()]
-        blob = json.dumps([BUILD_VERSION, seed, asdict(self), probe], sort_keys=True, default=str)
+        blob = json.dumps([BUILD_VERSION, BUILD_THREADS, seed, asdict(self), probe], sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -62,6 +62,7 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
         **prefect_env(api_url, home),
         "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",  # no access log line per task-run update
+        "PREFECT_UI_API_URL": api_url,  # else the UI in the browser calls 127.0.0.1:4200
     }
     env.pop("PREFECT_API_URL")  # the server is not a client of itself
     proc = ManagedProcess("prefect-server", [

@@ -1,0 +1,182 @@
+"""End-to-end publish-to-applied time through a real Mooncake relay, with an emulated link.
+
+Link emulation (a token bucket on the push side, depth 0): each relay put of n bytes returns
+no earlier than n * 8 / rate seconds after the previous put's bytes left, so the sender never
+exceeds `rate` (1, 10, 20 Gbps by default) and a put that is really slower than the link keeps
+its real time. Reads are not paced (a second process on loopback TCP). This stands in for a
+cross-cluster link; it is not a measurement of one.
+
+Per workload and rate, two ways to move version v1 to a receiver that holds v0:
+  dense   the dense batch baseline (RollArt-style relay): raw bf16 of every tensor in 64 MB
+          buckets (storage.weight_publisher.publish_weights), pulled in 1 GB batches
+  ours    storage.sparse_publisher: per-tensor lossless deltas against v0 (published and
+          pulled untimed first), pulled and applied by storage.weight_receiver
+Time = sender (encode + paced push) + receiver (fetch + apply + checksums), measured as wall
+time from the start of the publish to the receiver's answer; every receiver checks the whole
+set's digest against the trainer's.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from storage.relay import Buffer, Relay
+
+GBPS = 1e9 / 8  # bytes per second in one Gbit/s
+
+
+class PacedRelay(Relay):
+    """`inner` with puts paced to `gbps` (see the module docstring); everything else as is."""
+
+    def __init__(self, inner: Relay, gbps: float) -> None:
+        if gbps <= 0:
+            raise ValueError(f"rate must be > 0 Gbps, got {gbps}")
+        self.inner, self.rate = inner, gbps * GBPS
+        self.name = f"{inner.name}@{gbps:g}Gbps"
+        self.link_free = 0.0
+        self.bytes = 0
+
+    def put(self, key: str, data: Buffer) -> None:
+        n = memoryview(data).nbytes
+        done_at = max(time.perf_counter(), self.link_free) + n / self.rate
+        self.inner.put(key, data)
+        self.bytes += n
+        left = done_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        self.link_free = done_at
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(key)
+
+    def get_many(self, keys: Sequence[str]) -> list[memoryview]:
+        return self.inner.get_many(keys)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def remove(self, key: str) -> bool:
+        return self.inner.remove(key)
+
+    def remove_prefix(self, prefix: str) -> int:
+        return self.inner.remove_prefix(prefix)
+
+
+def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
+    """Receiver process: ("dense"|"sparse"|"drop", run, version) -> (seconds, stats, digest)."""
+    torch.set_num_threads(1)
+    from storage.mooncake_relay import MooncakeRelay
+    from storage.sparse_publisher import tensors_digest
+    from storage.weight_publisher import pull_weights
+    from storage.weight_receiver import WeightReceiver
+
+    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=64 << 20)
+    receivers: dict[str, WeightReceiver] = {}
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        op, run, version = msg
+        t = time.perf_counter()
+        if op == "dense":
+            stats: dict = {}
+            _, tensors = pull_weights(relay, run, version, batch_bytes, stats=stats)
+            digest = tensors_digest(tensors)
+            stats["digest_s"] = time.perf_counter() - t - stats["fetch_s"] - stats["decode_s"]
+            conn.send((time.perf_counter() - t, stats, digest))
+        elif op == "sparse":
+            rx = receivers.setdefault(run, WeightReceiver(relay, run, "bench-reader",
+                                                          batch_bytes, full_timeout_s=60))
+            report = rx.pull(version)
+            conn.send((time.perf_counter() - t, report.as_dict(), rx.digest))
+        else:
+            receivers.pop(run, None)
+            conn.send((0.0, {}, ""))
+    relay.close()
+
+
+def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
+            bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, log=print) -> list[dict]:
+    """Rows of (workload, rate, method) with seconds and bytes; see the module docstring."""
+    from rose.stack.mooncake import start_mooncake
+    from storage.mooncake_relay import MooncakeRelay
+    from storage.sparse_publisher import SparsePublisher, tensors_digest
+    from storage.weight_publisher import publish_weights
+
+    dense_max = max(sum(t.numel() * t.element_size() for t in new.values())
+                    for _, _, new in workloads)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rose-bench-mc-") as tmp:
+        services = start_mooncake(Path(tmp))
+        writer = proc = None
+        parent, child = mp.get_context("spawn").Pipe()
+        try:
+            # room for a full v0 and a dense v1 at once, plus bucket rounding
+            writer = MooncakeRelay(services.master_addr, services.metadata_url,
+                                   segment_bytes=2 * dense_max + 4 * bucket_bytes + (64 << 20),
+                                   local_buffer_bytes=64 << 20)
+            proc = mp.get_context("spawn").Process(
+                target=_reader, args=(child, services.master_addr, services.metadata_url,
+                                      batch_bytes), daemon=True)
+            proc.start()
+            if parent.recv() != "ready":
+                raise RuntimeError("reader process did not start")
+            for w, (label, old, new) in enumerate(workloads):
+                want = tensors_digest(new)
+                for rate in rates_gbps:
+                    run = f"bench-dense-{w}-{rate:g}"
+                    t0 = time.perf_counter()
+                    stats = publish_weights(PacedRelay(writer, rate), run, 1, new, bucket_bytes)
+                    t1 = time.perf_counter()
+                    parent.send(("dense", run, 1))
+                    pull_s, pstats, digest = parent.recv()
+                    t2 = time.perf_counter()
+                    writer.remove_prefix(f"rose/{run}/")
+                    if digest != want:
+                        raise AssertionError(f"dense pull of {label} is not bit-exact")
+                    rows.append({"workload": label, "gbps": rate, "method": "dense",
+                                 "bytes": stats.bytes, "publish_s": t1 - t0,
+                                 "encode_s": stats.serialize_s, "push_s": stats.push_s,
+                                 "pull_s": pull_s, "fetch_s": pstats["fetch_s"],
+                                 "apply_s": pstats["decode_s"] + pstats["digest_s"],
+                                 "total_s": t2 - t0})
+                    run = f"bench-ours-{w}-{rate:g}"
+                    pub = SparsePublisher(writer, run, bucket_bytes)
+                    pub.publish(0, old, copy=False)  # the receiver's base: untimed, not paced
+                    parent.send(("sparse", run, 0))
+                    parent.recv()
+                    pub.relay = PacedRelay(writer, rate)
+                    t0 = time.perf_counter()
+                    report = pub.publish(1, new, copy=False)  # as the trainer: fresh tensors
+                    t1 = time.perf_counter()
+                    parent.send(("sparse", run, 1))
+                    pull_s, pull, digest = parent.recv()
+                    t2 = time.perf_counter()
+                    writer.remove_prefix(f"rose/{run}/")
+                    parent.send(("drop", run, 0))
+                    parent.recv()
+                    if digest != want or pull["mode"] != "delta":
+                        raise AssertionError(f"sparse pull of {label}: mode {pull['mode']}, "
+                                             f"bit-exact {digest == want}")
+                    rows.append({"workload": label, "gbps": rate, "method": "ours",
+                                 "bytes": report.pushed_bytes, "publish_s": t1 - t0,
+                                 "encode_s": report.encode_s, "push_s": report.push_s,
+                                 "pull_s": pull_s, "fetch_s": pull["fetch_s"],
+                                 "apply_s": pull["apply_s"], "total_s": t2 - t0})
+                    dense, ours = rows[-2], rows[-1]
+                    log(f"  e2e {label} @ {rate:g} Gbps: dense {dense['total_s']:.2f} s, "
+                        f"ours {ours['total_s']:.2f} s ({dense['total_s'] / ours['total_s']:.1f}x)")
+                    del pub
+        finally:
+            if proc is not None and proc.is_alive():
+                parent.send(None)
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+            if writer is not None:
+                writer.close()
+            services.stop()
+    return rows

@@ -1,0 +1,53 @@
+"""Rich tables of bench/transfer.py: the codec/shard comparison and the end-to-end runs."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_cases(console: Console, summaries: list[dict]) -> None:
+    table = Table(title="Bytes per publish and CPU time (1 thread) per method; x bound = size / "
+                        "entropy bound")
+    for col in ("case", "density", "method", "MB", "x bound", "x smaller than dense",
+                "encode s", "decode s", "encode GB/s", "decode GB/s"):
+        table.add_column(col, justify="left" if col in ("case", "method") else "right")
+    for s in summaries:
+        table.add_row(s["case"], f"{s['density']:.2%}", "entropy bound",
+                      f"{s['bound_bytes'] / 1e6:.3f}", "1.00",
+                      f"{s['dense_bytes'] / max(s['bound_bytes'], 1):.1f}", "", "", "", "")
+        for name, m in s["methods"].items():
+            style = "bold" if name == "ours" else None
+            table.add_row("", "", name, f"{m['bytes'] / 1e6:.3f}", f"{m['ratio_to_bound']:.2f}",
+                          f"{m['compression_vs_dense']:.1f}", f"{m['encode_s']:.2f}",
+                          f"{m['decode_s']:.2f}", f"{m['encode_gbps']:.2f}",
+                          f"{m['decode_gbps']:.2f}", style=style)
+        table.add_section()
+    console.print(table)
+    for s in summaries:
+        ours, xor = s["methods"]["ours"], s["methods"]["xor_zstd1"]
+        picks = ", ".join(f"{k} x{v}" for k, v in sorted(s["ours_encodings"].items()))
+        speed = xor["encode_s"] / ours["encode_s"] if ours["encode_s"] else float("inf")
+        console.print(f"{s['case']}: ours {ours['ratio_to_bound']:.2f}x bound (target <= 1.25), "
+                      f"encode {speed:.2f}x xor_zstd1's speed (target >= 1); "
+                      f"tensors by encoding: {picks}", highlight=False)
+
+
+def print_e2e(console: Console, rows: list[dict]) -> None:
+    table = Table(title="Publish-to-applied through Mooncake, sender paced to the link rate "
+                        "(emulated token bucket); wall seconds")
+    for col in ("workload", "Gbps", "method", "MB sent", "encode", "push", "pull", "apply",
+                "total", "speedup"):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    dense = {(r["workload"], r["gbps"]): r for r in rows if r["method"] == "dense"}
+    last = None
+    for r in rows:
+        if last is not None and (r["workload"], r["gbps"]) != last:
+            table.add_section()
+        last = (r["workload"], r["gbps"])
+        base = dense.get(last)
+        speedup = f"{base['total_s'] / r['total_s']:.1f}x" if base else ""
+        table.add_row(r["workload"], f"{r['gbps']:g}", r["method"], f"{r['bytes'] / 1e6:.2f}",
+                      f"{r['encode_s']:.2f}", f"{r['push_s']:.2f}", f"{r['fetch_s']:.2f}",
+                      f"{r['apply_s']:.2f}", f"{r['total_s']:.2f}", speedup,
+                      style="bold" if r["method"] == "ours" else None)
+    console.print(table)
