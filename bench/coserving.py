@@ -65,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=15.0, help="RL step length (start_step)")
-    ap.add_argument("--kv-blocks", type=int, default=None, help="KV pool per engine (blocks)")
+    ap.add_argument("--kv-blocks", type=int, default=1024,
+                    help="emulated device KV pool in serving blocks (~3x serving's peak here)")
     ap.add_argument("--slo-ttft", type=float, default=None, help="TTFT SLO (s)")
     ap.add_argument("--slo-tpot", type=float, default=None, help="TPOT SLO (s)")
     ap.add_argument("--slo-factor", type=float, default=2.0,

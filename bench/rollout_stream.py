@@ -41,7 +41,7 @@ class RolloutStream:
     turn_tokens: int = 32
     max_turns: int = 8
     max_context: int = 2048
-    retry_s: float = 0.1
+    retry_s: float = 0.2
     seed: int = 0
     low_id: int = 3  # skip the special tokens (pad, im_start, im_end)
     stats: list[TurnStat] = field(default_factory=list)

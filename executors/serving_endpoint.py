@@ -23,8 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from executors.openai_protocol import (APIError, ChatBody, CompletionBody, Generation, chat_prompt,
-                                       check_model, completion_prompt, parse_body, to_generation)
+from executors.openai_protocol import (APIError, ChatBody, CompletionBody, Detokenizer, Generation,
+                                       chat_prompt, check_model, completion_prompt, finish_reason,
+                                       full_response, parse_body, stream_chunk, to_generation,
+                                       usage)
 from executors.serving_metrics import EndpointMetrics
 
 _DONE = object()
@@ -49,53 +51,11 @@ def _token_ids(args: tuple) -> list[int]:
     return [int(args[0])] if args else []
 
 
-class _Detokenizer:
-    """Incremental text: decode all ids so far, emit the new suffix; hold back a trailing
-    U+FFFD (half of a multi-byte character) until the next token completes it."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.sent = tokenizer, [], ""
-
-    def push(self, ids: list[int], final: bool = False) -> str:
-        self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:
-            return ""
-        delta, self.sent = text[len(self.sent):], text
-        return delta
-
-
 class EndpointState:
     def __init__(self, executor: ServingExecutor, tokenizer, model_name: str, max_model_len: int,
                  vocab_size: int, metrics: EndpointMetrics) -> None:
         self.executor, self.tokenizer, self.model_name = executor, tokenizer, model_name
         self.max_model_len, self.vocab_size, self.metrics = max_model_len, vocab_size, metrics
-
-
-def _chunk(kind: str, rid: str, created: int, model: str, text: str | None,
-           finish: str | None, first: bool = False) -> dict:
-    if kind == "chat":
-        delta = ({"role": "assistant", "content": text or ""} if first
-                 else ({"content": text} if text else {}))
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [choice]}
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice]}
-
-
-def _usage(gen: Generation, n_out: int) -> dict:
-    n_in = len(gen.prompt_ids)
-    return {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out}
-
-
-def _finish(result) -> str:
-    reason = getattr(result, "finish_reason", "length")
-    if reason not in ("stop", "length"):  # aborted in the engine: not a normal completion
-        raise APIError(503, f"request ended early in the engine ({reason}); retry",
-                       kind="server_error")
-    return reason
 
 
 async def _generate(state: EndpointState, kind: str, gen: Generation):
@@ -139,26 +99,19 @@ async def _respond(state: EndpointState, kind: str, gen: Generation, route: str)
         result = _result_of(future)
         ids = list(result.output_ids)
         text = state.tokenizer.decode(ids, skip_special_tokens=True)
-        finish = _finish(result)
+        finish = finish_reason(result)
         state.metrics.observe(route, 200, result, len(gen.prompt_ids), len(ids))
-        if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        return JSONResponse({"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": [choice], "usage": _usage(gen, len(ids))})
+        return JSONResponse(full_response(kind, rid, created, model, text, finish,
+                                          usage(gen, len(ids))))
 
     async def events():
-        detok, n_out, first = _Detokenizer(state.tokenizer), 0, True
+        detok, n_out, first = Detokenizer(state.tokenizer), 0, True
         # One SSE chunk per engine token (text may be empty mid-character), so a client's
         # chunk timestamps are token timestamps: the replay measures TTFT/TPOT from them.
         try:
             while (item := await queue.get()) is not _DONE:
                 n_out += len(item)
-                chunk = _chunk(kind, rid, created, model, detok.push(item), None, first)
+                chunk = stream_chunk(kind, rid, created, model, detok.push(item), None, first)
                 first = False
                 yield f"data: {json.dumps(chunk)}\n\n"
         finally:
@@ -168,19 +121,19 @@ async def _respond(state: EndpointState, kind: str, gen: Generation, route: str)
                     abort(rid)
         try:
             result = _result_of(future)
-            finish = _finish(result)
+            finish = finish_reason(result)
         except APIError as e:
             state.metrics.observe(route, e.status, None, len(gen.prompt_ids), n_out)
             yield f"data: {json.dumps(e.body())}\n\n"
             yield "data: [DONE]\n\n"
             return
         tail = detok.push([], final=True)
-        yield f"data: {json.dumps(_chunk(kind, rid, created, model, tail, finish, first))}\n\n"
+        yield f"data: {json.dumps(stream_chunk(kind, rid, created, model, tail, finish, first))}\n\n"
         if gen.include_usage:
-            usage = {"id": rid, "object": "chat.completion.chunk" if kind == "chat"
-                     else "text_completion", "created": created, "model": model, "choices": [],
-                     "usage": _usage(gen, n_out)}
-            yield f"data: {json.dumps(usage)}\n\n"
+            last = {"id": rid, "object": "chat.completion.chunk" if kind == "chat"
+                    else "text_completion", "created": created, "model": model, "choices": [],
+                    "usage": usage(gen, n_out)}
+            yield f"data: {json.dumps(last)}\n\n"
         state.metrics.observe(route, 200, result, len(gen.prompt_ids), n_out)
         yield "data: [DONE]\n\n"
 

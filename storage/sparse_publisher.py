@@ -12,7 +12,7 @@ that lost its objects) ask for a full snapshot; the design chosen here is republ
   - the receiver writes `rose/<run>/v<v>/full-request` (weight_publisher.request_key);
   - `serve_requests` (polled by a thread on the trainer, `start_server`) pushes a full snapshot
     of the held version under `rose/<run>/v<v>/full/` and removes the request. It pushes again
-    only if the request says the snapshot there was damaged;
+    only if the request names the snapshot there as damaged (by its published_at stamp);
   - it also checks that the held version's manifest is still in the relay; if the relay lost it
     (Mooncake master restart, eviction) it republishes that version in full, under its own key.
 Only the held (newest) version can be served: a receiver further behind takes the newest.
@@ -22,83 +22,24 @@ from __future__ import annotations
 
 import json
 import logging
-import struct
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
 from storage.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
-from storage.delta.bits import DTYPE_CODES, to_bits
+from storage.delta.bits import DTYPE_CODES
 from storage.relay import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shard_layout import layer_index
+from storage.transfer_metrics import (PublishReport, TensorStat, changed_count,
+                                      changed_in_payload)
 from storage.weight_publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
                                       request_key)
 
 log = logging.getLogger("rose.publish")
-_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-@dataclass
-class TensorStat:
-    name: str
-    layer: int  # transformer layer index; -1 for embeddings, final norm, head
-    numel: int
-    changed: int  # elements whose bits differ from the base (numel when there is none)
-    encoding: str  # storage.delta encoding chosen (dense, ef, ternary, xor_zstd, coo) or raw
-    raw_bytes: int
-    encoded_bytes: int
-    encode_s: float
-
-    @property
-    def density(self) -> float:
-        return self.changed / self.numel if self.numel else 0.0
-
-
-@dataclass
-class PublishReport:
-    version: int
-    kind: str  # "full" or "delta"
-    base_version: int | None
-    reason: str  # why full ("" for a delta)
-    part: str = ""  # "" = the version itself, "full" = a snapshot pushed on request
-    digest: str = ""  # tensors_digest of the version: receivers check what they assemble
-    pushed_bytes: int = 0  # bucket bytes put into the relay
-    buckets: int = 0
-    encode_s: float = 0.0
-    push_s: float = 0.0
-    seconds: float = 0.0
-    tensors: list[TensorStat] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        """Step-level numbers (JSON-able): sizes, density overall and per layer, timings."""
-        raw = sum(t.raw_bytes for t in self.tensors)
-        numel = sum(t.numel for t in self.tensors)
-        changed = sum(t.changed for t in self.tensors)
-        layers: dict[int, list[int]] = {}
-        encodings: dict[str, int] = {}
-        for t in self.tensors:
-            acc = layers.setdefault(t.layer, [0, 0])
-            acc[0] += t.changed
-            acc[1] += t.numel
-            encodings[t.encoding] = encodings.get(t.encoding, 0) + 1
-        return {"version": self.version, "kind": self.kind, "base_version": self.base_version,
-                "reason": self.reason, "digest": self.digest, "tensors": len(self.tensors), "raw_bytes": raw,
-                "encoded_bytes": self.pushed_bytes, "buckets": self.buckets,
-                "compression": raw / self.pushed_bytes if self.pushed_bytes else 0.0,
-                "numel": numel, "changed": changed, "density": changed / numel if numel else 0.0,
-                "density_per_layer": {str(k): c / n if n else 0.0
-                                      for k, (c, n) in sorted(layers.items())},
-                "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
-                "publish_s": self.seconds}
-
-    def rows(self) -> list[dict[str, Any]]:
-        return [{**asdict(t), "density": t.density} for t in self.tensors]
 
 
 def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
@@ -111,29 +52,6 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
-
-
-def changed_in_payload(payload: Buffer) -> int | None:
-    """The change count a coo or ef payload states (its body starts with it: coo = u64 count,
-    ef = u64 length + Elias-Fano header u64 count; storage/delta/encodings.py), saving a
-    compare pass; None for other encodings."""
-    head = read_header(payload)
-    body = memoryview(payload)[head.header_length:]
-    if head.encoding == "coo" and len(body) >= 8:
-        return struct.unpack_from("<Q", body, 0)[0]
-    if head.encoding == "ef" and len(body) >= 16:
-        return struct.unpack_from("<Q", body, 8)[0]
-    return None
-
-
-def changed_count(new: torch.Tensor, base: torch.Tensor) -> int:
-    """Elements whose bit patterns differ (NaN payloads, -0 and +0 count as different)."""
-    if new.numel() == 0:
-        return 0
-    if new.dtype in DTYPE_CODES:  # numpy compares + counts ~3x faster than torch on one thread
-        return int(np.count_nonzero(to_bits(new) != to_bits(base)))
-    ints = _INT_OF_WIDTH[new.element_size()]
-    return int(torch.count_nonzero(new.reshape(-1).view(ints) != base.reshape(-1).view(ints)))
 
 
 class SparsePublisher:
@@ -249,19 +167,24 @@ class SparsePublisher:
             except ValueError:  # a torn or foreign value: treat as a plain request
                 request = {}
             report = None
-            if request.get("damaged") or not self._full_snapshot_present(v):
+            damaged = request.get("damaged")
+            stamp = self._full_snapshot_stamp(v)
+            # Push unless a snapshot is there that the requester did not find damaged (it may
+            # have asked before that one landed): repeated requests cost no repeated pushes.
+            if stamp is None or (isinstance(damaged, list) and stamp in damaged):
                 reason = f"requested by {request.get('by', '?')}: {request.get('reason', '')}"
                 report = self._push(v, self._held, None, reason.strip(), part="full")
                 self.served.append(report)
             self.relay.remove(request_key(self.run, v))
             return report
 
-    def _full_snapshot_present(self, version: int) -> bool:
+    def _full_snapshot_stamp(self, version: int) -> float | None:
+        """published_at of the full snapshot of `version` in the relay; None if absent or
+        unreadable (then it is pushed again)."""
         try:
-            read_manifest(self.relay, self.run, version, "full")
-            return True
-        except (RelayKeyMissing, ValueError):  # absent, or a damaged manifest: push again
-            return False
+            return read_manifest(self.relay, self.run, version, "full").meta.get("published_at")
+        except (RelayKeyMissing, ValueError):
+            return None
 
     def start_server(self, interval_s: float = 0.1) -> None:
         """Serve requests from a daemon thread until stop_server (idempotent)."""

@@ -1,4 +1,5 @@
-"""Per-step weight transfer metrics as a small Parquet file, one row per published tensor.
+"""Weight transfer metrics: what a publish measured (PublishReport: per tensor and per step),
+and per step a small Parquet file, one row per published tensor.
 
     <data>/runs/<run>/transfer/step=<n>.parquet
 
@@ -12,12 +13,104 @@ apply and engine load seconds, full-snapshot fallbacks). Query with duckdb, e.g.
 from __future__ import annotations
 
 import os
+import struct
 import uuid
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
+
+from storage.delta import read_header
+from storage.delta.bits import DTYPE_CODES, to_bits
+from storage.relay import Buffer
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class TensorStat:
+    name: str
+    layer: int  # transformer layer index; -1 for embeddings, final norm, head
+    numel: int
+    changed: int  # elements whose bits differ from the base (numel when there is none)
+    encoding: str  # storage.delta encoding chosen (dense, ef, ternary, xor_zstd, coo) or raw
+    raw_bytes: int
+    encoded_bytes: int
+    encode_s: float
+
+    @property
+    def density(self) -> float:
+        return self.changed / self.numel if self.numel else 0.0
+
+
+@dataclass
+class PublishReport:
+    version: int
+    kind: str  # "full" or "delta"
+    base_version: int | None
+    reason: str  # why full ("" for a delta)
+    part: str = ""  # "" = the version itself, "full" = a snapshot pushed on request
+    digest: str = ""  # tensors_digest of the version: receivers check what they assemble
+    pushed_bytes: int = 0  # bucket bytes put into the relay
+    buckets: int = 0
+    encode_s: float = 0.0
+    push_s: float = 0.0
+    seconds: float = 0.0
+    tensors: list[TensorStat] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Step-level numbers (JSON-able): sizes, density overall and per layer, timings."""
+        raw = sum(t.raw_bytes for t in self.tensors)
+        numel = sum(t.numel for t in self.tensors)
+        changed = sum(t.changed for t in self.tensors)
+        layers: dict[int, list[int]] = {}
+        encodings: dict[str, int] = {}
+        for t in self.tensors:
+            acc = layers.setdefault(t.layer, [0, 0])
+            acc[0] += t.changed
+            acc[1] += t.numel
+            encodings[t.encoding] = encodings.get(t.encoding, 0) + 1
+        return {"version": self.version, "kind": self.kind, "base_version": self.base_version,
+                "reason": self.reason, "digest": self.digest, "tensors": len(self.tensors), "raw_bytes": raw,
+                "encoded_bytes": self.pushed_bytes, "buckets": self.buckets,
+                "compression": raw / self.pushed_bytes if self.pushed_bytes else 0.0,
+                "numel": numel, "changed": changed, "density": changed / numel if numel else 0.0,
+                "density_per_layer": {str(k): c / n if n else 0.0
+                                      for k, (c, n) in sorted(layers.items())},
+                "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
+                "publish_s": self.seconds}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{**asdict(t), "density": t.density} for t in self.tensors]
+
+
+def changed_in_payload(payload: Buffer) -> int | None:
+    """The change count a coo or ef payload states (its body starts with it: coo = u64 count,
+    ef = u64 length + Elias-Fano header u64 count; storage/delta/encodings.py), saving a
+    compare pass; None for other encodings."""
+    head = read_header(payload)
+    body = memoryview(payload)[head.header_length:]
+    if head.encoding == "coo" and len(body) >= 8:
+        return struct.unpack_from("<Q", body, 0)[0]
+    if head.encoding == "ef" and len(body) >= 16:
+        return struct.unpack_from("<Q", body, 8)[0]
+    return None
+
+
+def changed_count(new: torch.Tensor, base: torch.Tensor) -> int:
+    """Elements whose bit patterns differ (NaN payloads, -0 and +0 count as different)."""
+    if new.numel() == 0:
+        return 0
+    if new.dtype in DTYPE_CODES:  # numpy compares + counts ~3x faster than torch on one thread
+        return int(np.count_nonzero(to_bits(new) != to_bits(base)))
+    ints = _INT_OF_WIDTH[new.element_size()]
+    return int(torch.count_nonzero(new.reshape(-1).view(ints) != base.reshape(-1).view(ints)))
+
+
 
 SCHEMA = pa.schema([
     ("step", pa.int64()), ("version", pa.int64()), ("kind", pa.string()),

@@ -149,22 +149,23 @@ class WeightReceiver:
         report.fallback = reason
         t0 = time.perf_counter()
         deadline = t0 + self.full_timeout_s
-        asked_at, damaged = -float("inf"), False
+        asked_at = -float("inf")
         bad: set[tuple[str, int, Any]] = set()  # snapshots found damaged: not fetched again
         relay_error = ""
         while True:
             try:
                 before = target
-                done, target, damaged = self._try_full(target, report, accept_newer, bad, damaged)
-                if target != before:
-                    asked_at = -float("inf")  # the newer version has not been asked for
+                done, target, new_damage = self._try_full(target, report, accept_newer, bad)
                 if done:
                     report.wait_s = time.perf_counter() - t0 - report.fetch_s - report.apply_s
                     return
                 now = time.perf_counter()
-                if now - asked_at >= self.rerequest_s or damaged:  # again: the relay may drop it
-                    self._ask(target, reason, damaged)
-                    asked_at, damaged = now, False
+                # Ask at once for a new target or new damage, else now and then (the relay may
+                # lose a request, e.g. in a master restart).
+                if target != before or new_damage or now - asked_at >= self.rerequest_s:
+                    stamps = [at for part, v, at in bad if part == "full" and v == target]
+                    self._ask(target, reason, stamps)
+                    asked_at = now
                 relay_error = ""
             except RelayError as e:  # e.g. a master restarting: wait for it within the deadline
                 relay_error = f"; last relay error: {e}"
@@ -175,33 +176,36 @@ class WeightReceiver:
                     f"needed because {reason}{relay_error}")
             time.sleep(self.poll_s)
 
-    def _try_full(self, target: int, report: PullReport, accept_newer: bool, bad: set,
-                  damaged: bool) -> tuple[bool, int, bool]:
-        """One look for a usable full snapshot; (installed, target, damaged seen)."""
+    def _try_full(self, target: int, report: PullReport, accept_newer: bool,
+                  bad: set) -> tuple[bool, int, bool]:
+        """One look for a usable full snapshot; (installed, target, new damage seen)."""
         newest = latest_version(self.relay, self.run) if accept_newer else None
         if newest is not None and newest > target:
             target = newest  # only the newest can be served
+        new_damage = False
         for part in ("", "full"):  # a version (re)published in full, or the snapshot
             try:
                 manifest = read_manifest(self.relay, self.run, target, part)
             except RelayKeyMissing:
                 continue
-            except CorruptBucket:
-                damaged = True
+            except CorruptBucket:  # an unreadable manifest: the publisher pushes again
+                new_damage = True
                 continue
             tag = (part, target, manifest.meta.get("published_at"))
             if manifest.meta.get("kind", "full") != "full" or tag in bad:
                 continue
             try:
                 self._install(target, part, manifest, report, "full")
-                return True, target, damaged
+                return True, target, new_damage
             except UNUSABLE as e:
                 bad.add(tag)
-                damaged = True
+                new_damage = True
                 report.fallback += f"; full snapshot unusable: {e}"
-        return False, target, damaged
+        return False, target, new_damage
 
-    def _ask(self, version: int, reason: str, damaged: bool) -> None:
+    def _ask(self, version: int, reason: str, damaged: list) -> None:
+        """Request a full snapshot of `version`; `damaged` lists the published_at stamps of
+        snapshots found unusable, which the publisher then replaces (and only those)."""
         body = {"version": version, "by": self.requester, "reason": reason[:500],
                 "damaged": damaged, "at": time.time()}
         self.relay.put(request_key(self.run, version), json.dumps(body).encode())

@@ -111,8 +111,10 @@ FAULT_FILE = "fault_kill.json"  # in the run dir: what the injected kill hit (te
 
 def kill_worker_hook(client, cfg: RunConfig, scheduler: RolloutScheduler, after_turns: int,
                      fault: dict):
-    """Tests only: SIGKILL the last rollout worker's PROCESS (not its nanny) once `after_turns`
-    turns are done and it has turns in flight, so the kill always lands mid-step."""
+    """Tests only: SIGKILL the last rollout worker's PROCESS once `after_turns` turns are done
+    and it has turns in flight, so the kill always lands mid-step. With fault_injection
+    "kill_rollout_worker_nanny": 1 its nanny dies first (the GPU is gone for good); else the
+    nanny restarts it with fresh state."""
     victim = sorted(n for n, k in scheduler.kinds.items() if k == "rollout")[-1]
     done = [0]
 
@@ -123,9 +125,14 @@ def kill_worker_hook(client, cfg: RunConfig, scheduler: RolloutScheduler, after_
             return
         address = scheduler.pool.address(victim)
         pid = client.run(os.getpid, workers=[address])[address]
-        fault.update(killed=victim, pid=pid, after_turns=done[0], killed_at=time.time(),
+        nanny = client.run(os.getppid, workers=[address])[address] \
+            if cfg.fault_injection.get("kill_rollout_worker_nanny") else None
+        fault.update(killed=victim, pid=pid, nanny_pid=nanny, after_turns=done[0],
+                     killed_at=time.time(),
                      in_flight=sorted(t for t, (w, _) in scheduler.running.items() if w == victim))
-        os.kill(pid, signal.SIGKILL)
+        for target in (nanny, pid):  # nanny first: it cannot restart what dies after it
+            if target:
+                os.kill(target, signal.SIGKILL)
         cfg.run_dir().mkdir(parents=True, exist_ok=True)
         (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
     return on_turn

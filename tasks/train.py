@@ -48,10 +48,22 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
     return step % cfg.checkpoint_every == 0 or step == cfg.steps
 
 
+def inject_fault(cfg: RunConfig, step: int) -> None:
+    """fault_injection={"train": step} fails that step's train once per run, like a crash that
+    does not recur: a retry of the same flow run (the UI's Retry button) then gets past it."""
+    if cfg.fault_injection.get("train") != step:
+        return
+    marker = cfg.run_dir() / "faults" / f"train-{step}"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    raise InjectedFault(f"fault injected into train at step {step}")
+
+
 @task(name="train", retries=0, cache_policy=NO_CACHE)
 def train(cfg: RunConfig, step: int) -> dict:
-    if cfg.fault_injection.get("train") == step:
-        raise InjectedFault(f"fault injected into train at step {step}")
+    inject_fault(cfg, step)
     trainer = local_trainer(cfg.run_id)
     if trainer.version == step:  # resumed after this step's update: do not apply it twice
         metrics = {**_recorded(cfg, step), "resumed": True}

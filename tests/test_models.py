@@ -87,11 +87,12 @@ def test_chat_tokens_reply_closing(tokenizer):
     assert chat.user_turn("hi")[-len(chat.generation_prompt_ids):] == chat.generation_prompt_ids
     with pytest.raises(ValueError, match="special tokens"):
 
-        class NoChat:
-            unk_token_id = 9
-
+        class NoChat:  # unknown strings map to the unknown token, as in HF tokenizers
             def convert_tokens_to_ids(self, t):
                 return 9
+
+            def convert_ids_to_tokens(self, i):
+                return "<unk>"
 
         ChatTokens(NoChat())
 
@@ -124,6 +125,12 @@ def test_build_is_deterministic_and_loads(tmp_path):
     assert (pc.hidden_size, sc.hidden_size) == (32, 64)
     assert json.loads((policy / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert _sha(policy / "tokenizer.json") == _sha(serving / "tokenizer.json")
+    # transformers picks the tokenizer class from the model type for qwen2 dirs: same tokens anyway
+    from transformers import AutoTokenizer
+
+    tp, ts = AutoTokenizer.from_pretrained(str(policy)), AutoTokenizer.from_pretrained(str(serving))
+    for text in ["Higher than 32.", "P . H .\n. . . G", "Ünïcødé ☃ 🙃", "  x  "]:
+        assert tp.encode(text, add_special_tokens=False) == ts.encode(text, add_special_tokens=False)
     meta = json.loads((policy / "rose_build.json").read_text())
     assert meta["warmup"]["steps"] == 3 and meta["kind"] == "policy"
     assert not [p for p in tmp_path.glob("*/.*")]  # no temp dirs left behind

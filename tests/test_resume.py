@@ -14,6 +14,7 @@ deterministic given the trajectories, so the reference replays this run's own tr
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -133,8 +134,6 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
 
     Shares this module's stack (engines already loaded) to keep the suite short.
     """
-    import asyncio
-
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -182,3 +181,56 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     assert table.type == "table" and table.flow_run_id == step.run.id
     assert found["deployed-step-1-summary"].type == "markdown"
     assert "SLO attainment (serving)" in str(table.data)
+
+    # A failed deployment run retried the way the UI's Retry button does it.
+    failing = {"cfg": {**params["cfg"], "run_id": "retried", "steps": 2,
+                       "fault_injection": {"train": 2}}}
+    run = run_deployment("train/train", parameters=failing, timeout=300, poll_interval=1)
+    assert run.state.is_failed()
+    run = asyncio.run(_retry_like_the_ui(run.id))
+    assert run.state.is_completed() and run.run_count == 2, run.state
+    first, retried = flow_runs("retried-step-2")
+    assert first.state.is_failed() and retried.state.is_completed()
+    assert task_states(retried) == {"rollout": "Cached", "reward": "Cached",
+                                    "train": "Completed", "publish": "Completed"}
+    assert len(flow_runs("retried-step-1")) == 1  # the completed step was not run again
+
+
+async def _retry_like_the_ui(flow_run_id, timeout: float = 300.0):
+    """POST set_state AwaitingRetry (force false), as the UI does; wait for the worker's run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import State, StateType
+
+    await _process_gone(str(flow_run_id))
+    async with get_client() as client:
+        result = await client.set_flow_run_state(flow_run_id, State(
+            type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"))
+        assert result.status.value == "ACCEPT", result
+        deadline = time.monotonic() + timeout
+        while True:
+            run = await client.read_flow_run(flow_run_id)
+            if run.run_count >= 2 and run.state.is_final():
+                return run
+            assert time.monotonic() < deadline, f"retry not done: {run.state}"
+            await asyncio.sleep(1)
+
+
+async def _process_gone(flow_run_id: str, timeout: float = 120.0) -> None:
+    """Wait until the failed run's process has exited. A person clicks Retry seconds later;
+    Prefect 3.7's process worker crashes a retry of a flow run whose previous process is still
+    exiting (both map to one flow run id and the older exit tears down the newer one)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("PREFECT__FLOW_RUN_ID") == flow_run_id:
+                    alive.append(proc.pid)
+            except psutil.Error:
+                continue
+        if not alive:
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"the process of flow run {flow_run_id} did not exit")

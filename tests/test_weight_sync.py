@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ import torch
 from storage.buckets import Manifest
 from storage.delta import DeltaBaseMismatch
 from storage.relay import FilesystemRelay
-from storage.sparse_publisher import SparsePublisher, changed_count
+from storage.sparse_publisher import SparsePublisher
+from storage.transfer_metrics import changed_count
 from storage.weight_publisher import (bucket_key, manifest_key, pull_weights, read_manifest,
                                       request_key)
 from storage.weight_receiver import SnapshotUnavailable, WeightReceiver
@@ -117,7 +119,11 @@ def test_receiver_two_versions_behind_takes_full_snapshot(relays, ns, served):
     assert report.mode == "full" and "delta onto v1, but v0 held" in report.fallback
     assert behind.version == 2 and same(behind.tensors, train.weights())
     assert pub.served and pub.served[-1].part == "full"
-    assert not reader.exists(request_key(run, 2))  # the request was answered and cleared
+    # the request is cleared right after the snapshot is in place (the pull may end first)
+    deadline = time.monotonic() + 10
+    while reader.exists(request_key(run, 2)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not reader.exists(request_key(run, 2))
 
 
 def test_fresh_receiver_gets_full_snapshot_of_a_delta_version(tmp_path, served):
@@ -349,7 +355,7 @@ def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
 @pytest.mark.parametrize("force", ["ef", "coo", "ternary"])
 def test_change_count_read_from_payload_matches_a_compare(force):
     from storage.delta import encode_delta
-    from storage.sparse_publisher import changed_in_payload
+    from storage.transfer_metrics import changed_in_payload
 
     g = torch.Generator().manual_seed(11)
     base = torch.randn(5000, generator=g).to(torch.bfloat16)
@@ -358,3 +364,28 @@ def test_change_count_read_from_payload_matches_a_compare(force):
     payload = encode_delta(new, base, name="w", base_version=0, target_version=1, force=force)
     assert changed_count(new, base) == 123
     assert changed_in_payload(payload) == (None if force == "ternary" else 123)
+
+
+def test_server_pushes_a_snapshot_again_only_when_that_one_is_reported_damaged(tmp_path):
+    relay = FilesystemRelay(tmp_path)
+    pub = SparsePublisher(relay, "r")
+    train = Training(12)
+    pub.publish(0, train.weights())
+    train.step()
+    pub.publish(1, train.weights())
+
+    def ask(**body) -> None:
+        relay.put(request_key("r", 1), json.dumps({"by": "t", **body}).encode())
+
+    ask()
+    first = pub.serve_requests()
+    assert first.part == "full" and not relay.exists(request_key("r", 1))
+    stamp = read_manifest(relay, "r", 1, "full").meta["published_at"]
+    ask()  # a late plain request: the snapshot is there, nothing is pushed
+    assert pub.serve_requests() is None and not relay.exists(request_key("r", 1))
+    ask(damaged=[stamp - 1.0])  # damage reported on an older snapshot: this one stays
+    assert pub.serve_requests() is None
+    ask(damaged=[stamp])
+    assert pub.serve_requests().part == "full"
+    assert read_manifest(relay, "r", 1, "full").meta["published_at"] != stamp
+    assert len(pub.served) == 2

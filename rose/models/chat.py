@@ -23,8 +23,7 @@ class ChatTokens:
         """`tokenizer`: a Hugging Face tokenizer (transformers or vLLM's wrapper of one)."""
         self.tokenizer = tokenizer
         ids = [tokenizer.convert_tokens_to_ids(t) for t in (IM_START, IM_END, PAD)]
-        unk = getattr(tokenizer, "unk_token_id", None)
-        if any(i is None or i == unk for i in ids):
+        if any(i is None or tokenizer.convert_ids_to_tokens(i) != t for i, t in zip(ids, (IM_START, IM_END, PAD))):
             raise ValueError(f"tokenizer lacks the chat special tokens {IM_START}, {IM_END}, {PAD}")
         self.im_start_id, self.eos_id, self.pad_id = ids
         self._newline = self._encode("\n")
