@@ -82,7 +82,8 @@ def measure(report, lent: str) -> dict:
             "lent_share": sum(r["worker"] == lent for r in rows) / max(1, len(rows)),
             "same_worker_as_previous_turn": affine / max(1, moves),
             "mean_queued_s": statistics.fmean(r["queued_s"] for r in rows),
-            "rerouted_turns": report.rerouted_turns, "per_worker": per_worker}
+            "rerouted_turns": report.rerouted_turns, "excluded": len(report.excluded_workers),
+            "per_worker": per_worker}
 
 
 def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Console,
@@ -102,8 +103,13 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
         co = coserving_plugin()
         if co is None:
             _plugin().loop.call(lambda engine: engine.reset_prefix_cache())
-        elif co.executor.rollout is not None:  # bench only: the executor's loop-thread call
-            co.executor._call(lambda: co.executor.rollout.engine.reset_prefix_cache())
+        elif co.executor.rollout is not None:  # bench only: on the executor's loop thread,
+            side = co.executor.rollout  # leases first (they hold cached blocks), then the cache
+
+            def reset() -> None:
+                side.drop_all_leases()
+                side.engine.reset_prefix_cache()
+            co.executor._call(reset)
         return True
 
     ensure_models(console)
@@ -138,7 +144,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
                 client.gather([client.submit(reset_prefix_cache, workers=[w], pure=False)
                                for w in engines])
                 workers = {"rollout-0": "rollout", **({lent: lent_kind} if with_lent else {})}
-                sched = RolloutScheduler(client, workers, cap, mode)
+                sched = RolloutScheduler(client, workers, cap, mode, turn_timeout_s=30.0)
                 return measure(sched.run(step_episodes(cfg)), lent)
 
             with console.status("warm-up"):
@@ -172,12 +178,13 @@ def print_ablation(payload: dict, console: Console) -> None:
                         f"{payload['cap_per_worker']}/worker, lent worker {payload['lent_worker']['name']}"
                         f" ({payload['lent_worker']['kind']}), median of {payload['reps']}")
     for col in ("case", "rollout s", "turns", "tokens/s", "prefix hit", "same worker",
-                "on lent", "queued s"):
+                "on lent", "queued s", "rerouted"):
         table.add_column(col, justify="left" if col == "case" else "right")
     for name, r in payload["cases"].items():
         table.add_row(name, f"{r['seconds']:.2f}", f"{r['turns']:.0f}", f"{r['tokens_per_s']:.0f}",
                       f"{r['prefix_cache_hit_rate']:.1%}", f"{r['same_worker_as_previous_turn']:.0%}",
-                      f"{r['lent_share']:.0%}", f"{r['mean_queued_s']:.3f}")
+                      f"{r['lent_share']:.0%}", f"{r['mean_queued_s']:.3f}",
+                      f"{r['rerouted_turns']:.0f}")
     console.print(table)
     console.print(f"lent worker speed-up (alone / with): {payload['speedup_with_lent_worker']:.2f}x; "
                   f"affinity vs turnwise: {payload['affinity_vs_turnwise']:.2f}x; "

@@ -42,6 +42,7 @@ from executors.coserving_metrics import snapshot
 from executors.coserving_rollout import RolloutSide, StepPlan, empty_result, new_counters
 from executors.coserving_serving import ServingResult, ServingSide  # noqa: F401
 from executors.engine_owner import EngineOwner
+from executors.rose_scheduler import release_engine
 from executors.kv_memory_policy import KVMemoryPolicy
 from executors.slo_admission import DualSLOAdmission, SLOConfig
 from executors.stall_detector import StallDetector
@@ -77,7 +78,7 @@ class CoServingExecutor(EngineOwner):
             try:
                 r_engine, r_sched, self.rollout_profile, r_src = open_engine(cfg, "rollout")
             except BaseException:
-                s_engine.engine_core.shutdown()
+                release_engine(s_engine)
                 raise
             self.page_ratio = r_sched.block_bytes() / s_sched.block_bytes()
             self.rollout = self._rollout_side(r_engine, r_sched)
@@ -341,7 +342,7 @@ class CoServingExecutor(EngineOwner):
             self.rollout.abort(list(self.rollout.live), "other")
             shutdown_rollout(self.rollout)
             self.rollout = None
-        self.serving.engine.engine_core.shutdown()
+        release_engine(self.serving.engine)
 
 
 def _vocab(engine) -> int:

@@ -12,7 +12,7 @@ import gc
 from executors.coserving_config import CoServingConfig
 from executors.coserving_profile import load_or_measure, measure_engine, profile_path
 from executors.latency_profile import LatencyProfile
-from executors.rose_scheduler import build_budgeted_engine
+from executors.rose_scheduler import build_budgeted_engine, release_engine
 
 
 def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, LatencyProfile, str]:
@@ -42,7 +42,7 @@ def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, Laten
             from executors.coserving_profile import EngineTimer
             EngineTimer(engine, scheduler, vocab, rollout=which == "rollout").warm_up(cfg.chunk_tokens)
     except BaseException:
-        engine.engine_core.shutdown()
+        release_engine(engine)
         raise
     if prefix:
         engine.reset_prefix_cache()  # profiling prompts are noise in the cache
@@ -53,7 +53,7 @@ def shutdown_rollout(side) -> None:
     """Stop a rollout side's engine and let its memory go (evict/reload, close)."""
     engine = side.engine
     side.engine = side.scheduler = None
-    engine.engine_core.shutdown()
+    release_engine(engine)
     del engine
     gc.collect()
 

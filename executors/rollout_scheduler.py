@@ -59,8 +59,11 @@ class RolloutScheduler:
                  mode: str = "turnwise_affinity", admits: Callable[[str], bool] | None = None, *,
                  serving_max_turns: int = 16, admission_refresh_s: float = 0.3,
                  heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
-                 max_attempts_per_turn: int = 5, stuck_after_s: float = 120.0,
-                 generate: Callable = generate_turns, max_batch_failures: int = 3) -> None:
+                 max_attempts_per_turn: int = 5, turn_timeout_s: float = 120.0,
+                 stuck_after_s: float = 600.0, generate: Callable = generate_turns,
+                 max_batch_failures: int = 3) -> None:
+        if turn_timeout_s <= 0:
+            raise ValueError(f"turn_timeout_s must be > 0, got {turn_timeout_s}")
         self.client, self.router = client, TurnRouter(cap_per_worker, mode)
         self.pool = WorkerPool(client, workers, self.router, heartbeat_s=heartbeat_s,
                                admits=admits, serving_max_turns=serving_max_turns,
@@ -69,6 +72,7 @@ class RolloutScheduler:
         self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views
         self.generate, self.max_attempts = generate, max_attempts_per_turn
         self.stuck_after_s, self.max_batch_failures = stuck_after_s, max_batch_failures
+        self.turn_timeout_s = turn_timeout_s  # health check: a batch unanswered this long
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, work: list[Episode] | GroupLauncher,
@@ -78,7 +82,7 @@ class RolloutScheduler:
         self.report = RolloutReport([], 0.0)
         self.by_id: dict[str, Episode] = {}
         self.ready: deque[str] = deque()
-        self.inflight: dict = {}  # future -> (worker, [trajectory ids])
+        self.inflight: dict = {}  # future -> (worker, [trajectory ids], sent at)
         self.running: dict[str, tuple[str, str]] = {}  # trajectory -> (worker, request id)
         self.last_worker: dict[str, str] = {}  # trajectory -> worker of its last finished turn
         self.abandoned: set[str] = set()
@@ -101,10 +105,12 @@ class RolloutScheduler:
                 done, _ = wait(list(self.inflight), timeout=self.pool.tick_s,
                                return_when="FIRST_COMPLETED")
             except TimeoutError:
+                self._exclude_unresponsive()
                 continue
             for fut in done:
                 if fut in self.inflight and self._finish_batch(fut, launcher, on_turn):
                     progress = time.monotonic()
+            self._exclude_unresponsive()
         for fut in self.inflight:  # only surplus turns are left, already aborted in the engines
             fut.cancel()
         self.pool.close()
@@ -137,7 +143,7 @@ class RolloutScheduler:
                 self.running[tid] = (worker, req.request_id)
             fut = self.client.submit(self.generate, requests, workers=[worker],
                                      allow_other_workers=False, pure=False, retries=0)
-            self.inflight[fut] = (worker, tids)
+            self.inflight[fut] = (worker, tids, time.monotonic())
             self.report.batches += 1
 
     def _place(self, batches: dict[str, list[str]], affine_only: bool) -> deque[str]:
@@ -158,7 +164,7 @@ class RolloutScheduler:
         return waiting
 
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
-        worker, tids = self.inflight.pop(fut)
+        worker, tids, _ = self.inflight.pop(fut)
         try:
             results = fut.result()
         except Exception as exc:  # worker died, or the batch failed on a live worker
@@ -230,9 +236,23 @@ class RolloutScheduler:
             log.warning("%s is gone (Dask dropped it): rerouting its turns", name)
             self._remove(name, dead=True)
 
+    def _exclude_unresponsive(self) -> None:
+        """Failed health check: a live worker that answers no batch within turn_timeout_s (a hung
+        engine, a stall its executor did not report) is excluded and its turns rerouted."""
+        now = time.monotonic()
+        late: dict[str, list[str]] = {}
+        for worker, tids, sent in self.inflight.values():
+            if now - sent > self.turn_timeout_s and worker in self.routable:
+                late.setdefault(worker, []).extend(tids)
+        for worker, tids in late.items():
+            log.warning("%s answered no turn for %.0f s: excluding it, rerouting its turns",
+                        worker, self.turn_timeout_s)
+            self.pool.abort(worker, [self.running[t][1] for t in tids if t in self.running])
+            self._remove(worker, dead=False)
+
     def _remove(self, name: str, dead: bool) -> None:
         lost = self.pool.remove(name, dead)
-        for fut, (worker, _) in list(self.inflight.items()):
+        for fut, (worker, *_) in list(self.inflight.items()):
             if worker == name:
                 del self.inflight[fut]
                 fut.cancel()

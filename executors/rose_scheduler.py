@@ -173,3 +173,25 @@ def keep_seeded_sampling_on_cpu(engine) -> None:
             saved.clear()
 
     runner._sample, runner._bookkeeping_sync = _sample, _bookkeeping_sync
+
+
+def release_engine(engine) -> None:
+    """Shut one in-process engine down without touching process-wide state.
+
+    vLLM's own EngineCore.shutdown ends with cleanup_dist_env_and_memory(), which destroys the
+    process's (global) model-parallel groups: every other engine in the process then fails
+    ("pipeline model parallel group is not initialized"). Two engines share this process, and
+    the evict/reload baseline drops one while the other serves, so release only what is this
+    engine's: its worker, scheduler and structured-output backend; the distributed env stays.
+    """
+    import gc
+
+    client = engine.engine_core  # InprocClient
+    client._finalizer.detach()  # never run the full shutdown later from GC
+    core = client.engine_core
+    core.structured_output_manager.clear_backend()
+    if core.model_executor:
+        core.model_executor.shutdown()
+    if core.scheduler:
+        core.scheduler.shutdown()
+    gc.unfreeze()  # EngineCore froze its start-up objects; let the collector see them again

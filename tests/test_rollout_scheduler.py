@@ -344,3 +344,13 @@ def test_dynamic_sampling_config_and_the_persisted_launch_target(tmp_path, monke
         assert rollout_task.group_launcher(cfg, 2, 1).sampler.initial_launch == got
     plain = RunConfig(run_id="ds", rollout=RolloutConfig(groups=4, group_size=2))
     assert rollout_task.group_launcher(plain, 1, 0).sampler is None
+
+
+def test_a_hung_but_live_worker_fails_its_health_check(cluster):
+    _, client = cluster
+    BEHAVIOUR["rollout-1"] = "hang"  # alive for Dask, but its engine never answers
+    report = scheduler(client, TWO, turn_timeout_s=0.5).run(episodes(2, 3))
+    RELEASE.set()
+    assert report.excluded_workers == ["rollout-1"] and not report.dead_workers
+    assert len(report.rows) == 6 * TURNS and {r["worker"] for r in report.rows} == {"rollout-0"}
+    assert {r["status"] for r in report.rows} == {"ok", "rerouted"}
