@@ -158,9 +158,10 @@ def run_single(mode: str, spec: dict) -> dict:
         return records, t0, t1
 
     records, t0, t1 = asyncio.run(main())
+    load = os.getloadavg()[0]  # other processes on the box skew every timing: say how busy
     metrics = worker.metrics() if mode != "dedicated" else {}
     worker.close()
-    return {"mode": mode, "startup_s": startup_s, "wall_s": t1 - t0,
+    return {"mode": mode, "startup_s": startup_s, "wall_s": t1 - t0, "load_avg_1m": load,
             "records": [[r.ttft_s, r.tpot_s, r.output_tokens, r.ok, r.late_s] for r in records],
             "rollout": stream.summary(t0, t1) if mode != "serving_only" else None,
             "peaks": peaks, "executor": _slim(metrics)}
@@ -205,9 +206,12 @@ def run_config(mode: str, spec: dict, console: Console) -> dict:
         spec_path, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
         spec_path.write_text(json.dumps(spec, default=str))
         t0 = time.perf_counter()
+        # Passive OpenMP waiting: on a shared 2-core box, spinning OMP threads made engine
+        # steps 20-30x slower (measured); it must be set before torch loads, hence here.
+        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         proc = subprocess.run([sys.executable, __file__, "--single", mode, "--spec",
                                str(spec_path), "--result", str(result)],
-                              capture_output=True, text=True, cwd=ROOT)
+                              capture_output=True, text=True, cwd=ROOT, env=env)
         if proc.returncode != 0 or not result.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise RuntimeError(f"configuration {mode} failed (exit {proc.returncode}):\n{tail}")
@@ -236,8 +240,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"unknown configurations {sorted(unknown)}")
     if "serving_only" not in modes and not (args.slo_ttft and args.slo_tpot):
         raise SystemExit("without serving_only, give --slo-ttft and --slo-tpot")
-    console.print(f"trace window [{desc['window_start_s']:.0f}, {desc['window_start_s'] + args.window_s:.0f}) s "
-                  f"(busiest second at {desc['busiest_second_at_s']:.0f} s: {desc['busiest_second_requests']} "
+    w0 = desc["window_start_s"]
+    console.print(f"trace window [{w0:.0f}, {w0 + args.window_s:.0f}) s (busiest second at "
+                  f"{desc['busiest_second_at_s']:.0f} s: {desc['busiest_second_requests']} "
                   f"requests) -> {len(reqs)} requests over {desc['replay_s']:.0f} s "
                   f"({desc['speedup']:g}x faster, sample {args.sample:g}); prompts x{args.length_scale:g} "
                   f"(p50 {desc['prompt_p50']}, max {desc['prompt_max']}), outputs x{args.output_scale:g}")
@@ -262,11 +267,12 @@ def main(argv=None) -> None:
 
 def report(runs: dict, spec: dict, desc: dict, args, console: Console, total_s: float) -> dict:
     slo_ttft, slo_tpot = spec.get("slo_ttft"), spec.get("slo_tpot")
-    dedicated = (runs.get("dedicated", {}).get("rollout") or {}).get("tokens_per_s")
+    # Rollout throughput as the paper counts it: (input + output tokens) / time.
+    dedicated = (runs.get("dedicated", {}).get("rollout") or {}).get("total_tokens_per_s")
     table = Table(title=f"Co-serving under the Azure code trace burst (SLO: TTFT {slo_ttft * 1e3:.0f} ms, "
                         f"TPOT {slo_tpot * 1e3:.0f} ms, P99)")
     for col in ("configuration", "TTFT P95", "TTFT P99", "TPOT P95", "TPOT P99", "SLO attained",
-                "rollout tok/s", "turn P50", "harvested", "aborted turns"):
+                "rollout tok/s (in+out)", "turn P50", "harvested", "aborted turns"):
         table.add_column(col, justify="left" if col == "configuration" else "right")
     rows, group = {}, None
     for mode, label, grp in CONFIGS:
@@ -275,9 +281,10 @@ def report(runs: dict, spec: dict, desc: dict, args, console: Console, total_s: 
         run = runs[mode]
         s = summarize(_records(run["records"]), slo_ttft, slo_tpot) if run["records"] else {}
         r = run.get("rollout") or {}
-        share = (r["tokens_per_s"] / dedicated) if (dedicated and r) else None
+        share = (r["total_tokens_per_s"] / dedicated) if (dedicated and r) else None
         rows[mode] = {"label": label, "serving": s, "rollout": r, "harvested_share": share,
                       "startup_s": run["startup_s"], "wall_s": run["wall_s"],
+                      "load_avg_1m": run.get("load_avg_1m"),
                       "peaks": run["peaks"], "executor": run["executor"]}
         if grp != group:
             table.add_section() if group else None
@@ -287,7 +294,7 @@ def report(runs: dict, spec: dict, desc: dict, args, console: Console, total_s: 
         p99 = lambda k: ms(k) if ok99 or not s else f"[red]{ms(k)}[/]"  # noqa: E731
         table.add_row(label, ms("ttft_p95_s"), p99("ttft_p99_s"), ms("tpot_p95_s"), p99("tpot_p99_s"),
                       "-" if "slo_attainment" not in s else f"{s['slo_attainment']:.1%}",
-                      "-" if not r else f"{r['tokens_per_s']:.0f}",
+                      "-" if not r else f"{r['total_tokens_per_s']:.0f}",
                       "-" if not r.get("turn_latency_p50_s") else f"{r['turn_latency_p50_s']:.2f} s",
                       "-" if share is None else f"{share:.0%}",
                       "-" if not r else str(r["aborted_turns"]))
