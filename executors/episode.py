@@ -12,14 +12,12 @@ from rose.models.chat import ChatTokens
 class Episode:
     def __init__(self, *, run: str, step: int, group: int, trajectory_id: str,
                  env: MultiTurnEnv, env_seed: int, chat: ChatTokens, max_turns: int,
-                 max_tokens: int, temperature: float, top_p: float, min_policy_version: int,
-                 sample_seed: int | None = None):
+                 max_tokens: int, temperature: float, top_p: float, min_policy_version: int):
         self.run, self.step, self.group, self.trajectory_id = run, step, group, trajectory_id
         self.env, self.chat = env, chat
         self.max_turns, self.max_tokens = max_turns, max_tokens
         self.temperature, self.top_p = temperature, top_p
         self.min_policy_version = min_policy_version
-        self.sample_seed = sample_seed  # set: each turn samples reproducibly, even when rerouted
         observation = env.reset(env_seed)
         self.tokens: list[int] = chat.system(env.system_prompt) + chat.user_turn(observation)
         self.turn = 0
@@ -35,10 +33,9 @@ class Episode:
         """The next turn's request; the time it waited in the scheduler's queue is noted here."""
         self.attempt += 1
         self.scheduler_wait_s = max(0.0, time.monotonic() - self.ready_since)
-        seed = None if self.sample_seed is None else (self.sample_seed * 1009 + self.turn) % 2**31
         return TurnRequest(f"{self.trajectory_id}/t{self.turn}/a{self.attempt}", self.trajectory_id,
                            list(self.tokens), self.max_tokens, self.temperature, self.top_p,
-                           seed=seed, stop_token_ids=[self.chat.eos_id],
+                           stop_token_ids=[self.chat.eos_id],
                            min_policy_version=self.min_policy_version)
 
     def give_back(self) -> None:

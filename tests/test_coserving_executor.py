@@ -194,6 +194,27 @@ def test_serving_requests_complete_with_their_token_counts(executor):
 
 
 @pytest.mark.slow
+def test_rollout_weights_load_in_place_and_stale_turns_are_refused(executor, models):
+    from safetensors.torch import load_file
+
+    original = load_file(str(models / "policy" / "model.safetensors"))
+    changed = dict(original)
+    changed["model.embed_tokens.weight"] = original["model.embed_tokens.weight"] * 2
+    executor.load_rollout_weights(1, changed)
+    assert executor.rollout_weight_matches(changed) is True
+    assert executor.rollout_weight_matches(original) is False
+    executor.load_rollout_weights(2, original)
+    assert executor.rollout_weight_matches(original) is True
+    assert executor.metrics(fresh=True)["version"] == 2
+    stale = _turn("future", 20, 1)
+    stale.min_policy_version = 3
+    r = executor.submit_rollout(stale).result(timeout=30)
+    assert r.finished_reason == "stale" and r.policy_version == 2
+    ok = executor.submit_rollout(_turn("now", 20, 2)).result(timeout=60)
+    assert ok.ok and ok.policy_version == 2
+
+
+@pytest.mark.slow
 def test_profiles_are_cached_next_to_the_models(executor, models):
     from executors.coserving import CoServingExecutor
 

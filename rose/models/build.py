@@ -63,7 +63,7 @@ class BuildSpec:
     serving: Dims = Dims(hidden=192, layers=3, heads=6, kv_heads=2, head_dim=32, intermediate=512, tied=False)
     max_positions: int = 2048
     demo_episodes: dict = field(default_factory=lambda: {"frozenlake": 2000, "guess": 800})
-    noise: float = 0.2  # fraction of demonstration turns with a random move
+    noise: float = 0.1  # fraction of demonstration turns with a random move (0.1: ~30% success)
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
 
     def __post_init__(self) -> None:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from rose.models.chat import IM_END, IM_START, PAD
 
@@ -58,7 +57,3 @@ def train_tokenizer(texts: list[str], vocab_size: int = 768):
     fast.add_special_tokens({"additional_special_tokens": [AddedToken(IM_START, special=True)]})
     fast.chat_template = CHAT_TEMPLATE
     return fast
-
-
-def save_tokenizer(tokenizer, out_dir: Path) -> None:
-    tokenizer.save_pretrained(str(out_dir))
