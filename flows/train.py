@@ -79,6 +79,25 @@ def prepare(cfg: RunConfig) -> tuple[str, int]:
     return address, version
 
 
+def pin_step_identity(first_step: int) -> None:
+    """Make the rl_step call for step s the (s-1)-th rl_step call of this flow run.
+
+    Prefect identifies a subflow call by its order in the parent run. A retried train run
+    starts after the trainer's version, so without this its first call (step 2, say) would be
+    matched to the original run's first call (step 1): that completed run would be renamed and
+    re-used for step 2. Pinned, the retry's step-2 call meets the failed step-2 call and gets a
+    fresh subflow run. (Uses Prefect's per-run call counter, FlowRunContext.task_run_dynamic_keys.)
+    """
+    from prefect import Task
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or first_step <= 1 or not hasattr(ctx, "task_run_dynamic_keys"):
+        return
+    key = Task(name=rl_step.name, fn=rl_step.fn, version=rl_step.version).task_key
+    ctx.task_run_dynamic_keys[key] = first_step - 2  # the next call takes first_step - 1
+
+
 @flow(name="train", flow_run_name="{cfg.run_id}", log_prints=True)
 def train(cfg: RunConfig = RunConfig()) -> list[dict]:
     """Run steps (last completed + 1) .. cfg.steps; each step is an `rl_step` flow run."""
@@ -88,6 +107,7 @@ def train(cfg: RunConfig = RunConfig()) -> list[dict]:
     print(f"run {cfg.run_id}: trainer at policy version {version}, "
           f"steps {version + 1}..{cfg.steps} to go")
     step_flow = rl_step.with_options(task_runner=DaskTaskRunner(address=address))
+    pin_step_identity(version + 1)
     summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
     publish_run_artifact(cfg.run_id, summaries)
     emit("run_end", run=cfg.run_id, summaries=summaries)
