@@ -47,13 +47,16 @@ def test_one_rl_step_end_to_end(stack):
     from storage.trajectories import TrajectoryStore
     from storage.trajectory_schema import TURN_SCHEMA
 
-    cfg = RunConfig(run_id="e2e", steps=1, rollout=RolloutConfig(groups=2, group_size=4,
+    import uuid
+
+    run = f"e2e-{uuid.uuid4().hex[:8]}"  # a reused data dir must not resume an older run
+    cfg = RunConfig(run_id=run, steps=1, rollout=RolloutConfig(groups=2, group_size=4,
                                                                  max_turns=4))
     [summary] = train(cfg)
     assert summary["step"] == 1 and summary["policy_version"] == 1
     assert summary["trajectories"] == 8 and summary["turns"] >= 8
 
-    table = TrajectoryStore(cfg.trajectories_dir()).read_step("e2e", 1)
+    table = TrajectoryStore(cfg.trajectories_dir()).read_step(run, 1)
     assert table.schema.remove_metadata().equals(TURN_SCHEMA.remove_metadata())
     assert table.num_rows == summary["turns"]
     assert set(pc.unique(table["trajectory"]).to_pylist()) == {
@@ -72,9 +75,9 @@ def test_one_rl_step_end_to_end(stack):
     with Client(stack.dask_scheduler) as client:
         state = client.submit(worker_state, workers=["rollout-0"], pure=False).result()
         trainer_digest = client.submit(
-            lambda: weights_digest(local_trainer("e2e").weights_bf16()),
+            lambda: weights_digest(local_trainer(run).weights_bf16()),
             resources={"train_gpu": 1}, pure=False).result()
-    assert state["version"] == 1 and state["run"] == "e2e"
+    assert state["version"] == 1 and state["run"] == run
     assert state["digest"] == trainer_digest  # bit-identical on both sides of the relay
 
     _assert_prefect_runs(cfg.run_id)
