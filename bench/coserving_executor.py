@@ -1,12 +1,12 @@
 """The co-serving executor on its own: profiles, step latencies, control-loop overhead, per mode.
 
     ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/coserving_executor.py [--modes rose,unaware]
-        [--seconds 20] [--kv-blocks 256]
+        [--seconds 20] [--kv-blocks 256] [--rate 2] [--inflight 8] [--step-every 5]
 
 Per mode: build the executor (profiles cached next to the models), then for --seconds run a
-synthetic mix: Poisson serving arrivals (prompts 64-1024 tokens, 32 output tokens, EOS
-ignored) with one burst of six 1024-token prompts at a third of the run, and a closed loop of
-8 rollout turns in flight (prompts 256-768, up to 32 tokens; aborted turns are resubmitted);
+synthetic mix: Poisson serving arrivals at --rate (prompts 64-1024 tokens, 32 output tokens,
+EOS ignored) with one burst of six 1024-token prompts at a third of the run, and a closed loop
+of --inflight rollout turns (prompts 256-768, up to 32 tokens; aborted turns are resubmitted);
 start_step() every --step-every seconds stands for the RL step boundary.
 This is not the trace replay (bench/coserving.py); it measures the executor's own machinery.
 Prints a table and writes bench/results/coserving_executor.json.
@@ -54,7 +54,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every: float,
-             seed: int = 0) -> dict:
+             rate: float = 2.0, inflight: int = 8, seed: int = 0) -> dict:
     from executors.coserving import CoServingConfig, CoServingExecutor
     from executors.turns import TurnRequest
 
@@ -63,13 +63,14 @@ def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every
     ex = CoServingExecutor(CoServingConfig(models / "serving", models / "policy", mode=mode,
                                            kv_blocks=kv_blocks, max_num_seqs=32))
     build_s = time.perf_counter() - t0
+    inflight_turns = inflight
     serving, turns = [], {"done": 0, "aborted": 0, "tokens": 0, "latency": []}
     stop = time.monotonic() + seconds
 
-    def feed_rollout() -> None:  # a closed loop: 8 turns in flight (own thread: never the loop's)
-        inflight, n = [], 0
+    def feed_rollout() -> None:  # a closed loop of turns (own thread: never the loop's)
+        inflight, n, n_turns = [], 0, inflight_turns
         while time.monotonic() < stop:
-            while len(inflight) < 8:
+            while len(inflight) < n_turns:
                 n += 1
                 prompt = [rng.randrange(3, 400) for _ in range(rng.randint(256, 768))]
                 req = TurnRequest(f"b{n}/t0/a0", f"b{n}", prompt, 32, seed=n)
@@ -102,7 +103,7 @@ def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every
             burst_sent = True
         serving.append(ex.submit_serving([rng.randrange(3, 400) for _ in range(rng.randint(64, 1024))],
                                          32, ignore_eos=True))
-        time.sleep(rng.expovariate(2.0))
+        time.sleep(rng.expovariate(rate))
     results = [f.result(timeout=300) for f in serving]
     elapsed = time.monotonic() - start
     if feeder.is_alive():
@@ -139,13 +140,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--kv-blocks", type=int, default=256)
     ap.add_argument("--step-every", type=float, default=5.0, help="seconds between start_step()")
+    ap.add_argument("--rate", type=float, default=2.0, help="serving requests per second")
+    ap.add_argument("--inflight", type=int, default=8, help="rollout turns kept in flight")
     args = ap.parse_args()
     console = Console()
     models = models_dir()
     rows = []
     for mode in args.modes.split(","):
         with console.status(f"{mode}: build + {args.seconds:.0f} s of traffic"):
-            rows.append(run_mode(mode, models, args.seconds, args.kv_blocks, args.step_every))
+            rows.append(run_mode(mode, models, args.seconds, args.kv_blocks, args.step_every,
+                                 args.rate, args.inflight))
     table = Table(title="co-serving executor (synthetic mix; ms unless noted)")
     cols = ("mode", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment",
             "rollout_tokens_per_s", "rollout_turns", "rollout_aborted", "serving_step_ms",
@@ -158,8 +162,7 @@ def main() -> None:
     console.print("profiles (ms):", json.dumps(rows[0]["profiles"], indent=1))
     RESULTS.mkdir(exist_ok=True)
     out = {"machine": {"cpu": platform.processor(), "cores": os.cpu_count(),
-                       "loadavg_at_end": os.getloadavg()}, "seconds": args.seconds,
-           "kv_blocks": args.kv_blocks, "rows": rows}
+                       "loadavg_at_end": os.getloadavg()}, "args": vars(args), "rows": rows}
     tmp = RESULTS / "coserving_executor.json.tmp"
     tmp.write_text(json.dumps(out, indent=1, default=str))
     tmp.replace(RESULTS / "coserving_executor.json")

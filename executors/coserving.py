@@ -215,6 +215,7 @@ class CoServingExecutor(EngineOwner):
             s0 = time.perf_counter()
             self.serving.step()
             engine_s += time.perf_counter() - s0
+        self._take(self._drain())  # serving arrivals during that step count as queued prefills
         now = time.monotonic()
         self._watch_memory(now)
         ran = False
@@ -280,7 +281,7 @@ class CoServingExecutor(EngineOwner):
         r = self.rollout
         if r is None or len(r.live) >= self.cfg.max_num_seqs:
             return False
-        if self.policy is not None and r.room_pages() < r.pages(1):
+        if self.policy is not None and r.room_pages(with_leases=True) < r.pages(1):
             return False
         if not self.w.admission:
             return True

@@ -163,13 +163,14 @@ class RolloutSide:
             ended += 1
         return ended
 
-    def room_pages(self) -> int:
-        """Pages rollout may still take under the memory policy."""
+    def room_pages(self, with_leases: bool = False) -> int:
+        """Pages rollout may still take under the memory policy (with_leases: counting the
+        leased prefixes reclaim_leases would end)."""
         p = self.policy
         if p is None or p.state is MemoryState.PRESSURE:
             return 0
-        return max(0, min(p.budget - p.rollout_used,
-                          p.total_blocks - p.serving_used - p.rollout_used - p.reserve_blocks))
+        used = p.request_blocks if with_leases else p.rollout_used
+        return max(0, min(p.budget - used, p.total_blocks - p.serving_used - used - p.reserve_blocks))
 
     # ---- one engine step ----
     def step(self, plan: StepPlan | None, block_cap: int | None, now_fn=time.monotonic) -> float:

@@ -54,6 +54,12 @@ class EngineOwner:
             self._cv.notify()
         return fut.result()
 
+    def _drain(self) -> list[tuple]:
+        """Take what was posted since the iteration began (e.g. arrivals during a step)."""
+        with self._cv:
+            inbox, self._inbox = self._inbox, []
+        return inbox
+
     @staticmethod
     def _run_call(item: tuple) -> None:
         try:
