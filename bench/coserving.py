@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sample", type=float, default=0.5, help="fraction of requests kept")
     ap.add_argument("--trajectories", type=int, default=16, help="rollout trajectories at once")
     ap.add_argument("--obs-tokens", type=int, default=200, help="new tokens per turn (tool output)")
-    ap.add_argument("--warmup-s", type=float, default=5.0, help="dedicated worker warm-up")
+    ap.add_argument("--warmup-s", type=float, default=10.0, help="dedicated worker warm-up")
     ap.add_argument("--turn-tokens", type=int, default=32)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--step-s", type=float, default=15.0, help="RL step length (start_step)")

