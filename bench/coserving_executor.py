@@ -122,6 +122,7 @@ def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every
             "slo_attainment": ok / max(1, len(results)), "slo": slo,
             "rollout_turns": turns["done"], "rollout_aborted": turns["aborted"],
             "rollout_tokens_per_s": turns["tokens"] / elapsed,
+            "rollout_processed_tokens_per_s": m["rollout"]["scheduled_tokens"] / elapsed,
             "turn_latency_p50_s": pct(turns["latency"], 0.5),
             "serving_step_ms": m["serving"]["mean_step_ms"], "rollout_step_ms": m["rollout"]["mean_step_ms"],
             "rollout_predicted_ms": m["rollout"]["mean_predicted_ms"],
@@ -152,7 +153,7 @@ def main() -> None:
                                  args.rate, args.inflight))
     table = Table(title="co-serving executor (synthetic mix; ms unless noted)")
     cols = ("mode", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "slo_attainment",
-            "rollout_tokens_per_s", "rollout_turns", "rollout_aborted", "serving_step_ms",
+            "rollout_processed_tokens_per_s", "rollout_turns", "rollout_aborted", "serving_step_ms",
             "rollout_step_ms", "rollout_predicted_ms", "loop_overhead_us", "decide_us", "build_s")
     for c in cols:
         table.add_column(c.replace("_", " "), justify="right")
