@@ -39,9 +39,10 @@ import torch
 from executors.coserving_config import MODES, WIRING, CoServingConfig, Wiring  # noqa: F401
 from executors.coserving_engines import EvictReload, open_engine, shutdown_rollout
 from executors.coserving_metrics import snapshot
-from executors.coserving_rollout import RolloutSide, StepPlan, empty_result, new_counters
+from executors.coserving_rollout import RolloutSide, empty_result, new_counters
 from executors.coserving_serving import ServingResult, ServingSide  # noqa: F401
 from executors.engine_owner import EngineOwner
+from executors.rollout_step_plan import StepPlan
 from executors.rose_scheduler import release_engine
 from executors.kv_memory_policy import KVMemoryPolicy
 from executors.slo_admission import DualSLOAdmission, SLOConfig

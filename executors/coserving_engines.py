@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 
 from executors.coserving_config import CoServingConfig
-from executors.coserving_profile import load_or_measure, measure_engine, profile_path
+from executors.coserving_profile import EngineTimer, load_or_measure, measure_engine, profile_path
 from executors.latency_profile import LatencyProfile
 from executors.rose_scheduler import build_budgeted_engine, release_engine
 
@@ -26,7 +26,7 @@ def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, Laten
         max_num_seqs=cfg.max_num_seqs, kv_blocks=cfg.kv_blocks, seed=cfg.seed)
     settings = {"max_model_len": cfg.max_model_len, "chunk_tokens": cfg.chunk_tokens,
                 "max_num_seqs": cfg.max_num_seqs, "block_size": scheduler.block_size,
-                "repeats": cfg.profile_repeats}
+                "repeats": cfg.profile_repeats, "sampling": which}
     path = profile_path(model_dir, settings)
     vocab = engine.model_config.get_vocab_size()
 
@@ -39,7 +39,6 @@ def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, Laten
     try:
         profile, source = load_or_measure(path, measure)
         if source == "cached":  # first shapes and compiled sampling kernels, before serving
-            from executors.coserving_profile import EngineTimer
             EngineTimer(engine, scheduler, vocab, rollout=which == "rollout").warm_up(cfg.chunk_tokens)
     except BaseException:
         release_engine(engine)

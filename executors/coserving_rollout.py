@@ -2,8 +2,8 @@
 
 Owns the rollout engine's live turns and keeps three plain-Python policies in step with the
 engine's real state: KVMemoryPolicy (blocks per request, prefix leases), StallDetector
-(progress = computed tokens grew; for a turn still queued, a productive step) and the cost
-plan admission judges. KV is accounted in
+(progress = computed tokens grew; for a turn still queued, a productive step) and the step
+plan admission judges (executors/rollout_step_plan.py). KV is accounted in
 pages: one page = one serving-engine block; a rollout block is `page_ratio` pages (the two
 models' KV layouts differ, as on a GPU where both map one physical pool). Loop thread only.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from executors.kv_memory_policy import Action, KVMemoryPolicy, MemoryState
 from executors.latency_profile import LatencyProfile
-from executors.slo_admission import rollout_step_cost
+from executors.rollout_step_plan import StepPlan, blocks_wanted, plan_steps
 from executors.stall_detector import StallDetector
 from executors.turns import TurnRequest, TurnResult
 
@@ -36,14 +36,6 @@ def empty_result(request: TurnRequest, worker: str, version: int, reason: str) -
     """A turn answered without tokens: "abort" (reroutable) or "stale" (old weights)."""
     return TurnResult(request.request_id, request.trajectory_id, [], [], reason, worker,
                       "serving", version, len(request.prompt_ids))
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    kind: str  # "prefill_chunk" or "decode"
-    tokens: int  # the step's token budget
-    cost_s: float  # predicted seconds the step holds the device
-    blocks: int  # rollout blocks it may need (upper bound)
 
 
 @dataclass
@@ -121,36 +113,12 @@ class RolloutSide:
 
     # ---- planning (what admission judges) ----
     def plans(self, chunk_tokens: int | None, room_blocks: int | None = None) -> list[StepPlan]:
-        """The next step's plan, then a decode-only fallback when prefill is pending.
-
-        chunk_tokens None: vLLM's full budget (monolithic prefill: the SLO-unaware baseline).
-        room_blocks: blocks the memory policy still grants; a prefill chunk shrinks to fit
-        them (whole blocks), so a tight budget slows rollout instead of stopping it.
-        """
-        decodes, prefill, boundary = self.scheduler.pending_work()
-        bs = self.scheduler.block_size
-        decode = None
-        if decodes:
-            decode = StepPlan("decode", decodes,
-                              rollout_step_cost("decode", decodes, self.profile), boundary)
-        n = decodes + prefill if chunk_tokens is None else min(chunk_tokens, decodes + prefill)
-        if room_blocks is not None:
-            n = min(n, decodes + (room_blocks - 1 - boundary) * bs)
-        if not prefill or n <= decodes:
-            return [decode] if decode else []
-        if chunk_tokens is None:
-            cost = self.profile.prefill(n, "monolithic")
-        else:
-            cost = self.profile.chunk(min(n, self.profile.chunk_size))
-        # blocks: the chunk's prefill tokens may straddle one more block; decodes need theirs
-        full = StepPlan("prefill_chunk", n, cost, math.ceil((n - decodes) / bs) + 1 + boundary)
-        return [full, decode] if decode else [full]
+        """Plans for the next step from the engine's pending work (rollout_step_plan)."""
+        return plan_steps(*self.scheduler.pending_work(), self.scheduler.block_size,
+                          self.profile, chunk_tokens, room_blocks)
 
     def blocks_wanted(self, chunk_tokens: int | None) -> int:
-        """Blocks the next full step may need (a whole chunk plus block-boundary decodes)."""
-        decodes, prefill, boundary = self.scheduler.pending_work()
-        n = decodes + prefill if chunk_tokens is None else min(chunk_tokens, decodes + prefill)
-        return math.ceil(max(0, n - decodes) / self.scheduler.block_size) + (1 if prefill else 0) + boundary
+        return blocks_wanted(*self.scheduler.pending_work(), self.scheduler.block_size, chunk_tokens)
 
     def reclaim_leases(self, pages_wanted: int) -> int:
         """Live turns before idle prefixes: end the oldest leases until `pages_wanted` fit the

@@ -61,6 +61,41 @@ def test_profile_cache_measures_once_then_reads(tmp_path):
     assert src3 == "measured" and len(calls) == 2
 
 
+def test_step_plan_costs_and_blocks_by_hand():
+    from executors.rollout_step_plan import blocks_wanted, plan_steps
+
+    curve = Curve((16, 512), (0.01, 0.05))  # slope 0.04 s / 496 tokens
+    prof = LatencyProfile(curve, curve, Curve((1, 8), (0.002, 0.004)), 512, "hand")
+    d3 = 0.002 + 0.002 * 2 / 7  # D(3)
+    full, decode = plan_steps(3, 1000, 1, 32, prof, 512)
+    assert (full.kind, full.tokens, full.blocks) == ("prefill_chunk", 512, 16 + 1 + 1)
+    assert full.cost_s == pytest.approx(0.05) and decode.cost_s == pytest.approx(d3)
+    assert (decode.tokens, decode.blocks) == (3, 1)
+    assert blocks_wanted(3, 1000, 1, 32, 512) == 18
+    # 10 blocks of room: the chunk shrinks to 8 whole blocks of prefill (+1 straddle, +1 decode)
+    small, _ = plan_steps(3, 1000, 1, 32, prof, 512, room_blocks=10)
+    assert (small.tokens, small.blocks) == (3 + 8 * 32, 10)
+    assert small.cost_s == pytest.approx(0.01 + 0.04 * (259 - 16) / 496)
+    assert [p.kind for p in plan_steps(3, 1000, 1, 32, prof, 512, room_blocks=2)] == ["decode"]
+    assert plan_steps(0, 0, 0, 32, prof, 512) == []
+    (mono,) = plan_steps(0, 2000, 0, 32, prof, None)  # SLO-unaware: the whole prompt at once
+    assert (mono.tokens, mono.blocks) == (2000, 63 + 1)
+    assert mono.cost_s == pytest.approx(0.05 + 0.04 * 1488 / 496)
+
+
+def test_evict_reload_trigger():
+    from executors.coserving_engines import EvictReload
+
+    er = EvictReload(threshold=8, calm_s=2.0)
+    assert er.tick(7, True, 0.0) is None  # below the burst threshold: stay up
+    assert er.tick(8, True, 1.0) == "evict" and er.evictions == 1
+    assert er.tick(5, False, 2.0) is None  # 5 > 8 // 2: still busy
+    assert er.tick(4, False, 3.0) is None  # calm from t=3
+    assert er.tick(9, False, 4.0) is None  # busy again: the calm clock restarts
+    assert er.tick(4, False, 5.0) is None and er.tick(3, False, 6.9) is None
+    assert er.tick(0, False, 7.0) == "reload"  # 2 s calm since t=5
+
+
 def test_config_rejects_bad_values(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
