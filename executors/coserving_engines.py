@@ -39,7 +39,8 @@ def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, Laten
     try:
         profile, source = load_or_measure(path, measure)
         if source == "cached":  # first shapes and compiled sampling kernels, before serving
-            EngineTimer(engine, scheduler, vocab, rollout=which == "rollout").warm_up(cfg.chunk_tokens)
+            timer = EngineTimer(engine, scheduler, vocab, rollout=which == "rollout")
+            timer.warm_up(cfg.chunk_tokens, cfg.max_model_len)
     except BaseException:
         release_engine(engine)
         raise

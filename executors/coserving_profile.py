@@ -119,12 +119,13 @@ class EngineTimer:
         self._drain()
         return took
 
-    def warm_up(self, chunk_tokens: int) -> None:
+    def warm_up(self, chunk_tokens: int, max_model_len: int) -> None:
         """Run each kind of step once (first shapes pay one-off kernel setup and, for rollout
         sampling, a torch.compile that takes seconds): a long prefill, chunked, prefix-cache hits
         with a mixed prefill + decode batch, decode batches of two sizes (the second size makes
         torch.compile build its dynamic-shape kernel)."""
-        self.prefill(min(4 * chunk_tokens, 1024), chunk_tokens)
+        # a chunked prefill of several chunks, but never past the context (vLLM rejects it)
+        self.prefill(min(4 * chunk_tokens, 1024, max_model_len - 16), chunk_tokens)
         shared = [self.rng.randrange(3, self.vocab) for _ in range(96)]
         self._add(0, 4, shared)
         self.engine.step()
@@ -139,7 +140,7 @@ def measure_engine(engine, scheduler, *, vocab_size: int, max_model_len: int, ch
                    max_batch: int, name: str, repeats: int = 3, rollout: bool = False) -> LatencyProfile:
     """Profile an idle engine; rollout=True samples like rollout turns (seeded, logprobs)."""
     timer = EngineTimer(engine, scheduler, vocab_size, rollout=rollout)
-    timer.warm_up(chunk_tokens)
+    timer.warm_up(chunk_tokens, max_model_len)
     batches = [b for b in PROFILE_BATCHES if b <= max_batch] or [1, 2]
     # repeats=1 is the quick profile (tests): warm_up already paid the one-off costs, so no
     # discarded run per point; with more repeats the median is taken after one discarded run.
