@@ -181,7 +181,23 @@ class EngineLoop:
 def reload_weights(engine, tensors: dict[str, torch.Tensor]) -> None:
     """In-place reload (no restart), then drop the prefix cache: its KV came from old weights."""
     engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
+    engine.collective_rpc(_repack_output_heads)
     engine.reset_prefix_cache()
+
+
+def _repack_output_heads(worker_self) -> int:
+    """vLLM CPU packs the LM head into a GEMM-ready copy at load; with tied embeddings the head
+    gets no weights of its own during a reload, so that copy keeps the OLD embeddings and
+    sampling silently runs a stale head. Re-pack every embedding-shaped head (no-op on GPU)."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    repacked = 0
+    for module in worker_self.model_runner.model.modules():
+        if (isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear")
+                and module.weight.numel() > 0):
+            module.quant_method.process_weights_after_loading(module)
+            repacked += 1
+    return repacked
 
 
 def read_weight(engine, name: str) -> torch.Tensor:
