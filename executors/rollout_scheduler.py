@@ -61,7 +61,7 @@ class RolloutScheduler:
                  heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
                  max_attempts_per_turn: int = 5, turn_timeout_s: float = 120.0,
                  stuck_after_s: float = 600.0, generate: Callable = generate_turns,
-                 max_batch_failures: int = 3) -> None:
+                 max_batch_failures: int = 3, serving_lag: int = 0) -> None:
         if turn_timeout_s <= 0:
             raise ValueError(f"turn_timeout_s must be > 0, got {turn_timeout_s}")
         self.client, self.router = client, TurnRouter(cap_per_worker, mode)
@@ -73,6 +73,9 @@ class RolloutScheduler:
         self.generate, self.max_attempts = generate, max_attempts_per_turn
         self.stuck_after_s, self.max_batch_failures = stuck_after_s, max_batch_failures
         self.turn_timeout_s = turn_timeout_s  # health check: a batch unanswered this long
+        # a borrowed serving worker may run a policy this many versions older than the step's
+        # (its pull finishes in the background: weight_sync.policy_floor); dedicated ones may not
+        self.serving_lag = serving_lag
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, work: list[Episode] | GroupLauncher,
@@ -139,6 +142,9 @@ class RolloutScheduler:
         self.ready = self._place(batches, affine_only=False)
         for worker, tids in batches.items():
             requests = [self.by_id[tid].request() for tid in tids]
+            if self.serving_lag and self.kinds.get(worker) == "serving":
+                for req in requests:
+                    req.min_policy_version = max(0, req.min_policy_version - self.serving_lag)
             for tid, req in zip(tids, requests):
                 self.running[tid] = (worker, req.request_id)
             fut = self.client.submit(self.generate, requests, workers=[worker],

@@ -178,7 +178,8 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         scheduler = RolloutScheduler(
             client, workers, r.max_concurrency_per_worker, r.routing,
             serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
-            turn_timeout_s=r.turn_timeout_s, resync=resync_from_relay(client, cfg, policy_version))
+            turn_timeout_s=r.turn_timeout_s, resync=resync_from_relay(client, cfg, policy_version),
+            serving_lag=cfg.publish.max_staleness)
         fault: dict = {}
         on_turn = None
         if cfg.fault_injection.get("kill_rollout_worker_at_step") == step:

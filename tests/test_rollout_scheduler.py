@@ -77,7 +77,8 @@ def fake_generate(requests):
         raise RuntimeError("engine gone")
     out = []
     for r in requests:
-        if BEHAVIOUR.get(name) == "stale":
+        if BEHAVIOUR.get(name) == "stale" or (BEHAVIOUR.get(name) == "v0"
+                                                and r.min_policy_version > 0):
             out.append(TurnResult(r.request_id, r.trajectory_id, [], [], "stale", name, "rollout"))
             continue
         ids = enc("win" if r.trajectory_id in WINNERS else "lose") + [2]
@@ -100,7 +101,7 @@ def heal():
 def episode(group: int, i: int, step: int = 1) -> Episode:
     return Episode(run="t", step=step, group=group, trajectory_id=f"s{step}-g{group}-t{i}",
                    env=CoinEnv(), env_seed=group, chat=FakeChat(), max_turns=8, max_tokens=4,
-                   temperature=1.0, top_p=1.0, min_policy_version=0)
+                   temperature=1.0, top_p=1.0, min_policy_version=step - 1)
 
 
 def episodes(groups: int, size: int) -> list[Episode]:
@@ -204,6 +205,20 @@ def test_excess_turns_spill_to_an_admitting_serving_worker(cluster):
     assert {r["worker_kind"] for r in alone.rows} == {"rollout"}
     lent = scheduler(client, workers, cap_per_worker=1, admits=lambda n: True).run(episodes(1, 4))
     assert {r["worker_kind"] for r in lent.rows} == {"rollout", "serving"}
+
+
+def test_a_serving_worker_still_pulling_serves_within_the_staleness_bound(cluster):
+    _, client = cluster
+    BEHAVIOUR["serving-0"] = "v0"  # its pull of v1 has not finished: it runs v0
+    workers = {"rollout-0": "rollout", "serving-0": "serving"}
+    step2 = [episode(0, i, step=2) for i in range(4)]  # rolled out with v1
+    lagging = scheduler(client, workers, cap_per_worker=1, admits=lambda n: True,
+                        serving_lag=1).run(step2)
+    assert "serving-0" in {r["worker"] for r in lagging.rows} and not lagging.excluded_workers
+    strict = scheduler(client, workers, cap_per_worker=1, admits=lambda n: True,
+                       serving_lag=0).run([episode(1, i, step=2) for i in range(4)])
+    assert strict.excluded_workers == ["serving-0"]
+    assert {r["worker"] for r in strict.rows} == {"rollout-0"}
 
 
 def test_serving_admission_is_a_cached_flag_refreshed_by_polls(cluster):
