@@ -69,6 +69,7 @@ class EngineLoop:
         self._calls: list[tuple[callable, Future]] = []
         self._live: dict[str, tuple[TurnRequest, Future, float]] = {}
         self._running = True
+        self.failure: BaseException | None = None  # set when the engine itself broke
         self.last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"engine-{worker}", daemon=True)
         self._thread.start()
@@ -77,6 +78,9 @@ class EngineLoop:
     def submit(self, request: TurnRequest) -> Future:
         fut: Future = Future()
         with self._lock:
+            if self.failure is not None:
+                fut.set_exception(RuntimeError(f"engine on {self.worker} is down: {self.failure!r}"))
+                return fut
             self._pending.append((request, fut))
             self._lock.notify()
         return fut
@@ -94,6 +98,8 @@ class EngineLoop:
         """Run fn(engine) on the loop thread between steps (weight reloads, cache resets)."""
         fut: Future = Future()
         with self._lock:
+            if self.failure is not None:
+                raise RuntimeError(f"engine on {self.worker} is down: {self.failure!r}")
             self._calls.append((fn, fut))
             self._lock.notify()
         return fut.result()
@@ -110,6 +116,21 @@ class EngineLoop:
 
     # ---- loop thread ----
     def _run(self) -> None:
+        """The loop; if the engine raises, every waiting future fails with the error (the
+        scheduler reroutes those turns) instead of hanging on a thread that is gone."""
+        try:
+            self._loop()
+        except BaseException as exc:
+            with self._lock:
+                self.failure = exc
+                waiting = ([f for _, f in self._pending] + [f for _, f in self._calls]
+                           + [f for _, f, _ in self._live.values()])
+                self._pending, self._calls, self._live = [], [], {}
+            for fut in waiting:
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"engine on {self.worker} failed: {exc!r}"))
+
+    def _loop(self) -> None:
         from vllm import SamplingParams, TokensPrompt
 
         while True:

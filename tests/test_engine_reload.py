@@ -31,12 +31,17 @@ def _greedy(loop: EngineLoop, prompt: list[int], tag: str) -> tuple[list[int], l
     return r.response_ids, r.logprobs
 
 
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return build_models(ModelsConfig(policy_dir=root / "policy", serving_dir=root / "serving"),
+                        spec=SPEC)[0]
+
+
 @pytest.mark.slow
-def test_reloaded_engine_samples_like_a_fresh_one(tmp_path):
+def test_reloaded_engine_samples_like_a_fresh_one(tmp_path, policy):
     from transformers import AutoModelForCausalLM
 
-    policy, _ = build_models(ModelsConfig(policy_dir=tmp_path / "policy",
-                                          serving_dir=tmp_path / "serving"), spec=SPEC)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     assert model.config.tie_word_embeddings  # the case that went stale
     gen = torch.Generator().manual_seed(0)
@@ -64,3 +69,21 @@ def test_reloaded_engine_samples_like_a_fresh_one(tmp_path):
     assert before != fresh  # the update is visible at all
     assert after[0] == fresh[0]
     assert after[1] == pytest.approx(fresh[1], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_a_failing_engine_fails_its_turns_instead_of_hanging(policy):
+    loop = EngineLoop(EngineSpec(policy, max_model_len=256), "broken", "rollout")
+    try:
+        def explode():
+            raise MemoryError("KV cache gone")
+        loop.engine.step = explode  # the next engine step raises on the loop thread
+        turn = loop.submit(TurnRequest("x", "t", [5, 6, 7], 4))
+        with pytest.raises(RuntimeError, match="failed: MemoryError"):
+            turn.result(timeout=30)
+        with pytest.raises(RuntimeError, match="is down"):
+            loop.submit(TurnRequest("y", "t", [5, 6, 7], 4)).result(timeout=5)
+        with pytest.raises(RuntimeError, match="is down"):
+            loop.call(lambda engine: None)
+    finally:
+        loop.close()
