@@ -49,6 +49,8 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
     if live:
         with live_progress(console):
             summaries = train(cfg)
+        if not console.is_terminal:  # a redirected Live ends its last frame without a newline
+            console.print()
     else:
         summaries = train(cfg)
         console.print(step_table(summaries))
