@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
@@ -76,6 +77,8 @@ def test_ui_lists_deployments_shows_form_and_a_completed_run(deployed, browser, 
     run = run_deployment("train/train", parameters=params, timeout=900, poll_interval=1)
     assert run.state.is_completed(), run.state
     browser.open(f"{ui}/runs/flow-run/{run.id}")
+    browser.wait_for_text("ui-check", "Completed")
+    time.sleep(2)  # the run page re-renders after its first paint: let the shot show it
     browser.wait_for_text("ui-check", "Completed")
     shots.append(browser.screenshot(tmp_path / "flow-run.png"))
     print("\nscreenshots:", *map(str, shots))
