@@ -46,7 +46,8 @@ FIELDS: tuple[Field, ...] = (
     Field("status", pa.string(), "one of: " + ", ".join(STATUSES)),
     Field("worker", pa.string(), "Dask worker that served the turn, e.g. rollout-0"),
     Field("worker_kind", pa.string(), "one of: " + ", ".join(WORKER_KINDS)),
-    Field("queued_s", pa.float64(), "seconds the turn waited before the engine took it"),
+    Field("queued_s", pa.float64(), "seconds the turn waited: in the rollout scheduler's "
+          "queue (no worker had room) plus in the engine's queue before its prefill"),
     Field("prefill_s", pa.float64(), "seconds to first token"),
     Field("decode_s", pa.float64(), "seconds from first to last token"),
     Field("env_s", pa.float64(), "seconds the environment took to answer the turn"),

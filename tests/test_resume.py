@@ -162,7 +162,9 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     names, schema = asyncio.run(inspect())
     assert set(DEPLOYMENTS) <= set(names)
     form = schema["properties"]["cfg"]
-    assert form["default"]["rollout"]["groups"] == 8  # RunConfig's defaults fill the UI form
+    from rose.config import RunConfig
+
+    assert form["default"]["rollout"]["groups"] == RunConfig().rollout.groups  # defaults fill it
     assert "RunConfig" in schema["definitions"]
 
     params = {"cfg": {"run_id": "deployed", "steps": 1,

@@ -34,7 +34,8 @@ class FakeEngine:
             self.weights = {n: t.clone() for n, t in kwargs["weights_iterator"]}
             self.reloads += 1
             return [None]
-        model = SimpleNamespace(named_parameters=lambda: self.weights.items())
+        model = SimpleNamespace(named_parameters=lambda: self.weights.items(),
+                                modules=lambda: [])  # no packed LM head to re-pack
         return [method(SimpleNamespace(model_runner=SimpleNamespace(model=model)))]
 
     def reset_prefix_cache(self) -> bool:
