@@ -44,7 +44,7 @@ from executors.coserving_serving import ServingResult, ServingSide  # noqa: F401
 from executors.engine_owner import EngineOwner
 from executors.rollout_step_plan import StepPlan
 from executors.rose_scheduler import release_engine
-from executors.kv_memory_policy import KVMemoryPolicy
+from executors.kv_memory_policy import KVMemoryPolicy, MemoryState
 from executors.slo_admission import DualSLOAdmission, SLOConfig
 from executors.stall_detector import StallDetector
 from executors.turns import TurnRequest, TurnResult  # noqa: F401  (re-exported)
@@ -257,12 +257,15 @@ class CoServingExecutor(EngineOwner):
     def _decide(self, now: float) -> tuple[StepPlan, int] | None:
         """(plan, block cap) of the rollout step to run now, or None (not admitted)."""
         r, chunk = self.rollout, self.cfg.chunk_tokens if self.w.chunked else None
-        if r.lease_blocks:
-            r.reclaim_leases(r.pages(r.blocks_wanted(chunk)))
+        if r.lease_blocks:  # live turns before idle prefixes (the admission need included)
+            wanted = r.blocks_wanted(chunk)
+            if r.blocked_room is not None:  # the last step under this room scheduled nothing
+                wanted = max(wanted, r.blocked_room + 1)
+            r.reclaim_leases(r.pages(wanted))
         cap = self._rollout_cap()
         room = max(0, cap - r.used_blocks())
         plans = r.plans(chunk, room)
-        if r.blocked_room is not None and room <= r.blocked_room:
+        if r.blocked_room is not None and room <= r.blocked_room and now < r.blocked_until:
             plans = []  # the last step under this much room scheduled nothing
         if not plans:  # nothing fits the KV room (or nothing to schedule): wait
             self.c["denied"]["kv_headroom"] = self.c["denied"].get("kv_headroom", 0) + 1
@@ -272,7 +275,9 @@ class CoServingExecutor(EngineOwner):
         reason = "kv_headroom"
         queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
         for plan in plans:
-            kv_ok = self.policy.can_allocate(r.pages(plan.blocks))
+            # plans fit the room the policy grants (budget and reserve kept; a "preempt" step
+            # takes no more than that room): the cap holds every step to it
+            kv_ok = self.policy.state is not MemoryState.PRESSURE and plan.blocks <= room
             d = self.admission.admit(plan.cost_s, queued, active, now, kv_ok)
             if d.admitted:
                 self.c["admitted"] += 1

@@ -21,6 +21,9 @@ from executors.stall_detector import StallDetector
 from executors.turns import TurnRequest, TurnResult
 
 
+BLOCKED_RETRY_S = 0.25  # an empty step's room is retried after this even if it did not grow
+
+
 def new_counters() -> dict:
     """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
     keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
@@ -65,6 +68,7 @@ class RolloutSide:
         self.version = 0
         self.live: dict[str, _Turn] = {}
         self.blocked_room: int | None = None  # KV room when a step scheduled nothing
+        self.blocked_until = 0.0  # ... retried anyway after this (monotonic s): a safety net
         self.lease_blocks: dict[str, list[int]] = {}  # trajectory -> cached block ids
         self.c = counters if counters is not None else new_counters()
 
@@ -113,12 +117,17 @@ class RolloutSide:
 
     # ---- planning (what admission judges) ----
     def plans(self, chunk_tokens: int | None, room_blocks: int | None = None) -> list[StepPlan]:
-        """Plans for the next step from the engine's pending work (rollout_step_plan)."""
+        """Plans for the next step from the engine's pending work (rollout_step_plan): vLLM's
+        whole-sequence admission need counted, a "preempt" step when nothing fits the room
+        but running turns hold blocks."""
         return plan_steps(*self.scheduler.pending_work(), self.scheduler.block_size,
-                          self.profile, chunk_tokens, room_blocks)
+                          self.profile, chunk_tokens, room_blocks,
+                          admit_blocks=self.scheduler.admission_blocks(),
+                          held_blocks=self.used_blocks())
 
     def blocks_wanted(self, chunk_tokens: int | None) -> int:
-        return blocks_wanted(*self.scheduler.pending_work(), self.scheduler.block_size, chunk_tokens)
+        return blocks_wanted(*self.scheduler.pending_work(), self.scheduler.block_size,
+                             chunk_tokens, self.scheduler.admission_blocks())
 
     def reclaim_leases(self, pages_wanted: int) -> int:
         """Live turns before idle prefixes: end the oldest leases until `pages_wanted` fit the
@@ -158,6 +167,7 @@ class RolloutSide:
             # the plan did not count): do not retry until the KV room grows
             self.c["empty_steps"] += 1
             self.blocked_room = max(0, (block_cap or 0) - self.used_blocks())
+            self.blocked_until = now + BLOCKED_RETRY_S
         else:
             self.blocked_room = None
         released = self.scheduler.take_released() if self.leases else {}

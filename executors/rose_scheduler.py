@@ -84,6 +84,32 @@ class BudgetedScheduler(Scheduler):
             self.kv_cache_manager.evict_blocks(set(live))
         return len(live)
 
+    def admission_blocks(self) -> int:
+        """Free blocks vLLM wants before it admits the next waiting request: with
+        `scheduler_reserve_full_isl` (vLLM's default) its whole sequence must fit, less the
+        prefix hits other requests hold (a hit on a free cached block leaves the free queue, so
+        it counts). 0 when nothing waits, or when a running request still has prompt to
+        prefill (the step's chunk goes to it first: it needs no admission)."""
+        kvm = self.kv_cache_manager
+        queue = self.kv_holding_waiting or self.waiting
+        if not queue or not getattr(self, "scheduler_reserve_full_isl", False):
+            return 0
+        if any(r.num_tokens - r.num_computed_tokens > 1 for r in self.running):
+            return 0
+        req = queue.peek_request()
+        n = min(req.num_tokens, self.max_model_len)
+        hits, hit_tokens = kvm.empty_kv_cache_blocks.blocks, 0
+        if req.num_computed_tokens == 0:
+            blocks, hit_tokens, _ = kvm.get_computed_blocks(req)
+            hits = blocks.blocks
+        local = req.num_computed_tokens + hit_tokens
+        need = kvm.coordinator.get_num_blocks_to_allocate(
+            request_id=req.request_id, num_tokens=n, new_computed_blocks=hits,
+            num_encoder_tokens=0, total_computed_tokens=min(local, self.max_model_len),
+            num_local_computed_tokens=local, num_tokens_main_model=n, apply_admission_cap=True,
+            prefill_end=max(req.num_prompt_tokens, req.num_tokens - 1))
+        return need + (kvm.watermark_blocks if self.running else 0)
+
     def block_bytes(self) -> int:
         """Bytes one block (block_size tokens, all layers, K and V) takes in this engine."""
         cfg = self.kv_cache_config

@@ -83,6 +83,36 @@ def test_step_plan_costs_and_blocks_by_hand():
     assert mono.cost_s == pytest.approx(0.05 + 0.04 * 1488 / 496)
 
 
+def test_step_plan_counts_whole_sequence_admission_and_preempts_when_wedged():
+    """Found in the co-serving bench: (1) vLLM admits a waiting turn only when its whole
+    prompt fits the free blocks, so a one-chunk plan (17 blocks here) under a room of 30 made
+    an empty step, and leases were reclaimed only down to one chunk; (2) running turns that
+    filled the room waited for a block (a decode at a block boundary) no plan could get, so no
+    step ran, vLLM never preempted, and the stall detector aborted every live turn."""
+    from executors.rollout_step_plan import blocks_wanted, plan_steps
+
+    curve = Curve((16, 512), (0.01, 0.05))
+    prof = LatencyProfile(curve, curve, Curve((1, 8), (0.002, 0.004)), 512, "hand")
+    # a waiting 1656-token turn needs 52 free blocks to be admitted (its first chunk: 17)
+    assert plan_steps(0, 1656, 0, 32, prof, 512, room_blocks=30, admit_blocks=52) == []
+    (full,) = plan_steps(0, 1656, 0, 32, prof, 512, room_blocks=60, admit_blocks=52)
+    assert (full.kind, full.tokens, full.blocks) == ("prefill_chunk", 512, 52)
+    assert blocks_wanted(0, 1656, 0, 32, 512, admit_blocks=52) == 52  # what leases yield to
+    assert blocks_wanted(0, 1656, 0, 32, 512) == 17
+    # with decodes running, the step is their decode step until the waiting turn fits
+    assert [p.kind for p in plan_steps(4, 1656, 1, 32, prof, 512, room_blocks=30,
+                                       admit_blocks=52)] == ["decode"]
+    # 12 decodes, 3 at a block boundary, 1 block of room, 600 held: vLLM preempts within it
+    (pre,) = plan_steps(12, 0, 3, 32, prof, 512, room_blocks=1, held_blocks=600)
+    assert (pre.kind, pre.tokens, pre.blocks) == ("preempt", 12, 1)
+    assert pre.cost_s == pytest.approx(plan_steps(12, 0, 3, 32, prof, 512)[0].cost_s)
+    # running prefills (no admission needed) that filled the room: a full chunk, preempting
+    (pre,) = plan_steps(0, 500, 0, 32, prof, 512, room_blocks=0, held_blocks=40)
+    assert (pre.kind, pre.tokens, pre.blocks) == ("preempt", 500, 0)
+    # nothing held: nothing to preempt, wait for room
+    assert plan_steps(12, 0, 3, 32, prof, 512, room_blocks=1) == []
+
+
 def test_evict_reload_trigger():
     from executors.coserving_engines import EvictReload
 
