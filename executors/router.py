@@ -19,11 +19,12 @@ among workers of one kind (at most cap + 1 for rollout workers).
 
 from __future__ import annotations
 
-import bisect
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
+
+from executors.load_index import LoadIndex
 
 Kind = Literal["rollout", "serving"]
 Mode = Literal["turnwise_affinity", "turnwise", "pinned"]
@@ -62,42 +63,6 @@ class StaleTurnError(ValueError):
     """A report about a turn the router no longer holds (e.g. a late result from a dead worker)."""
 
 
-class _LoadIndex:
-    """Workers of one kind bucketed by in-flight load; non-empty loads kept sorted.
-
-    Within a bucket, insertion order breaks ties: the worker that has sat at that load longest
-    comes first, which spreads turns round-robin among equally loaded workers.
-    """
-
-    def __init__(self) -> None:
-        self._bucket: dict[int, dict[str, None]] = {}
-        self._loads: list[int] = []
-
-    def add(self, name: str, load: int) -> None:
-        bucket = self._bucket.get(load)
-        if bucket is None:
-            bucket = self._bucket[load] = {}
-            bisect.insort(self._loads, load)
-        bucket[name] = None
-
-    def discard(self, name: str, load: int) -> None:
-        bucket = self._bucket[load]
-        del bucket[name]
-        if not bucket:
-            del self._bucket[load]
-            del self._loads[bisect.bisect_left(self._loads, load)]
-
-    def least(self) -> tuple[str, int] | None:
-        if not self._loads:
-            return None
-        load = self._loads[0]
-        return next(iter(self._bucket[load])), load
-
-    def ascending(self) -> Iterator[str]:
-        for load in self._loads:
-            yield from self._bucket[load]
-
-
 @dataclass(slots=True)
 class _Worker:
     info: WorkerInfo
@@ -131,7 +96,7 @@ class TurnRouter:
         self.cap = cap_per_rollout_worker
         self.mode = mode
         self._workers: dict[str, _Worker] = {}
-        self._index = {"rollout": _LoadIndex(), "serving": _LoadIndex()}
+        self._index = {"rollout": LoadIndex(), "serving": LoadIndex()}
         self._trajs: dict[str, _Trajectory] = {}
         self._epochs = itertools.count()
 
