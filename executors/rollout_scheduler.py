@@ -18,40 +18,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 from distributed import Client, wait
 
 from executors.episode import Episode
 from executors.group_launcher import GroupLauncher
+from executors.rollout_report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
 from executors.rollout_worker import generate_turns
 from executors.router import TurnRouter
 from executors.worker_pool import WorkerPool
 
 log = logging.getLogger("rose.rollout")
-
-
-class RolloutStuck(RuntimeError):
-    pass
-
-
-@dataclass
-class RolloutReport:
-    episodes: list[Episode]  # the trajectories kept for the step
-    seconds: float
-    rerouted_turns: int = 0
-    dead_workers: list[str] = field(default_factory=list)
-    excluded_workers: list[str] = field(default_factory=list)  # stale or failing, not dead
-    rejoined_workers: list[str] = field(default_factory=list)
-    batches: int = 0
-    aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
-    sampling: dict = field(default_factory=dict)
-    events: list[tuple[float, str, str]] = field(default_factory=list)  # (unix time, what, worker)
-
-    @property
-    def rows(self) -> list[dict]:
-        return [row for ep in self.episodes for row in ep.rows]
 
 
 class RolloutScheduler:
