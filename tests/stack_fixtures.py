@@ -94,6 +94,26 @@ def rose_cli(args: list[str], env: dict[str, str], timeout: float = 600) -> subp
                           capture_output=True, text=True, timeout=timeout)
 
 
+@contextmanager
+def cli_stack_env(data: Path):
+    """(env for `rose` CLI processes) with ROSE_DATA_DIR=data here too, for in-process readers
+    (stack.json, Arrow); on exit the stack of that data dir is stopped and the variable restored.
+    Other stacks' Prefect/Mooncake/relay settings are left out of the CLI env."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "ROSE_MOONCAKE", "ROSE_RELAY"))}
+    env["ROSE_DATA_DIR"] = str(data)
+    old = os.environ.get("ROSE_DATA_DIR")
+    os.environ["ROSE_DATA_DIR"] = str(data)
+    try:
+        yield env
+    finally:
+        rose_cli(["down"], env, timeout=120)
+        if old is None:
+            os.environ.pop("ROSE_DATA_DIR", None)
+        else:
+            os.environ["ROSE_DATA_DIR"] = old
+
+
 def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:
     """(trainer version + bf16 digest, rollout-0's version + digest) from the live workers."""
     from distributed import Client

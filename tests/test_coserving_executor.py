@@ -198,7 +198,7 @@ def test_rollout_turns_complete_when_serving_is_idle_and_leases_expire(executor)
     results = [f.result(timeout=120) for f in [executor.submit_rollout(t) for t in turns]]
     for t, r in zip(turns, results):
         assert r.ok and r.worker_kind == "serving" and r.trajectory_id == t.trajectory_id
-        assert 1 <= len(r.response_ids) <= 4 and len(r.logprobs) == len(r.response_ids)
+        assert 0 < len(r.response_ids) <= 4 and len(r.logprobs) == len(r.response_ids)
         assert r.num_prompt_tokens == 64
     m = executor.metrics(fresh=True)
     assert m["kv"]["rollout_request_blocks"] == 0  # every finished turn gave its blocks back

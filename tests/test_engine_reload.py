@@ -14,16 +14,8 @@ import torch
 from executors.turns import TurnRequest
 from executors.vllm_engine import EngineLoop, EngineSpec, reload_weights
 from rose.config import ModelsConfig
-from rose.models.build import BuildSpec, Dims, build_models
-from rose.models.warmup import WarmupSpec
-
-SPEC = BuildSpec(
-    vocab_size=400,
-    policy=Dims(hidden=32, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=64),
-    serving=Dims(hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=96, tied=False),
-    demo_episodes={"frozenlake": 8, "guess": 4},
-    warmup=WarmupSpec(steps=1, batch_size=4, warmup_steps=1),
-)
+from rose.models.build import build_models
+from tests.tiny_models import TINY
 
 
 def _greedy(loop: EngineLoop, prompt: list[int], tag: str) -> tuple[list[int], list[float]]:
@@ -35,7 +27,7 @@ def _greedy(loop: EngineLoop, prompt: list[int], tag: str) -> tuple[list[int], l
 def policy(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     return build_models(ModelsConfig(policy_dir=root / "policy", serving_dir=root / "serving"),
-                        spec=SPEC)[0]
+                        spec=TINY)[0]
 
 
 @pytest.mark.slow

@@ -11,12 +11,12 @@ step-3 checkpoint), its checkpoints and the rollout worker (fed through the new 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from tests.stack_fixtures import (file_fingerprint, flow_runs, new_data_dir, prefect_for,
-                                  rose_cli, task_states, trainer_and_worker_state)
+from tests.stack_fixtures import (cli_stack_env, file_fingerprint, flow_runs, new_data_dir,
+                                  prefect_for, rose_cli, task_states,
+                                  trainer_and_worker_state)
 
 pytestmark = pytest.mark.slow
 RUN = "restart-t"
@@ -25,19 +25,8 @@ RUN = "restart-t"
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     data = new_data_dir(tmp_path_factory, "rose-restart")
-    env = {**os.environ, "ROSE_DATA_DIR": str(data)}
-    for key in [k for k in env if k.startswith(("PREFECT_", "ROSE_MOONCAKE", "ROSE_RELAY"))]:
-        env.pop(key)  # another stack's settings must not leak into the CLI processes
-    old = os.environ.get("ROSE_DATA_DIR")
-    os.environ["ROSE_DATA_DIR"] = str(data)  # for the in-process readers (stack.json, Arrow)
-    try:
+    with cli_stack_env(data) as env:
         yield data, env
-    finally:
-        rose_cli(["down"], env, timeout=120)
-        if old is None:
-            os.environ.pop("ROSE_DATA_DIR", None)
-        else:
-            os.environ["ROSE_DATA_DIR"] = old
 
 
 def _counts(store, run: str) -> tuple[dict[int, int], int, int]:

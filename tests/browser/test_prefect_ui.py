@@ -8,13 +8,12 @@ Screenshots land in the test's tmp dir (their paths are printed).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import pytest
 
 from tests.browser.webdriver import Browser, find_chromium
-from tests.stack_fixtures import new_data_dir, prefect_for, rose_cli
+from tests.stack_fixtures import cli_stack_env, new_data_dir, prefect_for, rose_cli
 
 CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
@@ -25,11 +24,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow,
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     data = new_data_dir(tmp_path_factory, "rose-browser")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["ROSE_DATA_DIR"] = str(data)
-    old = os.environ.get("ROSE_DATA_DIR")
-    os.environ["ROSE_DATA_DIR"] = str(data)
-    try:
+    with cli_stack_env(data) as env:
         out = rose_cli(["deploy"], env, timeout=400)
         assert out.returncode == 0, out.stderr[-2000:]
         from rose.config import stack_dir
@@ -38,12 +33,6 @@ def deployed(tmp_path_factory):
         handle = load_stack(stack_dir())
         with prefect_for(handle):
             yield handle
-    finally:
-        rose_cli(["down"], env, timeout=120)
-        if old is None:
-            os.environ.pop("ROSE_DATA_DIR", None)
-        else:
-            os.environ["ROSE_DATA_DIR"] = old
 
 
 @pytest.fixture
