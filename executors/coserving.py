@@ -257,14 +257,16 @@ class CoServingExecutor(EngineOwner):
     def _decide(self, now: float) -> tuple[StepPlan, int] | None:
         """(plan, block cap) of the rollout step to run now, or None (not admitted)."""
         r, chunk = self.rollout, self.cfg.chunk_tokens if self.w.chunked else None
+        admit = r.scheduler.admission_blocks()
         if r.lease_blocks:  # live turns before idle prefixes (the admission need included)
-            wanted = r.blocks_wanted(chunk)
+            wanted = r.blocks_wanted(chunk, admit)
             if r.blocked_room is not None:  # the last step under this room scheduled nothing
                 wanted = max(wanted, r.blocked_room + 1)
-            r.reclaim_leases(r.pages(wanted))
+            if r.reclaim_leases(r.pages(wanted)):  # evicted prefixes may have been its hits
+                admit = r.scheduler.admission_blocks()
         cap = self._rollout_cap()
         room = max(0, cap - r.used_blocks())
-        plans = r.plans(chunk, room)
+        plans = r.plans(chunk, room, admit)
         if r.blocked_room is not None and room <= r.blocked_room and now < r.blocked_until:
             plans = []  # the last step under this much room scheduled nothing
         if not plans:  # nothing fits the KV room (or nothing to schedule): wait

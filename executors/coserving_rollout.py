@@ -116,18 +116,21 @@ class RolloutSide:
         self.stall.on_admit(request.request_id, now, tid)
 
     # ---- planning (what admission judges) ----
-    def plans(self, chunk_tokens: int | None, room_blocks: int | None = None) -> list[StepPlan]:
+    def plans(self, chunk_tokens: int | None, room_blocks: int | None = None,
+              admit_blocks: int | None = None) -> list[StepPlan]:
         """Plans for the next step from the engine's pending work (rollout_step_plan): vLLM's
         whole-sequence admission need counted, a "preempt" step when nothing fits the room
-        but running turns hold blocks."""
+        but running turns hold blocks. admit_blocks: scheduler.admission_blocks(), if the
+        caller already asked (it looks up prefix hits: once per decision is enough)."""
+        if admit_blocks is None:
+            admit_blocks = self.scheduler.admission_blocks()
         return plan_steps(*self.scheduler.pending_work(), self.scheduler.block_size,
-                          self.profile, chunk_tokens, room_blocks,
-                          admit_blocks=self.scheduler.admission_blocks(),
+                          self.profile, chunk_tokens, room_blocks, admit_blocks=admit_blocks,
                           held_blocks=self.used_blocks())
 
-    def blocks_wanted(self, chunk_tokens: int | None) -> int:
+    def blocks_wanted(self, chunk_tokens: int | None, admit_blocks: int) -> int:
         return blocks_wanted(*self.scheduler.pending_work(), self.scheduler.block_size,
-                             chunk_tokens, self.scheduler.admission_blocks())
+                             chunk_tokens, admit_blocks)
 
     def reclaim_leases(self, pages_wanted: int) -> int:
         """Live turns before idle prefixes: end the oldest leases until `pages_wanted` fit the
