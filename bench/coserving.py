@@ -121,13 +121,13 @@ def run_single(mode: str, spec: dict) -> dict:
     span = args.window_s * args.time_scale
     t_build = time.perf_counter()
     if mode == "dedicated":
-        from executors.vllm_engine import EngineLoop, EngineSpec
+        from executors.engine.vllm_engine import EngineLoop, EngineSpec
 
         worker = EngineLoop(EngineSpec(policy_dir), worker="rollout-0", worker_kind="rollout")
         submit, vocab = worker.submit, _vocab(policy_dir)
     else:
-        from executors.coserving import CoServingConfig, CoServingExecutor
-        from executors.slo_admission import SLOConfig
+        from executors.coserving.executor import CoServingConfig, CoServingExecutor
+        from executors.policies.slo_admission import SLOConfig
 
         slo = SLOConfig(spec["slo_ttft"], spec["slo_tpot"]) if spec.get("slo_ttft") else None
         cfg = CoServingConfig(serving_dir, policy_dir, mode=mode, slo=slo,

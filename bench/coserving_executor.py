@@ -55,7 +55,7 @@ def pct(xs: list[float], q: float) -> float:
 
 def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every: float,
              rate: float = 2.0, inflight: int = 8, seed: int = 0) -> dict:
-    from executors.coserving import CoServingConfig, CoServingExecutor
+    from executors.coserving.executor import CoServingConfig, CoServingExecutor
     from executors.turns import TurnRequest
 
     rng = random.Random(seed)

@@ -46,9 +46,9 @@ def curve(overrides: dict, steps: int, eval_every: int, eval_maps: int, policy: 
     from transformers import AutoTokenizer
 
     from envs.registry import make_env
-    from executors.episode import Episode
-    from executors.trainer import Trainer
-    from executors.vllm_engine import EngineLoop, EngineSpec, reload_weights
+    from executors.scheduling.episode import Episode
+    from executors.workers.trainer import Trainer
+    from executors.engine.vllm_engine import EngineLoop, EngineSpec, reload_weights
     from rose.config import RunConfig
     from rose.models.chat import ChatTokens
     from tasks.reward import advantages_by_trajectory

@@ -28,8 +28,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def _reader(conn, master: str, metadata: str) -> None:
     """Second process: answers ("plain"|"single"|"batch"|"pull", keys/run) with seconds taken."""
-    from storage.mooncake_relay import MooncakeRelay
-    from storage.weight_publisher import pull_weights
+    from storage.relay.mooncake import MooncakeRelay
+    from storage.weights.publisher import pull_weights
 
     relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=128 << 20)
     conn.send("ready")
@@ -66,9 +66,9 @@ def main() -> None:
     import torch
 
     from rose.stack.mooncake import start_mooncake
-    from storage.mooncake_relay import MooncakeRelay
-    from storage.relay import FilesystemRelay
-    from storage.weight_publisher import publish_weights
+    from storage.relay.mooncake import MooncakeRelay
+    from storage.relay.base import FilesystemRelay
+    from storage.weights.publisher import publish_weights
 
     size = args.bucket_mb << 20
     total = size * args.buckets

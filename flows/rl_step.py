@@ -18,7 +18,7 @@ from prefect import flow
 from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
 from rose.config import RunConfig
-from storage.trajectories import PART, TrajectoryStore
+from storage.trajectories.dataset import PART, TrajectoryStore
 from tasks.publish import publish
 from tasks.reward import reward
 from tasks.rollout import rollout

@@ -20,8 +20,8 @@ from prefect_dask import DaskTaskRunner
 
 from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
-from executors.rollout_worker import RolloutWorkerPlugin
-from executors.trainer import TrainerPlugin, local_trainer
+from executors.workers.rollout_worker import RolloutWorkerPlugin
+from executors.workers.trainer import TrainerPlugin, local_trainer
 from flows.rl_step import rl_step
 from rose.config import RunConfig
 from tasks.publish import publish_and_sync

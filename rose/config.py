@@ -62,7 +62,7 @@ class RolloutConfig(Strict):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_concurrency_per_worker: int = Field(16, ge=1)  # paper default cap per rollout GPU
-    # elastic rollout scheduler (executors/rollout_scheduler.py)
+    # elastic rollout scheduler (executors/scheduling/scheduler.py)
     routing: Literal["turnwise_affinity", "turnwise", "pinned"] = "turnwise_affinity"
     serving_max_turns_per_worker: int = Field(16, ge=1)  # rollout turns queued on a serving GPU
     heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness

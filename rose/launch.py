@@ -73,7 +73,7 @@ def default_run_id(prefix: str = "run") -> str:
 def query(sql: str, console: Console | None = None, root: Path | None = None) -> None:
     from rich.table import Table
 
-    from storage.trajectories import TrajectoryStore
+    from storage.trajectories.dataset import TrajectoryStore
 
     console = console or Console()
     result = TrajectoryStore(root or RunConfig().trajectories_dir()).query(sql)

@@ -42,7 +42,7 @@ def saved_run_config(run_id: str, steps: int | None = None) -> RunConfig:
 
 def resume_point(cfg: RunConfig) -> ResumePoint:
     from storage.checkpoints import checkpoint_steps
-    from storage.trajectories import TrajectoryStore
+    from storage.trajectories.dataset import TrajectoryStore
 
     ckpts = checkpoint_steps(cfg.run_dir() / "checkpoints")
     return ResumePoint(cfg.run_id, ckpts[-1] if ckpts else None,

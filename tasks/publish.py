@@ -1,8 +1,8 @@
 """Publish phase: the trainer pushes the new policy through the relay, the engines pull it.
 
-The push is sparse (storage/sparse_publisher.py): a lossless bf16 delta against the version
+The push is sparse (storage/weights/sparse_publisher.py): a lossless bf16 delta against the version
 published before, or a full snapshot when there is none. Every engine worker then pulls in the
-background (executors/weight_sync.py) and reloads in place when its pull completes: a delta
+background (executors/workers/weight_sync.py) and reloads in place when its pull completes: a delta
 onto the weights it holds, or a full snapshot when it cannot (skew, damage, a lost relay).
 
 When the task returns (`wait_for`):
@@ -22,10 +22,10 @@ from distributed import worker_client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from executors.trainer import local_trainer
-from executors.weight_sync import start_pulls, trainer_publisher, wait_versions
+from executors.workers.trainer import local_trainer
+from executors.workers.weight_sync import start_pulls, trainer_publisher, wait_versions
 from rose.config import RunConfig
-from storage.transfer_metrics import write_transfer_metrics
+from storage.weights.transfer_metrics import write_transfer_metrics
 from tasks.placement import require, workers_by_kind
 
 WAIT_FOR = ("dedicated", "none", "all")
@@ -51,7 +51,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
                                   cfg.publish.sparse)
     report = publisher.publish(version, trainer.weights_bf16(), copy=False)  # fresh tensors
-    digest = report.digest  # = executors.rollout_worker.weights_digest of the bf16 weights
+    digest = report.digest  # = executors.workers.rollout_worker.weights_digest of the bf16 weights
     pushed_s = time.perf_counter() - t0
     with worker_client() as client:
         kinds = workers_by_kind(client)

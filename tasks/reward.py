@@ -6,7 +6,7 @@ from prefect import task
 
 from rose.config import RunConfig
 from rose.grpo import group_advantages
-from storage.trajectories import TrajectoryStore
+from storage.trajectories.dataset import TrajectoryStore
 from tasks.caching import STEP_CACHE
 
 

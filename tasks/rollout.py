@@ -13,14 +13,14 @@ from distributed import worker_client
 from prefect import task
 
 from envs.registry import make_env
-from executors.dynamic_sampling import DynamicSampler
-from executors.episode import Episode
-from executors.group_launcher import GroupLauncher
-from executors.rollout_scheduler import RolloutScheduler
-from executors.rollout_worker import sync_weights
+from executors.policies.dynamic_sampling import DynamicSampler
+from executors.scheduling.episode import Episode
+from executors.scheduling.group_launch import GroupLauncher
+from executors.scheduling.scheduler import RolloutScheduler
+from executors.workers.rollout_worker import sync_weights
 from rose.config import RunConfig
-from storage.trajectories import TrajectoryStore
-from storage.trajectory_schema import trajectory_id
+from storage.trajectories.dataset import TrajectoryStore
+from storage.trajectories.schema import trajectory_id
 from tasks.caching import STEP_CACHE
 from tasks.placement import require, workers_by_kind
 
@@ -97,7 +97,7 @@ def resync_from_relay(client, cfg: RunConfig, version: int):
 def start_coserving_step() -> bool:
     """On a serving worker: a new RL step for its co-serving executor (rollout KV budget from
     recent serving usage; the emergency-cut freeze lifts). False where there is none."""
-    from executors.coserving_worker import coserving_plugin
+    from executors.coserving.plugin import coserving_plugin
 
     plugin = coserving_plugin()
     if plugin is None:

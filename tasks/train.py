@@ -15,10 +15,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from executors.trainer import local_trainer
+from executors.workers.trainer import local_trainer
 from rose.config import RunConfig
 from storage.checkpoints import checkpoint_steps
-from storage.trajectories import TrajectoryStore
+from storage.trajectories.dataset import TrajectoryStore
 
 
 class InjectedFault(RuntimeError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.relay import FilesystemRelay
+from storage.relay.base import FilesystemRelay
 
 try:
     import mooncake.store  # noqa: F401
@@ -34,7 +34,7 @@ def mooncake(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mooncake_pair(mooncake):
     """A publisher (owns a segment) and a reader (no segment), like trainer and rollout."""
-    from storage.mooncake_relay import MooncakeRelay
+    from storage.relay.mooncake import MooncakeRelay
 
     writer = MooncakeRelay(mooncake.master_addr, mooncake.metadata_url, segment_bytes=256 << 20,
                            local_buffer_bytes=16 << 20)

@@ -118,8 +118,8 @@ def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:
     """(trainer version + bf16 digest, rollout-0's version + digest) from the live workers."""
     from distributed import Client
 
-    from executors.rollout_worker import weights_digest, worker_state
-    from executors.trainer import local_trainer
+    from executors.workers.rollout_worker import weights_digest, worker_state
+    from executors.workers.trainer import local_trainer
 
     def trainer_state(run):
         t = local_trainer(run)

@@ -8,9 +8,9 @@ import pytest
 import torch
 import xxhash
 
-from storage.buckets import (ALIGN, CorruptBucket, CorruptManifest, Manifest, pack, unpack,
+from storage.weights.buckets import (ALIGN, CorruptBucket, CorruptManifest, Manifest, pack, unpack,
                              verify_bucket)
-from storage.weight_publisher import _decode_raw, raw_encoder
+from storage.weights.publisher import _decode_raw, raw_encoder
 
 
 def raw_bytes(t: torch.Tensor) -> bytes:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from executors.coserving_config import CoServingConfig
-from executors.coserving_profile import load_or_measure, profile_path
-from executors.latency_profile import Curve, LatencyProfile
+from executors.coserving.config import CoServingConfig
+from executors.coserving.profile import load_or_measure, profile_path
+from executors.policies.latency_profile import Curve, LatencyProfile
 
 
 def _model_source() -> Path:
@@ -62,7 +62,7 @@ def test_profile_cache_measures_once_then_reads(tmp_path):
 
 
 def test_step_plan_costs_and_blocks_by_hand():
-    from executors.rollout_step_plan import blocks_wanted, plan_steps
+    from executors.policies.step_plan import blocks_wanted, plan_steps
 
     curve = Curve((16, 512), (0.01, 0.05))  # slope 0.04 s / 496 tokens
     prof = LatencyProfile(curve, curve, Curve((1, 8), (0.002, 0.004)), 512, "hand")
@@ -89,7 +89,7 @@ def test_step_plan_counts_whole_sequence_admission_and_preempts_when_wedged():
     an empty step, and leases were reclaimed only down to one chunk; (2) running turns that
     filled the room waited for a block (a decode at a block boundary) no plan could get, so no
     step ran, vLLM never preempted, and the stall detector aborted every live turn."""
-    from executors.rollout_step_plan import blocks_wanted, plan_steps
+    from executors.policies.step_plan import blocks_wanted, plan_steps
 
     curve = Curve((16, 512), (0.01, 0.05))
     prof = LatencyProfile(curve, curve, Curve((1, 8), (0.002, 0.004)), 512, "hand")
@@ -114,7 +114,7 @@ def test_step_plan_counts_whole_sequence_admission_and_preempts_when_wedged():
 
 
 def test_evict_reload_trigger():
-    from executors.coserving_engines import EvictReload
+    from executors.coserving.engines import EvictReload
 
     er = EvictReload(threshold=8, calm_s=2.0)
     assert er.tick(7, True, 0.0) is None  # below the burst threshold: stay up
@@ -165,7 +165,7 @@ def _config(models: Path, **kw) -> CoServingConfig:
 
 @pytest.fixture(scope="module")
 def executor(models):
-    from executors.coserving import CoServingExecutor
+    from executors.coserving.executor import CoServingExecutor
 
     ex = CoServingExecutor(_config(models))
     yield ex
@@ -281,7 +281,7 @@ def test_rollout_weights_load_in_place_and_stale_turns_are_refused(executor, mod
 
 @pytest.mark.slow
 def test_profiles_are_cached_next_to_the_models(executor, models):
-    from executors.coserving import CoServingExecutor
+    from executors.coserving.executor import CoServingExecutor
 
     m = executor.metrics()
     assert m["profiles"]["source"] == {"serving": "measured", "rollout": "measured"}

@@ -13,12 +13,12 @@ import math
 import random
 from dataclasses import dataclass
 
-from executors.kv_memory_policy import KVMemoryPolicy, MemoryState
-from executors.latency_profile import Curve, LatencyProfile
-from executors.slo_admission import (
+from executors.policies.kv_memory import KVMemoryPolicy, MemoryState
+from executors.policies.latency_profile import Curve, LatencyProfile
+from executors.policies.slo_admission import (
     DualSLOAdmission, ServingDecode, ServingPrefill, SLOConfig, rollout_step_cost,
 )
-from executors.stall_detector import StallDetector
+from executors.policies.stall import StallDetector
 
 BLOCK = 16  # tokens per KV block
 SERVING = LatencyProfile(Curve((100, 2000), (0.01, 0.2)), Curve((100, 2000), (0.012, 0.24)),

@@ -1,6 +1,6 @@
 import pytest
 
-from executors.dynamic_sampling import DynamicSampler, counts
+from executors.policies.dynamic_sampling import DynamicSampler, counts
 
 ZERO_VAR = [1.0, 1.0, 1.0]
 SPREAD = [0.0, 1.0, 1.0]

@@ -39,13 +39,13 @@ def test_one_rl_step_end_to_end(stack):
     import pyarrow.compute as pc
     from distributed import Client
 
-    from executors.rollout_worker import weights_digest, worker_state
-    from executors.trainer import local_trainer
+    from executors.workers.rollout_worker import weights_digest, worker_state
+    from executors.workers.trainer import local_trainer
     from flows.train import train
     from rose.config import RolloutConfig, RunConfig
     from rose.grpo import assemble_trajectory
-    from storage.trajectories import TrajectoryStore
-    from storage.trajectory_schema import TURN_SCHEMA
+    from storage.trajectories.dataset import TrajectoryStore
+    from storage.trajectories.schema import TURN_SCHEMA
 
     import uuid
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from executors.turns import TurnRequest
-from executors.vllm_engine import EngineLoop, EngineSpec, reload_weights
+from executors.engine.vllm_engine import EngineLoop, EngineSpec, reload_weights
 from rose.config import ModelsConfig
 from rose.models.build import build_models
 from tests.tiny_models import TINY

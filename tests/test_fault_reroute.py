@@ -58,7 +58,7 @@ def test_killed_rollout_worker_loses_no_trajectory(stack):
     from flows.train import train
     from rose.config import RolloutConfig, RunConfig
     from rose.grpo import assemble_trajectory
-    from storage.trajectories import TrajectoryStore
+    from storage.trajectories.dataset import TrajectoryStore
     from tasks.rollout import FAULT_FILE
 
     cfg = RunConfig(run_id="fault", steps=2,
@@ -106,7 +106,7 @@ def test_dynamic_sampling_step_keeps_whole_groups(stack):
     each whole, reward and train accept them, and the next step's launch target is saved."""
     from flows.train import train
     from rose.config import RolloutConfig, RunConfig
-    from storage.trajectories import TrajectoryStore
+    from storage.trajectories.dataset import TrajectoryStore
     from tasks.rollout import SAMPLING_FILE
 
     cfg = RunConfig(run_id="dapo", steps=1,

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from executors.kv_memory_policy import Action, KVMemoryPolicy, Lease, MemoryState
+from executors.policies.kv_memory import Action, KVMemoryPolicy, Lease, MemoryState
 
 
 def _loaded() -> KVMemoryPolicy:

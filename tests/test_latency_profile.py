@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from executors.latency_profile import Curve, LatencyProfile, profile_engine
+from executors.policies.latency_profile import Curve, LatencyProfile, profile_engine
 
 
 def test_curve_interpolates_clamps_below_and_extrapolates_last_slope():

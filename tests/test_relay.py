@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from storage.relay import FilesystemRelay, RelayError, RelayKeyMissing, make_relay
+from storage.relay.base import FilesystemRelay, RelayError, RelayKeyMissing, make_relay
 
 from mooncake_fixtures import (mooncake, mooncake_pair, ns, relays,  # noqa: F401 (fixtures)
                                skip_without_mooncake)
@@ -106,7 +106,7 @@ def test_make_relay_reads_mooncake_env(mooncake, monkeypatch):
 
 def test_dead_master_is_one_clear_error(mooncake):
     from rose.stack.ports import free_port
-    from storage.mooncake_relay import MooncakeRelay
+    from storage.relay.mooncake import MooncakeRelay
 
     dead = f"127.0.0.1:{free_port()}"
     with pytest.raises(RelayError, match=f"master at {dead} does not answer"):
@@ -117,7 +117,7 @@ def test_master_gone_after_connect_raises_relay_error(tmp_path):
     """A master that dies under a connected client: RelayError, not b'' or a hang."""
     skip_without_mooncake()
     from rose.stack.mooncake import start_mooncake
-    from storage.mooncake_relay import MooncakeRelay
+    from storage.relay.mooncake import MooncakeRelay
 
     services = start_mooncake(tmp_path)
     relay = None

@@ -42,7 +42,7 @@ def test_full_stack_restart_resumes_after_last_completed_step(data):
     from rose.config import RolloutConfig, RunConfig, stack_dir
     from rose.stack.local_stack import load_stack
     from storage.checkpoints import checkpoint_steps
-    from storage.trajectories import PART, TrajectoryStore
+    from storage.trajectories.dataset import PART, TrajectoryStore
 
     cfg = RunConfig(run_id=RUN, steps=5, seed=3, fault_injection={"train": 4},
                     rollout=RolloutConfig(groups=2, group_size=4, max_turns=3))

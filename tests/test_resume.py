@@ -60,7 +60,7 @@ def test_failed_train_resumes_without_redoing_rollout(stack):
     from flows.train import train
     from rose.resume import saved_run_config
     from storage.checkpoints import checkpoint_steps
-    from storage.trajectories import PART, TrajectoryStore
+    from storage.trajectories.dataset import PART, TrajectoryStore
     from tasks.train import InjectedFault
 
     cfg = _cfg(fault_injection={"train": 2})
@@ -106,10 +106,10 @@ def _assert_equals_uninterrupted_training(cfg, trainer_digest: str) -> None:
     """Train steps 1..3 in one go on the same trajectories; compare every bit of state."""
     import torch
 
-    from executors.rollout_worker import weights_digest
-    from executors.trainer import Trainer
+    from executors.workers.rollout_worker import weights_digest
+    from executors.workers.trainer import Trainer
     from storage.checkpoints import load_latest_checkpoint
-    from storage.trajectories import TrajectoryStore
+    from storage.trajectories.dataset import TrajectoryStore
 
     torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", os.cpu_count() or 1)))
     reference = Trainer(cfg.model_copy(update={"run_id": f"{RUN}-reference",

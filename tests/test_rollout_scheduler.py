@@ -13,13 +13,13 @@ import pytest
 from distributed import Client, Scheduler, SpecCluster, Worker, WorkerPlugin, get_worker
 
 from envs.base import MultiTurnEnv, StepResult
-from executors.dynamic_sampling import DynamicSampler
-from executors.episode import Episode
-from executors.group_launcher import GroupLauncher
-from executors.rollout_scheduler import RolloutScheduler, RolloutStuck
-from executors.serving_admission import ServingAdmission
+from executors.policies.dynamic_sampling import DynamicSampler
+from executors.scheduling.episode import Episode
+from executors.scheduling.group_launch import GroupLauncher
+from executors.scheduling.scheduler import RolloutScheduler, RolloutStuck
+from executors.scheduling.admission_view import ServingAdmission
 from executors.turns import TurnResult
-from executors.worker_liveness import WorkerLiveness
+from executors.scheduling.liveness import WorkerLiveness
 from tasks.reward import advantages_by_trajectory
 
 TURNS = 3

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from executors.router import Placement, StaleTurnError, TurnRouter, WorkerInfo
+from executors.policies.router import Placement, StaleTurnError, TurnRouter, WorkerInfo
 
 
 def make(rollout: int = 2, serving: int = 1, cap: int = 2, mode: str = "turnwise_affinity") -> TurnRouter:

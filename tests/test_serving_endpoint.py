@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from executors.serving_endpoint import endpoint_address, start_endpoint, stop_endpoint
+from executors.coserving.endpoint.app import endpoint_address, start_endpoint, stop_endpoint
 from fake_serving import FAIL_ID, FakeServingExecutor, expected_ids, fake_model_dir
 
 CONTEXT = 256
@@ -178,7 +178,7 @@ def test_a_client_leaving_mid_stream_aborts_its_request(fake):
 def test_real_executor_behind_the_endpoint(tmp_path_factory):
     """The tiny serving model in a serving-only co-serving executor, through the openai client."""
     data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-data"))
-    from executors.coserving import CoServingConfig, CoServingExecutor
+    from executors.coserving.executor import CoServingConfig, CoServingExecutor
     from rose.config import ModelsConfig
     from rose.models.build import build_models
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from storage.shard_layout import (
+from storage.shards.layout import (
     ParallelLayout,
     ShardSlice,
     parse_shard_key,
@@ -16,7 +16,7 @@ from storage.shard_layout import (
     stage_of,
     stages_of,
 )
-from storage.shard_plan import (
+from storage.shards.plan import (
     ParamSpec,
     apply_pull,
     assemble,
@@ -26,7 +26,7 @@ from storage.shard_plan import (
     reshard,
     split_full,
 )
-from storage.shard_rules import REPLICATED, ShardRule, infer_model_rules, infer_rule
+from storage.shards.rules import REPLICATED, ShardRule, infer_model_rules, infer_rule
 
 QKV = ShardRule("column", 0, "qkv_grouped", num_heads=4, num_groups=2, head_dim=2)  # Q 0-8, K 8-12, V 12-16
 GATED = ShardRule("column", 0, "gated", stride=2)

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from executors.latency_profile import Curve, LatencyProfile
-from executors.slo_admission import (
+from executors.policies.latency_profile import Curve, LatencyProfile
+from executors.policies.slo_admission import (
     DualSLOAdmission, ServingDecode, ServingPrefill, SLOConfig, rollout_step_cost,
 )
 

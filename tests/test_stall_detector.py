@@ -1,6 +1,6 @@
 import pytest
 
-from executors.stall_detector import StallDetector, StallReport
+from executors.policies.stall import StallDetector, StallReport
 
 
 def test_request_without_progress_for_timeout_is_reported_once_and_dropped():

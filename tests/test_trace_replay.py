@@ -183,7 +183,7 @@ def test_repo_carries_a_copy_of_the_notice():
 def test_cli_replays_against_an_endpoint(tmp_path):
     from typer.testing import CliRunner
 
-    from executors.serving_endpoint import start_endpoint, stop_endpoint
+    from executors.coserving.endpoint.app import start_endpoint, stop_endpoint
     from fake_serving import FakeServingExecutor
     from rose.cli import app
 

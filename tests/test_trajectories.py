@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from storage.analyst_queries import ANALYST_QUERIES
-from storage.trajectories import QueryError, TrajectoryStore
-from storage.trajectory_schema import (FIELD_NAMES, SCHEMA_VERSION, TURN_SCHEMA, SchemaError,
+from storage.trajectories.queries import ANALYST_QUERIES
+from storage.trajectories.dataset import QueryError, TrajectoryStore
+from storage.trajectories.schema import (FIELD_NAMES, SCHEMA_VERSION, TURN_SCHEMA, SchemaError,
                                        schema_markdown, trajectory_id)
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -193,7 +193,7 @@ def test_prefix_cache_reuse_query(store):
 
 def test_docs_carry_schema_and_queries():
     schema_doc = (DOCS / "trajectory_schema.md").read_text()
-    assert schema_markdown() in schema_doc, "regenerate: python -m storage.trajectory_schema"
+    assert schema_markdown() in schema_doc, "regenerate: python -m storage.trajectories.schema"
     assert f"SCHEMA_VERSION = {SCHEMA_VERSION}" in schema_doc
     queries_doc = (DOCS / "analyst_queries.md").read_text()
     for name, sql in ANALYST_QUERIES.items():

@@ -7,9 +7,9 @@ from urllib.parse import unquote
 import pytest
 import torch
 
-from storage.buckets import CorruptBucket, Manifest
-from storage.relay import FilesystemRelay, RelayKeyMissing
-from storage.weight_publisher import (bucket_key, latest_key, latest_version, manifest_key,
+from storage.weights.buckets import CorruptBucket, Manifest
+from storage.relay.base import FilesystemRelay, RelayKeyMissing
+from storage.weights.publisher import (bucket_key, latest_key, latest_version, manifest_key,
                                       publish_weights, pull_weights, register_decoder)
 
 from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
@@ -174,6 +174,6 @@ def test_pluggable_encoding_gets_base(tmp_path):
     _, got = pull_weights(relay, "r", 8, base=base, base_version=7)
     assert all(bits(got[n]) == bits(new[n]) for n in new)
     with pytest.raises(CorruptBucket, match="unknown encoding 'xor'"):
-        import storage.weight_publisher as wp
+        import storage.weights.publisher as wp
         del wp._DECODERS["xor"]
         pull_weights(relay, "r", 8, base=base, base_version=7)

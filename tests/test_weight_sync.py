@@ -10,14 +10,14 @@ import time
 import pytest
 import torch
 
-from storage.buckets import Manifest
+from storage.weights.buckets import Manifest
 from storage.delta import DeltaBaseMismatch
-from storage.relay import FilesystemRelay
-from storage.sparse_publisher import SparsePublisher
-from storage.transfer_metrics import changed_count
-from storage.weight_publisher import (bucket_key, manifest_key, pull_weights, read_manifest,
+from storage.relay.base import FilesystemRelay
+from storage.weights.sparse_publisher import SparsePublisher
+from storage.weights.transfer_metrics import changed_count
+from storage.weights.publisher import (bucket_key, manifest_key, pull_weights, read_manifest,
                                       request_key)
-from storage.weight_receiver import SnapshotUnavailable, WeightReceiver
+from storage.weights.receiver import SnapshotUnavailable, WeightReceiver
 
 from mooncake_fixtures import mooncake, mooncake_pair, ns, relays, skip_without_mooncake  # noqa: F401
 
@@ -285,7 +285,7 @@ def test_mooncake_master_restart_republishes_full_snapshot(tmp_path):
     skip_without_mooncake()
     from rose.stack.mooncake import start_mooncake
     from rose.stack.ports import LOCALHOST
-    from storage.mooncake_relay import MooncakeRelay
+    from storage.relay.mooncake import MooncakeRelay
 
     services = start_mooncake(tmp_path / "mc")
     try:
@@ -332,8 +332,8 @@ def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
     """A trainer that came back with other bits under the same version number (e.g. resumed
     from an older checkpoint) republishes in full; a receiver holding the old bits must not
     keep them just because the number matches."""
-    from executors.rollout_worker import weights_digest
-    from storage.sparse_publisher import tensors_digest
+    from executors.workers.rollout_worker import weights_digest
+    from storage.weights.sparse_publisher import tensors_digest
 
     relay = FilesystemRelay(tmp_path)
     train = Training(10)
@@ -355,7 +355,7 @@ def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
 @pytest.mark.parametrize("force", ["ef", "coo", "ternary"])
 def test_change_count_read_from_payload_matches_a_compare(force):
     from storage.delta import encode_delta
-    from storage.transfer_metrics import changed_in_payload
+    from storage.weights.transfer_metrics import changed_in_payload
 
     g = torch.Generator().manual_seed(11)
     base = torch.randn(5000, generator=g).to(torch.bfloat16)

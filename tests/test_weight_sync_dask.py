@@ -10,13 +10,13 @@ import pytest
 import torch
 from distributed import Client, Scheduler, SpecCluster, Worker, WorkerPlugin
 
-from executors.rollout_worker import sync_weights as rollout_sync_weights
-from executors.rollout_worker import weights_digest
-from executors.weight_sync import (policy_floor, pull_status, start_pulls, wait_versions)
-from storage import relay_pool
-from storage.relay import FilesystemRelay
-from storage.sparse_publisher import SparsePublisher
-from storage.transfer_metrics import transfer_path, write_transfer_metrics
+from executors.workers.rollout_worker import sync_weights as rollout_sync_weights
+from executors.workers.rollout_worker import weights_digest
+from executors.workers.weight_sync import (policy_floor, pull_status, start_pulls, wait_versions)
+from storage.relay import pool as relay_pool
+from storage.relay.base import FilesystemRelay
+from storage.weights.sparse_publisher import SparsePublisher
+from storage.weights.transfer_metrics import transfer_path, write_transfer_metrics
 
 GATE = threading.Event()  # a closed gate holds the stand-in engine's reload (a slow pull)
 
@@ -171,7 +171,7 @@ def test_worker_left_behind_resyncs_in_full(cluster):
 
 
 def test_a_failed_pull_is_reported_not_hung(cluster, monkeypatch):
-    import executors.weight_sync as ws
+    import executors.workers.weight_sync as ws
 
     monkeypatch.setattr(ws, "FULL_TIMEOUT_S", 0.5)
     client, relay = cluster

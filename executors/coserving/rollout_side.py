@@ -1,0 +1,308 @@
+"""The rollout half of a co-serving executor: turns on the rollout engine, under a KV policy.
+
+Owns the rollout engine's live turns and keeps three plain-Python policies in step with the
+engine's real state: KVMemoryPolicy (blocks per request, prefix leases), StallDetector
+(progress = computed tokens grew; for a turn still queued, a productive step) and the step
+plan admission judges (executors/policies/step_plan.py). KV is accounted in
+pages: one page = one serving-engine block; a rollout block is `page_ratio` pages (the two
+models' KV layouts differ, as on a GPU where both map one physical pool). Loop thread only.
+"""
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from executors.policies.kv_memory import Action, KVMemoryPolicy, MemoryState
+from executors.policies.latency_profile import LatencyProfile
+from executors.policies.step_plan import StepPlan, blocks_wanted, plan_steps
+from executors.policies.stall import StallDetector
+from executors.turns import TurnRequest, TurnResult
+
+
+BLOCKED_RETRY_S = 0.25  # an empty step's room is retried after this even if it did not grow
+
+
+def new_counters() -> dict:
+    """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
+    keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
+            "aborted_evict", "aborted_other", "stale", "leases_expired", "lease_blocks_evicted",
+            "prefixes_dropped", "leases_reclaimed", "cached_tokens", "scheduled_tokens",
+            "empty_steps")
+    c: dict = dict.fromkeys(keys, 0)
+    c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
+    return c
+
+
+def empty_result(request: TurnRequest, worker: str, version: int, reason: str) -> TurnResult:
+    """A turn answered without tokens: "abort" (reroutable) or "stale" (old weights)."""
+    return TurnResult(request.request_id, request.trajectory_id, [], [], reason, worker,
+                      "serving", version, len(request.prompt_ids))
+
+
+@dataclass
+class _Turn:
+    request: TurnRequest
+    fut: Future
+    internal: str
+    submitted: float
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    computed: int = 0
+    pages: int = 0
+    cached: int = 0
+    first_progress: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+class RolloutSide:
+    def __init__(self, engine, scheduler, profile: LatencyProfile, *, worker: str,
+                 policy: KVMemoryPolicy | None, stall: StallDetector, leases: bool,
+                 page_ratio: float, counters: dict | None = None) -> None:
+        self.engine, self.scheduler, self.profile = engine, scheduler, profile
+        self.worker, self.policy, self.stall = worker, policy, stall
+        self.leases, self.page_ratio = leases, page_ratio
+        scheduler.capture_released = leases
+        self.version = 0
+        self.live: dict[str, _Turn] = {}
+        self.blocked_room: int | None = None  # KV room when a step scheduled nothing
+        self.blocked_until = 0.0  # ... retried anyway after this (monotonic s): a safety net
+        self.lease_blocks: dict[str, list[int]] = {}  # trajectory -> cached block ids
+        self.c = counters if counters is not None else new_counters()
+
+    def pages(self, blocks: int) -> int:
+        return math.ceil(blocks * self.page_ratio - 1e-9)
+
+    def blocks_for(self, pages: int) -> int:
+        return max(0, math.floor(pages / self.page_ratio + 1e-9))
+
+    def used_blocks(self) -> int:
+        return self.scheduler.used_blocks()
+
+    def has_work(self) -> bool:
+        return bool(self.live)
+
+    # ---- turns in ----
+    def add(self, request: TurnRequest, fut: Future, now: float) -> None:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if request.min_policy_version > self.version:
+            self.c["stale"] += 1
+            fut.set_result(empty_result(request, self.worker, self.version, "stale"))
+            return
+        if request.request_id in self.live:
+            fut.set_exception(ValueError(f"turn {request.request_id} is already in flight"))
+            return
+        params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+                                top_p=request.top_p, seed=request.seed, logprobs=0,
+                                detokenize=False, stop_token_ids=request.stop_token_ids or None,
+                                output_kind=RequestOutputKind.DELTA)
+        try:
+            internal = self.engine.add_request(
+                request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params)
+        except Exception as exc:  # e.g. longer than max_model_len: this turn only
+            fut.set_exception(ValueError(f"turn {request.request_id} rejected: {exc}"))
+            return
+        tid = request.trajectory_id
+        if tid in self.lease_blocks:  # the new turn takes over its prefix (hits, then holds it)
+            self.lease_blocks.pop(tid)
+            if self.policy is not None:
+                self.policy.drop_prefix(tid)
+        self.live[request.request_id] = _Turn(request, fut, internal, now)
+        self.blocked_room = None  # new work: it may fit where the queued work did not
+        self.stall.on_admit(request.request_id, now, tid)
+
+    # ---- planning (what admission judges) ----
+    def plans(self, chunk_tokens: int | None, room_blocks: int | None = None,
+              admit_blocks: int | None = None) -> list[StepPlan]:
+        """Plans for the next step from the engine's pending work (rollout_step_plan): vLLM's
+        whole-sequence admission need counted, a "preempt" step when nothing fits the room
+        but running turns hold blocks. admit_blocks: scheduler.admission_blocks(), if the
+        caller already asked (it looks up prefix hits: once per decision is enough)."""
+        if admit_blocks is None:
+            admit_blocks = self.scheduler.admission_blocks()
+        return plan_steps(*self.scheduler.pending_work(), self.scheduler.block_size,
+                          self.profile, chunk_tokens, room_blocks, admit_blocks=admit_blocks,
+                          held_blocks=self.used_blocks())
+
+    def blocks_wanted(self, chunk_tokens: int | None, admit_blocks: int) -> int:
+        return blocks_wanted(*self.scheduler.pending_work(), self.scheduler.block_size,
+                             chunk_tokens, admit_blocks)
+
+    def reclaim_leases(self, pages_wanted: int) -> int:
+        """Live turns before idle prefixes: end the oldest leases until `pages_wanted` fit the
+        budget (vLLM itself would evict those cached blocks to allocate). Returns leases ended."""
+        ended = 0
+        while self.lease_blocks and self.room_pages() < pages_wanted:
+            tid = next(iter(self.lease_blocks))  # insertion order = soonest to expire
+            ids = self.lease_blocks.pop(tid)
+            self.policy.drop_prefix(tid)
+            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+            self.c["leases_reclaimed"] += 1
+            ended += 1
+        return ended
+
+    def room_pages(self, with_leases: bool = False) -> int:
+        """Pages rollout may still take under the memory policy (with_leases: counting the
+        leased prefixes reclaim_leases would end)."""
+        p = self.policy
+        if p is None or p.state is MemoryState.PRESSURE:
+            return 0
+        used = p.request_blocks if with_leases else p.rollout_used
+        return max(0, min(p.budget - used, p.total_blocks - p.serving_used - used - p.reserve_blocks))
+
+    # ---- one engine step ----
+    def step(self, plan: StepPlan | None, block_cap: int | None, now_fn=time.monotonic) -> float:
+        self.scheduler.token_budget = plan.tokens if plan is not None else None
+        self.scheduler.block_cap = block_cap
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        took = time.perf_counter() - t0
+        now = now_fn()
+        self.c["steps"] += 1
+        self.c["step_s"] += took
+        self.c["scheduled_tokens"] += self.scheduler.last_scheduled_tokens
+        if self.scheduler.last_scheduled_tokens == 0:
+            # vLLM refused everything under the cap (prefix hits and its watermark take blocks
+            # the plan did not count): do not retry until the KV room grows
+            self.c["empty_steps"] += 1
+            self.blocked_room = max(0, (block_cap or 0) - self.used_blocks())
+            self.blocked_until = now + BLOCKED_RETRY_S
+        else:
+            self.blocked_room = None
+        released = self.scheduler.take_released() if self.leases else {}
+        if plan is not None:
+            self.c["planned_steps"] += 1
+            self.c["planned_step_s"] += took
+            self.c["predicted_s"] += plan.cost_s
+            self.c["abs_error_s"] += abs(took - plan.cost_s)
+        for out in outputs:
+            t = self.live.get(out.request_id)
+            if t is None:
+                continue
+            completion = out.outputs[0]
+            new = [int(x) for x in completion.token_ids]
+            t.ids += new
+            t.logprobs += [float(lp[tok].logprob) for lp, tok in zip(completion.logprobs or [], new)]
+            if new:
+                t.first_token_at = t.first_token_at or now
+                t.last_token_at = now
+                self.c["tokens"] += len(new)
+            t.cached = int(out.num_cached_tokens or t.cached)
+            if out.finished:
+                reason = completion.finish_reason
+                reason = reason if reason in ("stop", "length") else "abort"
+                self._finish(out.request_id, reason, now, released)
+        self.sync(now, queue_moved=self.scheduler.last_scheduled_tokens > 0)
+        return took
+
+    def sync(self, now: float, queue_moved: bool = False) -> None:
+        """Progress for the stall detector; blocks held, in pages, for the memory policy.
+
+        A turn that has not started yet counts a productive rollout step (queue_moved) as
+        progress: waiting FCFS behind other turns on a working rollout engine is not a stall;
+        an engine starved by serving (no admitted step) or by KV (nothing schedulable) is.
+        """
+        for rid, t in self.live.items():
+            req = self.scheduler.requests.get(t.internal)
+            if req is None:
+                continue
+            if req.num_computed_tokens > t.computed:
+                t.computed = req.num_computed_tokens
+                t.first_progress = t.first_progress or now
+                self.stall.on_progress(rid, now)
+            elif queue_moved and t.first_progress is None:
+                self.stall.on_progress(rid, now)
+            if self.policy is not None:
+                pages = self.pages(self.scheduler.request_blocks(t.internal))
+                if pages < t.pages:  # vLLM preempted it (recompute): its blocks went back
+                    self.policy.on_rollout_free(rid)
+                    t.pages = 0
+                if pages > t.pages:
+                    self.policy.on_rollout_alloc(rid, pages - t.pages, now, t.request.trajectory_id)
+                    t.pages = pages
+
+    # ---- turns out ----
+    def _finish(self, rid: str, reason: str, now: float, released: dict[str, list[int]]) -> None:
+        t = self.live.pop(rid)
+        self.stall.on_finish(rid)
+        if self.policy is not None:
+            self.policy.on_rollout_free(rid)
+        if reason == "abort":
+            self.c["aborted_other"] += 1
+        else:
+            self.c["finished"] += 1
+            self.c["cached_tokens"] += t.cached
+            if t.internal in released:
+                self._lease(t.request.trajectory_id, released[t.internal], now)
+        t.fut.set_result(self._result(t.request, t, reason))
+
+    def _lease(self, tid: str, block_ids: list[int], now: float) -> None:
+        cached = self.scheduler.cached_blocks(block_ids)
+        if not cached or self.policy is None:
+            return
+        if self.policy.touch_prefix(tid, self.pages(len(cached)), now):
+            self.lease_blocks.pop(tid, None)  # re-insert: the dict's order is expiry order
+            self.lease_blocks[tid] = cached
+        else:  # no room under the budget: reclaim at once
+            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(cached)
+
+    def abort(self, rids: list[str], why: str) -> int:
+        """Abort live turns (engine abort frees their KV); each future gets finished_reason
+        "abort", which the scheduler reroutes. why: "cut", "stall" or "other"."""
+        rids = [rid for rid in rids if rid in self.live]
+        if not rids:
+            return 0
+        self.engine.abort_request(rids)
+        self.scheduler.take_released()  # aborted KV is not worth a lease
+        for rid in rids:
+            t = self.live.pop(rid)
+            self.stall.on_finish(rid)
+            if self.policy is not None:
+                self.policy.on_rollout_free(rid)
+            self.c[f"aborted_{why}"] += 1
+            t.fut.set_result(self._result(t.request, t, "abort"))
+        return len(rids)
+
+    def apply(self, actions: list[Action]) -> None:
+        """Carry out an emergency cut: drop leased prefixes, abort the chosen turns."""
+        for a in actions:
+            if a.kind == "drop_prefix":
+                ids = self.lease_blocks.pop(a.trajectory_id, [])
+                self.c["prefixes_dropped"] += 1
+                self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+        self.abort([a.request_id for a in actions if a.kind == "abort"], "cut")
+
+    def expire_leases(self, now: float) -> None:
+        if self.policy is None:
+            return
+        for lease in self.policy.expired_leases(now):
+            ids = self.lease_blocks.pop(lease.trajectory_id, [])
+            self.c["leases_expired"] += 1
+            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+
+    def check_stalls(self, now: float) -> list:
+        reports = self.stall.check(now)
+        self.abort([r.request_id for r in reports], "stall")
+        return reports
+
+    def drop_all_leases(self) -> None:
+        """Weights changed: cached KV came from the old policy."""
+        for tid, ids in list(self.lease_blocks.items()):
+            if self.policy is not None:
+                self.policy.drop_prefix(tid)
+            self.scheduler.evict_cached(ids)
+        self.lease_blocks.clear()
+
+    def _result(self, request: TurnRequest, t: _Turn, reason: str) -> TurnResult:
+        res = empty_result(request, self.worker, self.version, reason)
+        res.response_ids, res.logprobs, res.num_cached_tokens = t.ids, t.logprobs, t.cached
+        start = t.first_progress or t.submitted
+        res.queued_s = max(0.0, start - t.submitted)
+        if t.first_token_at is not None:
+            res.prefill_s = max(0.0, t.first_token_at - start)
+            res.decode_s = max(0.0, (t.last_token_at or t.first_token_at) - t.first_token_at)
+        return res

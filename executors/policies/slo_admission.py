@@ -1,0 +1,171 @@
+"""Dual-SLO admission: run a rollout step only when serving has the slack to absorb it.
+
+Formulas (rose.md, component 1; paper 4.1), with t = now:
+  TTFT slack of a queued serving prefill r:  s_r = T_ttft - (t - a_r) - P_m(L_r);  S_ttft = min_r s_r
+  TPOT slack of an active serving decode r:  s_r = T_tpot - (t - l_r) - D(B);      S_tpot = min_r s_r
+A rollout step of predicted cost c is admitted iff c <= S (S_ttft on prefill instances, S_tpot
+on decode instances, min of both where prefill and decode share an instance) and its KV blocks
+keep the serving headroom. An empty queue gives +inf slack: nothing to protect.
+Every method takes `now` so a simulator and the real executor drive the same code.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+from executors.policies.latency_profile import LatencyProfile, PrefillMode, PREFILL_MODES
+
+InstanceMode = Literal["prefill", "decode", "mixed"]
+INSTANCE_MODES: tuple[str, ...] = ("prefill", "decode", "mixed")
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class SLOConfig:
+    """Serving SLO budgets in seconds (applied per request, judged at P99)."""
+
+    ttft_s: float
+    tpot_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"SLO {name} must be a positive number of seconds, got {v!r}")
+
+    @classmethod
+    def paper_7b(cls) -> "SLOConfig":
+        return cls(ttft_s=0.5, tpot_s=0.15)  # paper: (TPOT, TTFT) = (150 ms, 500 ms), 7B
+
+    @classmethod
+    def paper_32b(cls) -> "SLOConfig":
+        return cls(ttft_s=1.0, tpot_s=0.45)  # paper: (450 ms, 1000 ms), 32B
+
+    @classmethod
+    def from_profile(
+        cls,
+        profile: LatencyProfile,
+        prompt_len: int = 2048,
+        batch: int = 16,
+        ttft_factor: float = 4.0,
+        tpot_factor: float = 5.0,
+        prefill_mode: PrefillMode = "monolithic",
+        min_ttft_s: float = 0.05,
+        min_tpot_s: float = 0.02,
+    ) -> "SLOConfig":
+        """CPU defaults derived from the serving model's own profile (the paper's SLOs are for
+        7B/32B models on GPUs and mean nothing for a tiny CPU model).
+
+        Rule: T_ttft = max(min_ttft_s, ttft_factor * P_m(prompt_len)) and
+              T_tpot = max(min_tpot_s, tpot_factor * D(batch)),
+        i.e. an SLO is a few times what a reference serving request costs on this engine alone,
+        which leaves room for rollout steps between serving steps. The factors and the
+        reference (2048-token prompt, batch 16) are our choice, not the paper's; the floors keep
+        the SLO above the ~10 ms timer and scheduling jitter of a shared CPU box.
+        """
+        if ttft_factor <= 1 or tpot_factor <= 1:
+            raise ValueError("SLO factors must exceed 1, else serving alone breaks its SLO")
+        return cls(ttft_s=max(min_ttft_s, ttft_factor * profile.prefill(prompt_len, prefill_mode)),
+                   tpot_s=max(min_tpot_s, tpot_factor * profile.decode_step(batch)))
+
+
+@dataclass(frozen=True)
+class ServingPrefill:
+    """A serving request waiting for its prefill: arrival time a_r and prompt length L_r."""
+
+    arrival: float
+    prompt_len: int
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.arrival):
+            raise ValueError(f"serving prefill arrival must be finite, got {self.arrival}")
+        if self.prompt_len < 1:
+            raise ValueError(f"serving prompt_len must be >= 1, got {self.prompt_len}")
+
+
+@dataclass(frozen=True)
+class ServingDecode:
+    """A serving request in decode: the time l_r its most recent token came out."""
+
+    last_token_at: float
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.last_token_at):
+            raise ValueError(f"serving decode last_token_at must be finite, got {self.last_token_at}")
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    admitted: bool
+    slack: float  # the slack the cost was held against (s); +inf when nothing to protect
+    reason: str  # "admitted", "kv_headroom", "ttft_slack" or "tpot_slack"
+    cost_s: float = 0.0
+
+
+class DualSLOAdmission:
+    """Admission controller for one serving instance.
+
+    mode: "prefill" (a PD-disaggregated prefill instance: TTFT slack only), "decode" (TPOT
+    slack only) or "mixed" (prefill and decode on one instance: min of both).
+    prefill_mode: the serving engine's prefill mode m used in P_m(L_r).
+    """
+
+    def __init__(self, profile: LatencyProfile, slo: SLOConfig, mode: InstanceMode = "mixed",
+                 prefill_mode: PrefillMode = "monolithic") -> None:
+        if mode not in INSTANCE_MODES:
+            raise ValueError(f"unknown instance mode {mode!r}; expected one of {INSTANCE_MODES}")
+        if prefill_mode not in PREFILL_MODES:
+            raise ValueError(f"unknown prefill mode {prefill_mode!r}; expected one of {PREFILL_MODES}")
+        self.profile, self.slo, self.mode, self.prefill_mode = profile, slo, mode, prefill_mode
+
+    def ttft_slack(self, queued: Iterable[ServingPrefill], now: float) -> float:
+        T, m = self.slo.ttft_s, self.prefill_mode
+        return min((T - (now - r.arrival) - self.profile.prefill(r.prompt_len, m) for r in queued),
+                   default=INF)
+
+    def tpot_slack(self, active: Iterable[ServingDecode], now: float) -> float:
+        active = list(active)
+        if not active:
+            return INF
+        step = self.profile.decode_step(len(active))  # D(B): the next serving step is due anyway
+        return min(self.slo.tpot_s - (now - r.last_token_at) - step for r in active)
+
+    def admit(self, cost_s: float, queued: Iterable[ServingPrefill],
+              active: Iterable[ServingDecode], now: float, kv_ok: bool) -> AdmissionDecision:
+        """Decide one rollout step of predicted cost `cost_s` seconds at time `now`."""
+        if not (math.isfinite(cost_s) and cost_s >= 0):
+            raise ValueError(f"rollout step cost must be finite and >= 0, got {cost_s}")
+        s_ttft = self.ttft_slack(queued, now) if self.mode != "decode" else INF
+        s_tpot = self.tpot_slack(active, now) if self.mode != "prefill" else INF
+        slack = min(s_ttft, s_tpot)
+        binding = "ttft_slack" if s_ttft <= s_tpot else "tpot_slack"
+        if not kv_ok:  # memory first: no slack can pay for eating serving's headroom
+            return AdmissionDecision(False, slack, "kv_headroom", cost_s)
+        if cost_s > slack:
+            return AdmissionDecision(False, slack, binding, cost_s)
+        return AdmissionDecision(True, slack, "admitted", cost_s)
+
+
+def rollout_step_cost(kind: Literal["prefill_chunk", "decode"], tokens_or_batch: int,
+                      rollout_profile: LatencyProfile, serving_batch: int | None = None) -> float:
+    """Predicted seconds one rollout step holds the device.
+
+    prefill_chunk: P_chunked(c) for a chunk of c <= chunk_size tokens.
+    decode: the decode-step increase serving sees. Under temporal sharing (heterogeneous
+    models, serving_batch=None) serving waits for the whole rollout step: D_rollout(b). When
+    the rollout tokens ride in the serving engine's own batch (one model, serving_batch=B),
+    the increase is D(B + b) - D(B).
+    """
+    if tokens_or_batch < 1:
+        raise ValueError(f"rollout step needs >= 1 token or request, got {tokens_or_batch}")
+    if kind == "prefill_chunk":
+        return rollout_profile.chunk(tokens_or_batch)
+    if kind == "decode":
+        if serving_batch is None or serving_batch == 0:
+            return rollout_profile.decode_step(tokens_or_batch)
+        if serving_batch < 0:
+            raise ValueError(f"serving_batch must be >= 0, got {serving_batch}")
+        return (rollout_profile.decode_step(serving_batch + tokens_or_batch)
+                - rollout_profile.decode_step(serving_batch))
+    raise ValueError(f"unknown rollout step kind {kind!r}; expected 'prefill_chunk' or 'decode'")

@@ -1,0 +1,28 @@
+"""What one rollout phase hands back: the kept trajectories and what happened to the workers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from executors.scheduling.episode import Episode
+
+
+class RolloutStuck(RuntimeError):
+    """No worker is left to run the remaining turns (all dead, excluded or stuck)."""
+
+
+@dataclass
+class RolloutReport:
+    episodes: list[Episode]  # the trajectories kept for the step
+    seconds: float
+    rerouted_turns: int = 0
+    dead_workers: list[str] = field(default_factory=list)
+    excluded_workers: list[str] = field(default_factory=list)  # stale or failing, not dead
+    rejoined_workers: list[str] = field(default_factory=list)
+    batches: int = 0
+    aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
+    sampling: dict = field(default_factory=dict)
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (unix time, what, worker)
+
+    @property
+    def rows(self) -> list[dict]:
+        return [row for ep in self.episodes for row in ep.rows]

@@ -1,0 +1,262 @@
+"""The elastic rollout scheduler's dispatch loop: every turn routed afresh over Dask.
+
+Turns ready at the same moment for the same worker travel as one Dask future (one engine
+batch); results come back as they finish, environments step, and the next turns are routed
+(cache-affine first, see executors/policies/router.py). Which workers take part, and when serving
+workers admit turns, is executors/scheduling/worker_pool.py's business.
+
+No trajectory is lost: a turn whose worker died (the Dask scheduler dropped it, seen within
+`heartbeat_s`), failed, aborted it (KV cut, stall) or answered "stale" (it holds an older
+policy) is re-prefilled elsewhere from the trajectory's history, and its row says "rerouted".
+
+With DAPO dynamic sampling (executors/scheduling/group_launch.py) the loop launches groups until enough
+have reward variance, then aborts the surplus in the engines (out of band: client.run) and
+drops those trajectories from the step.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Callable
+
+from distributed import Client, wait
+
+from executors.scheduling.episode import Episode
+from executors.scheduling.group_launch import GroupLauncher
+from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
+from executors.workers.rollout_worker import generate_turns
+from executors.policies.router import TurnRouter
+from executors.scheduling.worker_pool import WorkerPool
+
+log = logging.getLogger("rose.rollout")
+
+
+class RolloutScheduler:
+    def __init__(self, client: Client, workers: dict[str, str], cap_per_worker: int = 16,
+                 mode: str = "turnwise_affinity", admits: Callable[[str], bool] | None = None, *,
+                 serving_max_turns: int = 16, admission_refresh_s: float = 0.3,
+                 heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
+                 max_attempts_per_turn: int = 5, turn_timeout_s: float = 120.0,
+                 stuck_after_s: float = 600.0, generate: Callable = generate_turns,
+                 max_batch_failures: int = 3, serving_lag: int = 0) -> None:
+        if turn_timeout_s <= 0:
+            raise ValueError(f"turn_timeout_s must be > 0, got {turn_timeout_s}")
+        self.client, self.router = client, TurnRouter(cap_per_worker, mode)
+        self.pool = WorkerPool(client, workers, self.router, heartbeat_s=heartbeat_s,
+                               admits=admits, serving_max_turns=serving_max_turns,
+                               admission_refresh_s=admission_refresh_s, resync=resync,
+                               max_rejoins=max_rejoins)
+        self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views
+        self.generate, self.max_attempts = generate, max_attempts_per_turn
+        self.stuck_after_s, self.max_batch_failures = stuck_after_s, max_batch_failures
+        self.turn_timeout_s = turn_timeout_s  # health check: a batch unanswered this long
+        # a borrowed serving worker may run a policy this many versions older than the step's
+        # (its pull finishes in the background: weight_sync.policy_floor); dedicated ones may not
+        self.serving_lag = serving_lag
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, work: list[Episode] | GroupLauncher,
+            on_turn: Callable[[dict], None] | None = None) -> RolloutReport:
+        t0 = time.perf_counter()
+        launcher = work if isinstance(work, GroupLauncher) else GroupLauncher.fixed(work)
+        self.report = RolloutReport([], 0.0)
+        self.by_id: dict[str, Episode] = {}
+        self.ready: deque[str] = deque()
+        self.inflight: dict = {}  # future -> (worker, [trajectory ids], sent at)
+        self.running: dict[str, tuple[str, str]] = {}  # trajectory -> (worker, request id)
+        self.last_worker: dict[str, str] = {}  # trajectory -> worker of its last finished turn
+        self.abandoned: set[str] = set()
+        self.active: set[str] = set()
+        self.failures: dict[str, int] = {}
+        self._start(launcher.launch())
+        progress = time.monotonic()
+        while self.active:
+            self._on_lost(self.pool.poll())
+            self._dispatch()
+            if time.monotonic() - progress > self.stuck_after_s:
+                raise RolloutStuck(f"no turn finished for {self.stuck_after_s:.0f} s; "
+                                   f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
+            if not self.inflight:
+                if not self.pool.any_left():
+                    raise RolloutStuck(f"{len(self.ready)} turns ready but no worker is left")
+                time.sleep(self.pool.tick_s)  # waiting for admission, a rejoin, or a free slot
+                continue
+            try:
+                done, _ = wait(list(self.inflight), timeout=self.pool.tick_s,
+                               return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                self._exclude_unresponsive()
+                continue
+            for fut in done:
+                if fut in self.inflight and self._finish_batch(fut, launcher, on_turn):
+                    progress = time.monotonic()
+            self._exclude_unresponsive()
+        for fut in self.inflight:  # only surplus turns are left, already aborted in the engines
+            fut.cancel()
+        self.pool.close()
+        r, p = self.report, self.pool
+        r.dead_workers, r.excluded_workers, r.rejoined_workers = p.dead, p.excluded, p.rejoined
+        r.events = p.events
+        self.report.episodes = launcher.kept()
+        self.report.sampling = launcher.summary()
+        self.report.seconds = time.perf_counter() - t0
+        return self.report
+
+    def _start(self, episodes: list[Episode]) -> None:
+        for ep in episodes:
+            self.by_id[ep.trajectory_id] = ep
+            self.active.add(ep.trajectory_id)
+            self.ready.append(ep.trajectory_id)
+
+    def _dispatch(self) -> None:
+        batches: dict[str, list[str]] = {}
+        self.ready = deque(t for t in self.ready if t not in self.abandoned)
+        if self.router.mode == "turnwise_affinity":
+            # First the turns whose prefix KV sits on a worker with room: a slot that just freed
+            # goes to the trajectory that left it, not to an older queued turn that would
+            # re-prefill there anyway (the older one takes the next slot anywhere).
+            self.ready = self._place(batches, affine_only=True)
+        self.ready = self._place(batches, affine_only=False)
+        for worker, tids in batches.items():
+            requests = [self.by_id[tid].request() for tid in tids]
+            if self.serving_lag and self.kinds.get(worker) == "serving":
+                for req in requests:
+                    req.min_policy_version = max(0, req.min_policy_version - self.serving_lag)
+            for tid, req in zip(tids, requests):
+                self.running[tid] = (worker, req.request_id)
+            fut = self.client.submit(self.generate, requests, workers=[worker],
+                                     allow_other_workers=False, pure=False, retries=0)
+            self.inflight[fut] = (worker, tids, time.monotonic())
+            self.report.batches += 1
+
+    def _place(self, batches: dict[str, list[str]], affine_only: bool) -> deque[str]:
+        """Route the ready turns in FIFO order; return those left waiting."""
+        waiting: deque[str] = deque()
+        full = False  # no worker has room for a turn without affinity: neither for the next
+        for tid in self.ready:
+            if full or (affine_only and tid not in self.last_worker):
+                waiting.append(tid)
+                continue
+            worker = self.router.route(tid, self.pool.admits)
+            if worker is None or (affine_only and worker != self.last_worker[tid]):
+                waiting.append(tid)
+                full = worker is None and not affine_only and self.router.mode != "pinned"
+                continue
+            self.router.on_turn_start(tid, worker)
+            batches.setdefault(worker, []).append(tid)
+        return waiting
+
+    def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
+        worker, tids, _ = self.inflight.pop(fut)
+        try:
+            results = fut.result()
+        except Exception as exc:  # worker died, or the batch failed on a live worker
+            self._batch_failed(worker, tids, exc)
+            return False
+        stale, progressed = [], False
+        for tid, result in zip(tids, results):
+            if tid in self.abandoned:
+                continue
+            self.running.pop(tid, None)
+            if result.finished_reason == "stale":
+                stale.append(tid)  # still in flight for the router: rerouted with the worker
+                continue
+            if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
+                self.router.on_turn_aborted(tid, worker)
+                self.pool.on_abort(worker)
+                self._give_back(tid, result.finished_reason)
+                continue
+            self.router.on_turn_end(tid, worker)
+            self.last_worker[tid] = worker
+            ep, progressed = self.by_id[tid], True
+            row = ep.apply(result)
+            if on_turn:
+                on_turn(row)
+            if not ep.done:
+                self.ready.append(tid)
+                continue
+            self.router.forget(tid)
+            self.active.discard(tid)
+            self._abandon(launcher.on_trajectory_done(ep))
+            self._start(launcher.launch())
+        self.failures.pop(worker, None)
+        if stale:
+            log.warning("%s answered stale (older policy than v%d): excluding it", worker,
+                        self.by_id[stale[0]].min_policy_version)
+            self._remove(worker, dead=False)
+            self.pool.try_rejoin(worker)
+        return progressed
+
+    def _batch_failed(self, worker: str, tids: list[str], exc: Exception) -> None:
+        if worker not in self.routable:
+            return  # already removed: its turns went back to the queue then
+        log.warning("turn batch on %s failed (%s: %s); rerouting %d turns", worker,
+                    type(exc).__name__, exc, len(tids))
+        self._on_lost(self.pool.poll(force=True))
+        if worker not in self.routable:
+            return  # it died: _remove rerouted this batch with the rest of its turns
+        for tid in tids:
+            if tid not in self.abandoned:
+                self.running.pop(tid, None)
+                self.router.on_turn_aborted(tid, worker)
+                self._give_back(tid, type(exc).__name__)
+        self.failures[worker] = self.failures.get(worker, 0) + 1
+        if self.failures[worker] >= self.max_batch_failures:
+            self._remove(worker, dead=False)
+
+    def _give_back(self, tid: str, why: str) -> None:
+        ep = self.by_id[tid]
+        if ep.attempt >= self.max_attempts * (ep.turn + 1):
+            raise RolloutStuck(f"trajectory {tid} turn {ep.turn} failed {ep.attempt} attempts "
+                               f"(last: {why})")
+        ep.give_back()
+        self.report.rerouted_turns += 1
+        self.ready.append(tid)
+
+    # -- workers leaving -------------------------------------------------------------------------
+    def _on_lost(self, names: list[str]) -> None:
+        for name in names:
+            log.warning("%s is gone (Dask dropped it): rerouting its turns", name)
+            self._remove(name, dead=True)
+
+    def _exclude_unresponsive(self) -> None:
+        """Failed health check: a live worker that answers no batch within turn_timeout_s (a hung
+        engine, a stall its executor did not report) is excluded and its turns rerouted."""
+        now = time.monotonic()
+        late: dict[str, list[str]] = {}
+        for worker, tids, sent in self.inflight.values():
+            if now - sent > self.turn_timeout_s and worker in self.routable:
+                late.setdefault(worker, []).extend(tids)
+        for worker, tids in late.items():
+            log.warning("%s answered no turn for %.0f s: excluding it, rerouting its turns",
+                        worker, self.turn_timeout_s)
+            self.pool.abort(worker, [self.running[t][1] for t in tids if t in self.running])
+            self._remove(worker, dead=False)
+
+    def _remove(self, name: str, dead: bool) -> None:
+        lost = self.pool.remove(name, dead)
+        for fut, (worker, *_) in list(self.inflight.items()):
+            if worker == name:
+                del self.inflight[fut]
+                fut.cancel()
+        for tid in lost:
+            self.running.pop(tid, None)
+            if tid not in self.abandoned:
+                self._give_back(tid, "worker lost" if dead else "worker excluded")
+
+    # -- dynamic sampling: surplus ---------------------------------------------------------------
+    def _abandon(self, tids: list[str]) -> None:
+        by_worker: dict[str, list[str]] = {}
+        for tid in tids:
+            self.abandoned.add(tid)
+            self.active.discard(tid)
+            if tid in self.running:
+                worker, request_id = self.running.pop(tid)
+                by_worker.setdefault(worker, []).append(request_id)
+            try:
+                self.router.forget(tid)  # frees its slot now; its late result is ignored
+            except KeyError:
+                pass  # never started
+        for worker, ids in by_worker.items():
+            self.report.aborted_turns += self.pool.abort(worker, ids)

@@ -1,0 +1,84 @@
+"""The dedicated rollout worker: one vLLM engine (prefix caching on) inside a Dask worker.
+
+The plugin lives as long as the worker; weights change in place each RL step (pulled from
+the relay), so the engine is never restarted. The module-level functions are what the
+scheduler submits, pinned by worker name.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import xxhash
+from distributed import WorkerPlugin, get_worker
+
+from executors.turns import TurnRequest, TurnResult
+from executors.engine.vllm_engine import EngineLoop, EngineSpec, read_weight, reload_weights
+
+PLUGIN = "rose-rollout"
+
+
+def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Order-independent digest of exact bit patterns: equal digests = bit-identical weights."""
+    h = xxhash.xxh3_64()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class RolloutWorkerPlugin(WorkerPlugin):
+    idempotent = True  # a second register must not rebuild the engine
+
+    def __init__(self, model_dir: str | Path, kind: str = "rollout", max_model_len: int = 2048):
+        self.name = PLUGIN
+        self.model_dir, self.kind, self.max_model_len = str(model_dir), kind, max_model_len
+        self.loop: EngineLoop | None = None
+        self.weights_digest = ""
+        self.run: str | None = None
+
+    def setup(self, worker) -> None:
+        if "rollout_gpu" not in worker.state.total_resources:
+            return  # registered cluster-wide; only rollout workers hold an engine
+        spec = EngineSpec(Path(self.model_dir), max_model_len=self.max_model_len)
+        self.loop = EngineLoop(spec, worker=worker.name, worker_kind=self.kind)
+
+    def teardown(self, worker) -> None:
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+
+
+def _plugin() -> RolloutWorkerPlugin:
+    plugin = get_worker().plugins.get(PLUGIN)
+    if plugin is None or plugin.loop is None:
+        raise RuntimeError(f"worker {get_worker().name} has no rollout engine")
+    return plugin
+
+
+def generate_turns(requests: list[TurnRequest]) -> list[TurnResult]:
+    """Runs on a rollout worker: all turns join the engine's continuous batch. On a serving
+    worker that holds the co-serving executor, the turns go to it instead (one function for
+    the scheduler to submit everywhere)."""
+    from executors.coserving.plugin import coserving_plugin, generate_turns_coserving
+
+    if coserving_plugin() is not None:
+        return generate_turns_coserving(requests)
+    return _plugin().loop.generate(requests)
+
+
+def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30) -> dict:
+    """Runs on a rollout worker (or a co-serving one: its rollout engine): pull `version` (a
+    delta onto the weights held, else a full snapshot; executors/workers/weight_sync.py) and reload in
+    place; returns once the engine runs it, with the pull's record (digest, bytes, times)."""
+    from executors.workers.weight_sync import sync_weights as sync
+
+    return sync(relay_kind, run, version, batch_bytes)
+
+
+def worker_state() -> dict:
+    plugin = _plugin()
+    return {"worker": get_worker().name, "kind": plugin.kind, "run": plugin.run,
+            "version": plugin.loop.policy_version, "inflight": plugin.loop.num_inflight(),
+            "digest": plugin.weights_digest, "idle_s": time.monotonic() - plugin.loop.last_progress}

@@ -1,0 +1,261 @@
+"""Weight sync over Dask: the trainer publishes, every engine worker pulls in the background.
+
+Trainer side: `trainer_publisher` keeps one storage.weights.sparse_publisher.SparsePublisher per run in
+the trainer process (its bf16 copy of the last version is the next delta's base) and starts its
+full-snapshot server thread.
+
+Worker side: a `PullAgent` per run and worker process holds a storage.weights.receiver
+.WeightReceiver (the worker's current bf16 weights) and pulls in a thread of its own; the
+engine switches to the new version when the pull completes (between engine steps: the reload
+runs on the engine's loop thread), so a serving worker keeps serving the old version meanwhile.
+Pulls are single-flight: a request for a newer version while one is under way is picked up
+when it ends.
+
+Building blocks for asynchronous publishing (called from tasks/flows, on the Dask client):
+  start_pulls(client, workers, ...)  fire-and-forget: each worker starts pulling, returns at once
+  wait_versions(client, workers, run, version, timeout)  block until they hold >= version
+  policy_floor(step, max_staleness, worker_kind)  the oldest policy a turn may use
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from distributed import Client, get_worker
+
+from storage.relay.pool import shared_relay
+from storage.weights.sparse_publisher import SparsePublisher
+from storage.weights.receiver import WeightReceiver
+
+Loader = Callable[[int, dict[str, torch.Tensor]], dict[str, Any]]
+_publishers: dict[tuple[str, str], SparsePublisher] = {}
+_agents: dict[tuple[str, str], "PullAgent"] = {}  # (worker id, run) -> agent
+_lock = threading.Lock()
+FULL_TIMEOUT_S = 120.0  # how long a worker waits for a requested full snapshot
+
+
+# ---- trainer side ----------------------------------------------------------------------------
+def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
+                      serve: bool = True) -> SparsePublisher:
+    """This process's publisher of `run` (kept across steps), its request server running."""
+    with _lock:
+        pub = _publishers.get((relay_kind, run))
+        if pub is None:
+            pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
+            _publishers[relay_kind, run] = pub
+        pub.bucket_bytes, pub.sparse = bucket_bytes, sparse
+    if serve:
+        pub.start_server()
+    return pub
+
+
+# ---- worker side -----------------------------------------------------------------------------
+def policy_floor(step: int, max_staleness: int, worker_kind: str) -> int:
+    """The oldest policy version a turn of `step` may run on, on a worker of `worker_kind`.
+
+    Step s rolls out with version s-1. Dedicated rollout workers must hold it (they pull right
+    after the publish, before they are needed); borrowed serving workers may lag by
+    `max_staleness` versions while their pull completes in the background."""
+    if step < 1 or max_staleness < 0:
+        raise ValueError(f"step must be >= 1 and max_staleness >= 0, got {step}, {max_staleness}")
+    lag = max_staleness if worker_kind == "serving" else 0
+    return max(0, step - 1 - lag)
+
+
+class PullAgent:
+    """Background puller of one run on one worker; see the module docstring."""
+
+    def __init__(self, receiver: WeightReceiver, loader: Loader, worker: str = "") -> None:
+        self.receiver, self.loader, self.worker = receiver, loader, worker
+        self.target: int | None = None
+        self.loaded: int | None = None  # version the engine runs
+        self.last: dict[str, Any] = {}  # the last completed pull (or its error)
+        self.error: str = ""
+        self._dirty = False  # a request not looked at yet
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def request(self, version: int) -> None:
+        """Pull `version` (or newer) in the background. Even when the engine already runs it,
+        the receiver looks at the relay's manifest once (a republished version with other bits
+        is pulled again)."""
+        with self._cv:
+            self.target = version if self.target is None else max(self.target, version)
+            self.error, self._dirty = "", True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"rose-pull-{self.receiver.run}")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if not self._dirty:
+                    self._thread = None
+                    self._cv.notify_all()
+                    return
+                self._dirty, target = False, self.target
+            try:
+                record = self._pull_and_load(target)
+            except Exception as e:  # reported through status/wait; the next request retries
+                with self._cv:
+                    self.error = f"pull of v{target} failed: {type(e).__name__}: {e}"
+                    self.last = {"worker": self.worker, "version": target, "error": self.error}
+                    self._dirty, self._thread = False, None
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self.loaded, self.last = record["version"], record
+                self._cv.notify_all()
+
+    def _pull_and_load(self, target: int) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        report = self.receiver.pull(target, accept_newer=True)
+        t1 = time.perf_counter()
+        record = {"worker": self.worker, **report.as_dict(), "pulled": report.mode != "noop",
+                  "digest": self.receiver.digest}
+        if report.mode == "noop" and self.loaded == report.version:
+            return {**self.last, **record, "pull_s": t1 - t0, "load_s": 0.0,
+                    "total_s": t1 - t0}
+        loaded = self.loader(report.version, self.receiver.tensors)
+        return {**record, **loaded, "pull_s": t1 - t0, "load_s": time.perf_counter() - t1,
+                "total_s": time.perf_counter() - t0}
+
+    def wait(self, version: int, timeout: float) -> dict[str, Any]:
+        """Block until the requests so far are done and the engine runs >= version; the last
+        pull's record. TimeoutError, or RuntimeError when the pull failed."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._thread is not None or self.loaded is None or self.loaded < version:
+                if self.error:
+                    raise RuntimeError(f"worker {self.worker}: {self.error}")
+                if self._thread is None:
+                    raise RuntimeError(f"worker {self.worker}: no pull of v{version} requested "
+                                       f"(the engine runs v{self.loaded})")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"worker {self.worker}: v{version} not loaded within "
+                                       f"{timeout:g} s (the engine runs v{self.loaded})")
+                self._cv.wait(min(left, 1.0))
+            return dict(self.last)
+
+    def status(self) -> dict[str, Any]:
+        with self._cv:
+            return {"worker": self.worker, "run": self.receiver.run, "loaded": self.loaded,
+                    "target": self.target, "pulling": self._thread is not None,
+                    "error": self.error, "last": dict(self.last)}
+
+
+def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
+          loader: Loader | None = None) -> PullAgent:
+    """This worker's agent for `run` (created with the engine loader of this worker). Keyed by
+    the worker's id too: several Dask workers may share a process (tests, threaded clusters),
+    and a worker started again in a process is a new one."""
+    worker = get_worker()
+    name, wid = worker.name, worker.id
+    with _lock:
+        found = _agents.get((wid, run))
+        if found is None:
+            receiver = WeightReceiver(shared_relay(relay_kind, role="reader"), run,
+                                      requester=name, batch_bytes=batch_bytes,
+                                      full_timeout_s=FULL_TIMEOUT_S)
+            loader = loader or engine_loader(run, lambda: receiver.digest)
+            for key in [k for k in _agents if k[0] == wid]:
+                del _agents[key]  # one run at a time per worker: drop other runs' weights
+            found = _agents[wid, run] = PullAgent(receiver, loader, name)
+        found.receiver.batch_bytes = batch_bytes
+        return found
+
+
+def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
+    """Loads weights into this worker's engine: the dedicated rollout engine, or the rollout
+    model of a co-serving executor. RuntimeError if the worker has neither."""
+    from executors.coserving.plugin import coserving_plugin
+    from executors.workers.rollout_worker import PLUGIN
+    from executors.engine.vllm_engine import read_weight, reload_weights
+
+    worker = get_worker()
+    coserving = coserving_plugin(worker)
+    if coserving is not None:
+        def load_coserving(version: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+            coserving.executor.load_rollout_weights(version, tensors)
+            coserving.run, coserving.weights_digest = run, digest()
+            return {"digest": coserving.weights_digest,
+                    "engine_matches": coserving.executor.rollout_weight_matches(tensors)}
+        return load_coserving
+    plugin = worker.plugins.get(PLUGIN)
+    if plugin is None or getattr(plugin, "loop", None) is None:
+        raise RuntimeError(f"worker {worker.name} has no rollout engine to load weights into")
+
+    def load_rollout(version: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+        def swap(engine) -> None:  # on the loop thread: no turn starts on half-loaded weights
+            reload_weights(engine, tensors)
+            plugin.loop.policy_version = version
+        plugin.loop.call(swap)
+        plugin.run, plugin.weights_digest = run, digest()
+        embed = "model.embed_tokens.weight"
+        matches = None
+        if embed in tensors:
+            got = plugin.loop.call(lambda e: read_weight(e, embed))
+            matches = bool(torch.equal(got.view(torch.int16), tensors[embed].view(torch.int16)))
+        return {"digest": plugin.weights_digest, "engine_matches": matches}
+    return load_rollout
+
+
+# ---- functions submitted to a worker ---------------------------------------------------------
+def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30,
+                 timeout: float = 600.0) -> dict[str, Any]:
+    """Pull `version` (or newer) and load it; returns once the engine runs it."""
+    a = agent(relay_kind, run, batch_bytes)
+    a.request(version)
+    return a.wait(version, timeout)
+
+
+def start_pull(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30) -> dict:
+    """Fire-and-forget on a worker: start pulling `version`, return at once. A worker with no
+    engine answers {"skipped": reason}."""
+    try:
+        a = agent(relay_kind, run, batch_bytes)
+    except RuntimeError as e:
+        return {"worker": get_worker().name, "skipped": str(e)}
+    a.request(version)
+    return a.status()
+
+
+def wait_pull(run: str, version: int, timeout: float) -> dict[str, Any]:
+    a = _agents.get((get_worker().id, run))
+    if a is None:
+        raise RuntimeError(f"worker {get_worker().name}: no pull of run {run!r} was started")
+    return a.wait(version, timeout)
+
+
+def pull_status(run: str) -> dict[str, Any]:
+    a = _agents.get((get_worker().id, run))
+    return a.status() if a is not None else {"worker": get_worker().name, "run": run,
+                                             "loaded": None, "pulling": False}
+
+
+# ---- client side ----------------------------------------------------------------------------
+def _pinned(client: Client, fn, workers: list[str], *args) -> dict[str, Any]:
+    """worker -> future of fn(*args) on it (pinned by name: stable across restarts)."""
+    futures = {n: client.submit(fn, *args, workers=[n], allow_other_workers=False, pure=False)
+               for n in workers}
+    return futures
+
+
+def start_pulls(client: Client, workers: list[str], relay_kind: str, run: str, version: int,
+                batch_bytes: int = 1 << 30) -> dict[str, dict]:
+    """Start pulls everywhere at once; worker -> its agent status (or "skipped")."""
+    futures = _pinned(client, start_pull, workers, relay_kind, run, version, batch_bytes)
+    return dict(zip(futures, client.gather(list(futures.values()))))
+
+
+def wait_versions(client: Client, workers: list[str], run: str, version: int,
+                  timeout: float = 600.0) -> dict[str, dict]:
+    """Block until every worker's engine runs >= version; worker -> its last pull record.
+    Raises the first worker's error (TimeoutError, or the pull's failure)."""
+    futures = _pinned(client, wait_pull, workers, run, version, timeout)
+    return dict(zip(futures, client.gather(list(futures.values()))))

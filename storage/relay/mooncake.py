@@ -1,0 +1,203 @@
+"""The relay over Mooncake Store (mooncake-transfer-engine-non-cuda, TCP on 127.0.0.1).
+
+Mooncake pitfalls handled here (docs: ../shared/notes/platform.md):
+- `put` on an existing key keeps the OLD value: every write is an `upsert`.
+- Objects are evicted silently when segments fill: every write is hard-pinned (a full store
+  then fails the put with -200, reported as RelayError), and old versions are removed by the
+  publisher.
+- `get` of a missing key returns b'' (also when the master is down): reads go through
+  get_size / get_into, whose codes tell "missing" (-704) from "unreachable" (-900).
+- An object lives in the segment of one client: writes prefer this client's own segment, so
+  what a publisher pushes lives exactly as long as the publisher. Pure readers can mount no
+  segment (segment_bytes=0). A master restart loses every object.
+- Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
+  zero-copy (register_buffer + upsert_from / get_into), about 2-3x faster for 64 MB buckets.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix,
+                           check_value)
+
+_CODES = {-10: "BUFFER_OVERFLOW",
+          -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes)",
+          -600: "INVALID_PARAMS", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
+          -800: "TRANSFER_FAIL (the segment's owner may have died)"}
+_MISSING = -704
+
+
+def _addr(buf: np.ndarray | memoryview) -> int:
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data
+
+
+class MooncakeRelay(Relay):
+    """A Mooncake Store client used as a relay; see the module docstring for the rules."""
+
+    name = "mooncake"
+
+    def __init__(self, master_addr: str, metadata_url: str, segment_bytes: int = 1 << 30,
+                 local_buffer_bytes: int = 64 << 20, zero_copy_min_bytes: int = 1 << 20):
+        if segment_bytes < 0 or local_buffer_bytes <= 0:
+            raise ValueError("segment_bytes must be >= 0 and local_buffer_bytes > 0")
+        self.master_addr, self.metadata_url = master_addr, metadata_url
+        self.zero_copy_min_bytes = zero_copy_min_bytes
+        self._lock = threading.Lock()  # register/transfer/unregister must not interleave
+        self._store = None
+        if not self._master_answers():  # fail in milliseconds, not after setup's ~4 s
+            raise RelayError(f"mooncake relay: master at {master_addr} does not answer")
+        # Before setup: bind the transfer engine to loopback, and fail setup fast (else ~90 s).
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        os.environ["MC_STORE_CLIENT_SETUP_RETRIES"] = "1"
+        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+        try:
+            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+        except ImportError as e:  # typically the Debian package libibverbs1 is missing
+            raise RelayError(f"mooncake relay: cannot import mooncake.store ({e})") from None
+        store = MooncakeDistributedStore()
+        rc = store.setup("127.0.0.1", metadata_url, segment_bytes, local_buffer_bytes, "tcp", "",
+                         master_addr)
+        if rc != 0:
+            raise RelayError(f"mooncake relay: client setup against master {master_addr} "
+                             f"(metadata {metadata_url}) failed with code {rc}")
+        self._store = store
+        self._config = ReplicateConfig()
+        self._config.replica_num = 1
+        self._config.with_hard_pin = True  # never evicted behind our back
+        if segment_bytes > 0:
+            self._config.preferred_segment = store.get_hostname()
+
+    # -- helpers ------------------------------------------------------------------------
+    def _master_answers(self) -> bool:
+        host, _, port = self.master_addr.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _live(self, op: str, key: str, probe: bool = False):
+        """The store, if open and its master answers. health_check is instant but lags a dead
+        master by a heartbeat; `probe` (a TCP connect, ~0.1 ms on loopback) does not, and
+        saves a metadata RPC's ~4 s timeout on ops whose failure cannot be told otherwise."""
+        store = self._store
+        if store is None:
+            raise RelayError(f"mooncake relay: {op} {key!r} on a closed relay")
+        if store.health_check() != 0 or (probe and not self._master_answers()):
+            raise RelayError(f"mooncake relay: {op} {key!r} failed: master at "
+                             f"{self.master_addr} unreachable")
+        return store
+
+    def _fail(self, op: str, key: str, rc: int) -> RelayError:
+        if rc == -900:
+            return RelayError(f"mooncake relay: {op} {key!r} failed: master at {self.master_addr} "
+                              "unreachable (-900 RPC_FAIL)")
+        return RelayError(f"mooncake relay: {op} {key!r} failed with {rc} "
+                          f"{_CODES.get(rc, '')}".rstrip())
+
+    # -- Relay ----------------------------------------------------------------------------
+    def put(self, key: str, data: Buffer) -> None:
+        view = check_value(check_key(key), data)
+        store = self._live("put", key)
+        if view.nbytes >= self.zero_copy_min_bytes:
+            with self._lock:
+                ptr = _addr(view)
+                if store.register_buffer(ptr, view.nbytes) != 0:
+                    raise RelayError(f"mooncake relay: cannot register {view.nbytes} bytes for "
+                                     f"put {key!r}")
+                try:
+                    rc = store.upsert_from(key, ptr, view.nbytes, self._config)
+                finally:
+                    store.unregister_buffer(ptr)
+        else:
+            rc = store.upsert(key, view, self._config)
+        if rc != 0:
+            raise self._fail("put", key, rc)
+
+    def _sizes(self, store, keys: Sequence[str]) -> list[int]:
+        sizes = []
+        for key in keys:
+            size = store.get_size(check_key(key))
+            if size == _MISSING:
+                raise RelayKeyMissing(f"{key!r} is not in the mooncake relay at {self.master_addr}")
+            if size <= 0:
+                raise self._fail("get", key, size)
+            sizes.append(size)
+        return sizes
+
+    def get_many(self, keys: Sequence[str]) -> list[memoryview]:
+        """Values of `keys`, fetched in one batch into one buffer (zero copy)."""
+        if not keys:
+            return []
+        store = self._live("get", keys[0], probe=True)
+        for _ in range(3):  # a value replaced by a larger one between size and read: retry
+            sizes = self._sizes(store, keys)
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+            buf = np.empty(offsets[-1], dtype=np.uint8)
+            with self._lock:
+                base = buf.ctypes.data
+                if store.register_buffer(base, buf.nbytes) != 0:
+                    raise RelayError(f"mooncake relay: cannot register {buf.nbytes} bytes for get")
+                try:
+                    rcs = store.batch_get_into(list(keys), [base + o for o in offsets[:-1]], sizes)
+                finally:
+                    store.unregister_buffer(base)
+            if any(rc == -600 for rc in rcs):
+                continue
+            for key, rc, size in zip(keys, rcs, sizes):
+                if rc == _MISSING:
+                    raise RelayKeyMissing(f"{key!r} was removed from the mooncake relay while "
+                                          "being read")
+                if rc != size:
+                    raise self._fail("get", key, rc)
+            view = memoryview(buf)
+            return [view[offsets[i]:offsets[i + 1]] for i in range(len(keys))]
+        raise RelayError(f"mooncake relay: values of {list(keys)[:3]} kept changing during get")
+
+    def get(self, key: str) -> bytes:
+        check_key(key)
+        store = self._live("get", key)
+        value = store.get(key)  # one RPC; b'' means missing OR failed (values are never empty)
+        if value:
+            return value
+        self._live("get", key, probe=True)
+        size = store.get_size(key)
+        if size == _MISSING:
+            raise RelayKeyMissing(f"{key!r} is not in the mooncake relay at {self.master_addr}")
+        if size < 0:
+            raise self._fail("get", key, size)
+        return self.get_many([key])[0].tobytes()  # too large for the local buffer
+
+    def exists(self, key: str) -> bool:
+        rc = self._live("exists", check_key(key), probe=True).is_exist(key)
+        if rc < 0:
+            raise self._fail("exists", key, rc)
+        return rc == 1
+
+    def remove(self, key: str) -> bool:
+        # force: a reader's lease (10 s after each get) would otherwise block the removal; the
+        # publisher only removes superseded versions, and checksums catch a torn read.
+        rc = self._live("remove", check_key(key), probe=True).remove(key, True)
+        if rc == _MISSING:
+            return False
+        if rc != 0:
+            raise self._fail("remove", key, rc)
+        return True
+
+    def remove_prefix(self, prefix: str) -> int:
+        check_prefix(prefix)
+        regex = "^" + prefix.replace(".", "[.]")  # the only regex-special character allowed
+        rc = self._live("remove_prefix", prefix, probe=True).remove_by_regex(regex, True)
+        if rc < 0:
+            raise self._fail("remove_prefix", prefix, rc)
+        return rc
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:  # any call on a closed client crashes the process: drop it
+            store.close()

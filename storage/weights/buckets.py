@@ -1,0 +1,191 @@
+"""Buckets: named payloads packed into blobs of about `bucket_bytes`, described by a manifest.
+
+A bucket is the unit pushed to and pulled from the relay (default 64 MB: few enough objects to
+keep per-object overhead small, small enough to pipeline). Payloads are packed in order, each
+at an offset aligned to 64 bytes (so typed views need no copy); a payload larger than a bucket
+gets a bucket of its own. The manifest (JSON) lists every bucket's size and xxh3-64 checksum and
+every entry's name, offset, length, checksum and metadata. Unpacking verifies all buckets first:
+a corrupted or truncated bucket raises CorruptBucket naming the bucket and the entry, and nothing
+is returned partially.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from storage.relay.base import Buffer
+
+FORMAT = 1
+HASH = "xxh3_64"
+ALIGN = 64
+DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+class CorruptBucket(ValueError):
+    """A bucket (or its manifest) does not match what was packed."""
+
+
+class CorruptManifest(CorruptBucket):
+    """The manifest itself is unreadable or inconsistent."""
+
+
+def _digest(data: Buffer) -> str:
+    return xxhash.xxh3_64(data).hexdigest()
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    offset: int
+    length: int
+    checksum: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BucketInfo:
+    index: int
+    nbytes: int
+    checksum: str
+    entries: tuple[Entry, ...]
+
+
+@dataclass
+class Manifest:
+    """What a set of buckets holds; `version` is the caller's (e.g. the weights version)."""
+
+    version: int
+    buckets: list[BucketInfo]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def entries(self) -> Iterator[tuple[BucketInfo, Entry]]:
+        for b in self.buckets:
+            for e in b.entries:
+                yield b, e
+
+    def to_json(self) -> bytes:
+        body = {"format": FORMAT, "hash": HASH, "version": self.version, "meta": self.meta,
+                "buckets": [asdict(b) for b in self.buckets]}
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return json.dumps({"checksum": _digest(text.encode()), "body": text}).encode()
+
+    @classmethod
+    def from_json(cls, data: Buffer) -> "Manifest":
+        try:
+            outer = json.loads(bytes(data))
+            text = outer["body"]
+            if _digest(text.encode()) != outer["checksum"]:
+                raise CorruptManifest("manifest checksum mismatch")
+            body = json.loads(text)
+            if body.get("format") != FORMAT or body.get("hash") != HASH:
+                raise CorruptManifest(f"manifest format {body.get('format')}/{body.get('hash')}, "
+                                      f"expected {FORMAT}/{HASH}")
+            buckets = [BucketInfo(b["index"], b["nbytes"], b["checksum"],
+                                  tuple(Entry(**e) for e in b["entries"]))
+                       for b in body["buckets"]]
+        except CorruptManifest:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptManifest(f"manifest unreadable: {type(e).__name__}: {e}") from None
+        for i, b in enumerate(buckets):
+            if b.index != i:
+                raise CorruptManifest(f"manifest lists bucket {b.index} at position {i}")
+            for e in b.entries:
+                if e.offset < 0 or e.length < 0 or e.offset + e.length > b.nbytes:
+                    raise CorruptManifest(f"manifest: entry {e.name!r} lies outside bucket {i}")
+        return cls(int(body["version"]), buckets, dict(body.get("meta") or {}))
+
+
+Pending = list[tuple[str, memoryview, dict, int]]  # name, payload, meta, offset
+
+
+def _close(index: int, pending: Pending) -> tuple[BucketInfo, memoryview]:
+    _, last_view, _, last_off = pending[-1]
+    # numpy, not bytearray: zeroed pages come lazily from calloc and copies run at memcpy
+    # speed (bytearray slice assignment from a memoryview is ~5x slower).
+    buf = np.zeros(max(ALIGN, _align(last_off + last_view.nbytes)), dtype=np.uint8)
+    entries = []
+    for name, view, meta, off in pending:
+        buf[off:off + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
+        entries.append(Entry(name, off, view.nbytes, _digest(view), meta))
+    return BucketInfo(index, buf.nbytes, _digest(buf), tuple(entries)), memoryview(buf)
+
+
+def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES
+                 ) -> Iterator[tuple[BucketInfo, memoryview]]:
+    """Yield (info, bucket bytes) as each bucket fills, so a caller can push while packing."""
+    if bucket_bytes < ALIGN:
+        raise ValueError(f"bucket_bytes must be >= {ALIGN}, got {bucket_bytes}")
+    seen: set[str] = set()
+    pending: Pending = []
+    end, index = 0, 0
+    for name, data, meta in items:
+        if name in seen:
+            raise ValueError(f"payload {name!r} appears twice")
+        seen.add(name)
+        try:
+            json.dumps(meta)
+        except TypeError as e:
+            raise ValueError(f"metadata of {name!r} is not JSON-serializable: {e}") from None
+        view = memoryview(data)
+        view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
+        offset = _align(end)
+        if pending and view.nbytes and offset + view.nbytes > bucket_bytes:
+            yield _close(index, pending)
+            pending, offset, index = [], 0, index + 1
+        pending.append((name, view, dict(meta), offset))
+        end = offset + view.nbytes
+    if pending:
+        yield _close(index, pending)
+
+
+def pack(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
+         bucket_bytes: int = DEFAULT_BUCKET_BYTES, version: int = 0,
+         meta: dict[str, Any] | None = None) -> tuple[Manifest, list[memoryview]]:
+    """All buckets at once, with their manifest."""
+    infos, blobs = [], []
+    for info, blob in pack_buckets(items, bucket_bytes):
+        infos.append(info)
+        blobs.append(blob)
+    return Manifest(version, infos, dict(meta or {})), blobs
+
+
+def verify_bucket(info: BucketInfo, data: Buffer, label: str | None = None) -> memoryview:
+    """The bucket as a byte view if it matches `info`; else CorruptBucket naming the entry."""
+    label = label or f"bucket {info.index}"
+    view = memoryview(data).cast("B")
+    if view.nbytes != info.nbytes:
+        cut = next((e.name for e in info.entries if e.offset + e.length > view.nbytes), None)
+        where = f", entry {cut!r} cut short" if cut else ""
+        raise CorruptBucket(f"{label}: {view.nbytes} bytes, expected {info.nbytes}{where}")
+    if _digest(view) != info.checksum:
+        for e in info.entries:
+            if _digest(view[e.offset:e.offset + e.length]) != e.checksum:
+                raise CorruptBucket(f"{label}: entry {e.name!r} checksum mismatch")
+        raise CorruptBucket(f"{label}: checksum mismatch in padding between entries")
+    return view
+
+
+def unpack(manifest: Manifest, buckets: Sequence[Buffer],
+           labels: Sequence[str] | None = None) -> dict[str, tuple[memoryview, dict[str, Any]]]:
+    """name -> (payload view, metadata), after verifying every bucket."""
+    if len(buckets) != len(manifest.buckets):
+        raise CorruptBucket(f"{len(buckets)} buckets given, manifest lists {len(manifest.buckets)}")
+    views = [verify_bucket(info, data, labels[i] if labels else None)
+             for i, (info, data) in enumerate(zip(manifest.buckets, buckets))]
+    return {e.name: (views[i][e.offset:e.offset + e.length], e.meta)
+            for i, info in enumerate(manifest.buckets) for e in info.entries}

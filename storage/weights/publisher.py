@@ -1,0 +1,252 @@
+"""Publish policy weights through a relay, and pull them back bit-exactly.
+
+Relay keys of a run (versions never share a key, so a reader never mixes two):
+  rose/<run>/v<version>/bucket-<i>   packed tensor payloads (storage/weights/buckets.py)
+  rose/<run>/v<version>/manifest     written LAST: a version is complete once it exists; its
+                                     meta says kind "full" or "delta" (and the delta's base)
+  rose/<run>/v<version>/full/...     a full snapshot of a delta version, pushed on request
+                                     (`part="full"`, storage/weights/sparse_publisher.py)
+  rose/<run>/v<version>/full-request a receiver's request for that snapshot
+  rose/<run>/latest                  {"version": v}, replaced after the manifest
+  rose/<run>/versions                versions held; those older than version-2 are removed
+                                     before version is pushed (at most 3 held at once)
+
+Each payload carries its `encoding` in the entry metadata with dtype and shape: "raw" (the
+tensor's bytes) or "rsdt" (a storage.delta payload: dense snapshot or sparse delta, with its
+own base/target versions and result checksum); others can be added with register_decoder.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest, pack_buckets,
+                             verify_bucket)
+from storage.relay.base import Buffer, Relay, RelayKeyMissing
+
+KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
+Encoder = Callable[[str, torch.Tensor], tuple[Buffer, dict[str, Any]]]
+Decoder = Callable[[memoryview, dict[str, Any], "torch.Tensor | None", "int | None"], torch.Tensor]
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+    torch.int16, torch.int32, torch.int64, torch.bool)}
+
+
+def version_prefix(run: str, version: int, part: str = "") -> str:
+    return f"rose/{run}/v{version}/" + (f"{part}/" if part else "")
+
+
+def bucket_key(run: str, version: int, index: int, part: str = "") -> str:
+    return f"{version_prefix(run, version, part)}bucket-{index}"
+
+
+def manifest_key(run: str, version: int, part: str = "") -> str:
+    return f"{version_prefix(run, version, part)}manifest"
+
+
+def request_key(run: str, version: int) -> str:
+    """Where a receiver asks for a full snapshot of `version` (storage/weights/sparse_publisher.py)."""
+    return f"{version_prefix(run, version)}full-request"
+
+
+def latest_key(run: str) -> str:
+    return f"rose/{run}/latest"
+
+
+def _versions_key(run: str) -> str:
+    return f"rose/{run}/versions"
+
+
+def raw_encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
+    """The tensor's bytes as they are in memory (any dtype in _DTYPES)."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in _DTYPES:
+        raise ValueError(f"tensor {name!r} has unsupported dtype {tensor.dtype}")
+    t = tensor.detach().to("cpu").contiguous().reshape(-1)
+    data = t.view(torch.uint8).numpy() if t.numel() else b""
+    return data, {"encoding": "raw", "dtype": dtype, "shape": list(tensor.shape)}
+
+
+def _decode_raw(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
+                base_version: int | None) -> torch.Tensor:
+    dtype, shape = _DTYPES[meta["dtype"]], meta["shape"]
+    if payload.nbytes == 0:  # torch.frombuffer refuses empty buffers
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _decode_rsdt(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
+                 base_version: int | None) -> torch.Tensor:
+    """A storage.delta payload: applied only onto its declared base (DeltaError otherwise)."""
+    from storage.delta import apply_delta
+
+    return apply_delta(payload, base, base_version=base_version)
+
+
+_DECODERS: dict[str, Decoder] = {"raw": _decode_raw, "rsdt": _decode_rsdt}
+
+
+def register_decoder(encoding: str, decoder: Decoder) -> None:
+    """Teach pull_weights an encoding: decoder(payload, meta, base_tensor, base_version)."""
+    _DECODERS[encoding] = decoder
+
+
+@dataclass(frozen=True)
+class PublishStats:
+    version: int
+    tensors: int
+    bytes: int          # bucket bytes pushed (payloads + alignment padding)
+    buckets: int
+    serialize_s: float  # encode + pack + checksum
+    push_s: float       # relay puts (buckets, manifest, pointers) and pruning
+
+
+def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
+                    bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
+                    meta: dict[str, Any] | None = None, part: str = "") -> PublishStats:
+    """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
+
+    `meta` goes into the manifest (e.g. kind and base version). With `part` (e.g. "full") the
+    payloads go under the version's sub-prefix instead, next to what is published there, and
+    neither `latest` nor the held versions change.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an int >= 0, got {version!r}")
+    t_start = time.perf_counter()
+    # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
+    held = set() if part else _prune(relay, run, version)
+    relay.remove_prefix(version_prefix(run, version, part))  # a re-publish leaves no stale bucket
+
+    def items() -> Iterator[tuple[str, Buffer, dict[str, Any]]]:
+        for name, tensor in tensors.items():
+            data, entry_meta = encoder(name, tensor)
+            yield name, data, {"dtype": str(tensor.dtype).removeprefix("torch."),
+                               "shape": list(tensor.shape), **entry_meta}
+
+    infos, total, serialize_s = [], 0, 0.0
+    t = time.perf_counter()
+    for info, blob in pack_buckets(items(), bucket_bytes):
+        serialize_s += time.perf_counter() - t
+        relay.put(bucket_key(run, version, info.index, part), blob)
+        infos.append(info)
+        total += info.nbytes
+        t = time.perf_counter()
+    serialize_s += time.perf_counter() - t
+    manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
+                                         "tensors": len(tensors), "published_at": time.time()})
+    relay.put(manifest_key(run, version, part), manifest.to_json())
+    if not part:
+        relay.put(latest_key(run), json.dumps({"version": version}).encode())
+        relay.put(_versions_key(run), json.dumps(sorted(held | {version})).encode())
+    push_s = time.perf_counter() - t_start - serialize_s
+    return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s)
+
+
+def _prune(relay: Relay, run: str, version: int) -> set[int]:
+    """Remove versions older than version - KEEP_PREVIOUS; the versions still held."""
+    try:
+        held = {int(v) for v in json.loads(relay.get(_versions_key(run)))}
+    except (RelayKeyMissing, ValueError, TypeError):  # none yet, or unreadable: start afresh
+        held = set()
+    keep = {v for v in held if v >= version - KEEP_PREVIOUS}
+    for old in sorted(held - keep):
+        relay.remove_prefix(version_prefix(run, old))
+    if keep != held:
+        relay.put(_versions_key(run), json.dumps(sorted(keep)).encode())
+    return keep
+
+
+def latest_version(relay: Relay, run: str) -> int | None:
+    """The newest complete version of `run` in the relay, or None if none was published."""
+    try:
+        return int(json.loads(relay.get(latest_key(run)))["version"])
+    except RelayKeyMissing:
+        return None
+
+
+def read_manifest(relay: Relay, run: str, version: int, part: str = "") -> Manifest:
+    """The verified manifest of `version` (or of its `part`); RelayKeyMissing if absent."""
+    key = manifest_key(run, version, part)
+    try:
+        manifest = Manifest.from_json(relay.get(key))
+    except RelayKeyMissing:
+        what = f"{part} snapshot of weights" if part else "weights"
+        raise RelayKeyMissing(f"{what} v{version} of run {run!r} are not in the {relay.name} "
+                              "relay (not published yet, pruned, or lost)") from None
+    if manifest.version != version or manifest.meta.get("run") != run:
+        raise CorruptBucket(f"manifest under {key} describes "
+                            f"run {manifest.meta.get('run')!r} v{manifest.version}")
+    return manifest
+
+
+def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes: int = 1 << 30,
+                 base: dict[str, torch.Tensor] | None = None, base_version: int | None = None,
+                 stats: dict[str, float] | None = None, part: str = "",
+                 manifest: Manifest | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+    """Fetch `version` of `run` (None: the latest) and return (version, tensors).
+
+    Buckets are fetched `batch_bytes` at a time and each is verified on arrival; tensors are
+    built only once every bucket checked out (CorruptBucket otherwise, nothing returned).
+    Raw tensors are views over the fetched buffers (no extra copy). `base`/`base_version` are
+    what the receiver holds, for delta encodings (a payload whose base differs raises
+    storage.delta.DeltaError). `stats`, if given, receives timings. `part` reads a snapshot
+    pushed under the version's sub-prefix; `manifest` saves re-reading one already read.
+    """
+    t0 = time.perf_counter()
+    if version is None:
+        version = latest_version(relay, run)
+        if version is None:
+            raise RelayKeyMissing(f"no weights of run {run!r} in the {relay.name} relay")
+    if manifest is None:
+        manifest = read_manifest(relay, run, version, part)
+    views: list[memoryview] = []
+    for batch in _batches(manifest, batch_bytes):
+        keys = [bucket_key(run, version, i, part) for i in batch]
+        try:
+            blobs = relay.get_many(keys)
+        except RelayKeyMissing as e:
+            raise RelayKeyMissing(f"weights v{version} of run {run!r} incomplete: {e}") from None
+        views += [verify_bucket(manifest.buckets[i], blob, key)
+                  for i, blob, key in zip(batch, blobs, keys)]
+    t1 = time.perf_counter()
+    if stats is not None:  # before decoding: a payload refused there was still fetched
+        stats.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=t1 - t0)
+    out: dict[str, torch.Tensor] = {}
+    for bucket, entry in manifest.entries():
+        payload = views[bucket.index][entry.offset:entry.offset + entry.length]
+        out[entry.name] = _decode(entry.name, payload, entry.meta, base, base_version)
+    if stats is not None:
+        stats["decode_s"] = time.perf_counter() - t1
+    return version, out
+
+
+def _decode(name: str, payload: memoryview, meta: dict[str, Any],
+            base: dict[str, torch.Tensor] | None, base_version: int | None) -> torch.Tensor:
+    decoder = _DECODERS.get(meta.get("encoding", ""))
+    if decoder is None:
+        raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
+                            f"(known: {', '.join(_DECODERS)})")
+    tensor = decoder(payload, meta, (base or {}).get(name), base_version)
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if list(tensor.shape) != list(meta["shape"]) or dtype != meta["dtype"]:
+        raise CorruptBucket(f"tensor {name!r} decoded as {tensor.dtype}{list(tensor.shape)}, "
+                            f"manifest says {meta['dtype']}{meta['shape']}")
+    return tensor
+
+
+def _batches(manifest: Manifest, batch_bytes: int) -> Iterator[list[int]]:
+    batch, size = [], 0
+    for b in manifest.buckets:
+        if batch and size + b.nbytes > batch_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(b.index)
+        size += b.nbytes
+    if batch:
+        yield batch

@@ -1,0 +1,211 @@
+"""The receiving side of sparse publishing: hold the current bf16 weights, move them forward.
+
+`WeightReceiver.pull(v)` ends in exactly one of two states: it holds version v (or newer, when
+the publisher has moved on and `accept_newer`), bit-identical to what the trainer published, or
+it raises and still holds what it held before. It never applies a version partially:
+pull_weights verifies every bucket before decoding, each payload is applied into a new tensor
+(the held one is never written) and checked against the result checksum in its header, and the
+new set replaces the old one in a single assignment at the end.
+
+A delta is applied only onto its declared base (manifest base_version == the version held, and
+again per payload). Otherwise (nothing held, another version held, a damaged or truncated
+bucket, a bucket or manifest the relay lost) the receiver takes a full snapshot: the version
+itself when it was published full, else the snapshot the publisher pushes on request
+(storage/weights/sparse_publisher.py: it writes the request key and waits for `full/manifest`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from storage.weights.buckets import CorruptBucket, Manifest
+from storage.delta import DeltaError
+from storage.relay.base import Relay, RelayError, RelayKeyMissing
+from storage.weights.sparse_publisher import tensors_digest
+from storage.weights.publisher import (latest_version, pull_weights, read_manifest,
+                                      request_key)
+
+# What makes a version unusable for this receiver (the relay being down is not one of them:
+# RelayError propagates, nothing is requested).
+UNUSABLE = (CorruptBucket, DeltaError, RelayKeyMissing)
+
+
+class SnapshotUnavailable(RuntimeError):
+    """No full snapshot arrived in time (no publisher serving requests, or it moved on)."""
+
+
+@dataclass
+class PullReport:
+    version: int
+    mode: str  # "delta", "full" or "noop" (already held)
+    base_version: int | None  # what was held before
+    fallback: str = ""  # why a full snapshot was needed ("" when none was)
+    bytes: int = 0  # bucket bytes fetched (including attempts that failed)
+    buckets: int = 0
+    fetch_s: float = 0.0  # relay gets + bucket checksums
+    apply_s: float = 0.0  # decoding and applying payloads (result checksums included)
+    wait_s: float = 0.0  # waiting for a requested full snapshot
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WeightReceiver:
+    """Holds one run's weights as last pulled; `pull` moves them to a newer version."""
+
+    def __init__(self, relay: Relay, run: str, requester: str = "receiver",
+                 batch_bytes: int = 1 << 30, full_timeout_s: float = 120.0,
+                 poll_s: float = 0.05, rerequest_s: float = 2.0) -> None:
+        self.relay, self.run, self.requester = relay, run, requester
+        self.batch_bytes, self.full_timeout_s = batch_bytes, full_timeout_s
+        self.poll_s, self.rerequest_s = poll_s, rerequest_s
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.version: int | None = None
+        self.digest: str = ""  # tensors_digest of `tensors`
+
+    def pull(self, version: int | None = None, accept_newer: bool = False) -> PullReport:
+        """Hold `version` (None: the latest published) afterwards; see the module docstring."""
+        t0 = time.perf_counter()
+        target = version if version is not None else latest_version(self.relay, self.run)
+        if target is None:
+            raise RelayKeyMissing(f"no weights of run {self.run!r} in the {self.relay.name} relay")
+        report = PullReport(target, "noop", self.version)
+        held = self.tensors is not None and self.version is not None
+        if held and self.version > target and accept_newer:
+            report.version = self.version
+            return report
+        try:
+            manifest, reason = read_manifest(self.relay, self.run, target), ""
+        except UNUSABLE as e:
+            manifest, reason = None, f"manifest: {e}"
+        if held and self.version == target:
+            # Same number: held unless the relay's copy says other bits (a republished version)
+            if manifest is None or manifest.meta.get("digest") in (None, self.digest):
+                return report
+            reason = report.fallback = f"v{target} was republished with other bits than held"
+            if manifest.meta.get("kind") != "full":
+                manifest = None
+        if manifest is not None:
+            reason = self._try_published(target, manifest, report)
+        if reason:
+            self._full(target, reason, report, accept_newer)
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    # -- the version as published ------------------------------------------------------------
+    def _try_published(self, target: int, manifest: Manifest, report: PullReport) -> str:
+        """Apply `target` as published if this receiver can; else the reason it cannot."""
+        kind, base = manifest.meta.get("kind", "full"), manifest.meta.get("base_version")
+        if kind == "delta":
+            if self.tensors is None:
+                return f"delta onto v{base}, but no weights held"
+            if base != self.version:
+                return f"delta onto v{base}, but v{self.version} held"
+        try:
+            self._install(target, "", manifest, report, "delta" if kind == "delta" else "full")
+        except UNUSABLE as e:
+            return f"{type(e).__name__}: {e}"
+        return ""
+
+    def _install(self, target: int, part: str, manifest: Manifest, report: PullReport,
+                 mode: str) -> None:
+        """Fetch, verify and decode everything, then swap it in; raises before any change."""
+        delta = mode == "delta"
+        stats: dict[str, float] = {}
+        try:
+            _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
+                                      base=self.tensors if delta else None,
+                                      base_version=self.version if delta else None,
+                                      stats=stats, part=part, manifest=manifest)
+        finally:  # count what crossed the wire even when the version turned out unusable
+            report.bytes += int(stats.get("bytes", 0))
+            report.buckets += int(stats.get("buckets", 0))
+            report.fetch_s += stats.get("fetch_s", 0.0)
+            report.apply_s += stats.get("decode_s", 0.0)
+        for name, t in tensors.items():  # decoded empties may carry odd strides: normalize
+            if t.numel() == 0:
+                tensors[name] = torch.empty(t.shape, dtype=t.dtype)
+        if delta and set(tensors) != set(self.tensors):
+            raise CorruptBucket(f"delta v{target} holds {len(tensors)} tensors, the base "
+                                f"v{self.version} {len(self.tensors)}: names differ")
+        t = time.perf_counter()
+        digest = tensors_digest(tensors)
+        report.apply_s += time.perf_counter() - t
+        want = manifest.meta.get("digest")
+        if want is not None and digest != want:  # end to end: the whole set, bit for bit
+            raise CorruptBucket(f"v{target}{'/' + part if part else ''}: weights digest "
+                                f"{digest} differs from the publisher's {want}")
+        # the only mutation, all or nothing
+        self.tensors, self.version, self.digest = tensors, target, digest
+        report.version, report.mode = target, mode
+
+    # -- full snapshot fallback --------------------------------------------------------------
+    def _full(self, target: int, reason: str, report: PullReport, accept_newer: bool) -> None:
+        report.fallback = reason
+        t0 = time.perf_counter()
+        deadline = t0 + self.full_timeout_s
+        asked_at = -float("inf")
+        bad: set[tuple[str, int, Any]] = set()  # snapshots found damaged: not fetched again
+        relay_error = ""
+        while True:
+            try:
+                before = target
+                done, target, new_damage = self._try_full(target, report, accept_newer, bad)
+                if done:
+                    report.wait_s = time.perf_counter() - t0 - report.fetch_s - report.apply_s
+                    return
+                now = time.perf_counter()
+                # Ask at once for a new target or new damage, else now and then (the relay may
+                # lose a request, e.g. in a master restart).
+                if target != before or new_damage or now - asked_at >= self.rerequest_s:
+                    stamps = [at for part, v, at in bad if part == "full" and v == target]
+                    self._ask(target, reason, stamps)
+                    asked_at = now
+                relay_error = ""
+            except RelayError as e:  # e.g. a master restarting: wait for it within the deadline
+                relay_error = f"; last relay error: {e}"
+            if time.perf_counter() >= deadline:
+                raise SnapshotUnavailable(
+                    f"run {self.run!r}: no usable full snapshot of v{target} within "
+                    f"{self.full_timeout_s:g} s (is the publisher serving requests?); "
+                    f"needed because {reason}{relay_error}")
+            time.sleep(self.poll_s)
+
+    def _try_full(self, target: int, report: PullReport, accept_newer: bool,
+                  bad: set) -> tuple[bool, int, bool]:
+        """One look for a usable full snapshot; (installed, target, new damage seen)."""
+        newest = latest_version(self.relay, self.run) if accept_newer else None
+        if newest is not None and newest > target:
+            target = newest  # only the newest can be served
+        new_damage = False
+        for part in ("", "full"):  # a version (re)published in full, or the snapshot
+            try:
+                manifest = read_manifest(self.relay, self.run, target, part)
+            except RelayKeyMissing:
+                continue
+            except CorruptBucket:  # an unreadable manifest: the publisher pushes again
+                new_damage = True
+                continue
+            tag = (part, target, manifest.meta.get("published_at"))
+            if manifest.meta.get("kind", "full") != "full" or tag in bad:
+                continue
+            try:
+                self._install(target, part, manifest, report, "full")
+                return True, target, new_damage
+            except UNUSABLE as e:
+                bad.add(tag)
+                new_damage = True
+                report.fallback += f"; full snapshot unusable: {e}"
+        return False, target, new_damage
+
+    def _ask(self, version: int, reason: str, damaged: list) -> None:
+        """Request a full snapshot of `version`; `damaged` lists the published_at stamps of
+        snapshots found unusable, which the publisher then replaces (and only those)."""
+        body = {"version": version, "by": self.requester, "reason": reason[:500],
+                "damaged": damaged, "at": time.time()}
+        self.relay.put(request_key(self.run, version), json.dumps(body).encode())

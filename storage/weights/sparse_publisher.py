@@ -1,0 +1,213 @@
+"""The trainer's side of sparse publishing: full snapshot first, then per-tensor deltas.
+
+The publisher keeps a bf16 copy of what it last published (version v). Publishing v+1 encodes
+each tensor with storage.delta against that copy (the codec picks the smallest of its sparse
+encodings, or dense); every payload carries base and target version, shape, dtype and the
+result's checksum, and the manifest says kind "delta" with its base version. A full snapshot
+(kind "full", every payload dense) goes out when there is no base: the first publish, a
+version that does not follow the last one (a re-publish, a restart), a changed set of tensors.
+
+Receivers that cannot apply a delta (no base, another base, a damaged or lost bucket, a relay
+that lost its objects) ask for a full snapshot; the design chosen here is republish on request:
+  - the receiver writes `rose/<run>/v<v>/full-request` (weight_publisher.request_key);
+  - `serve_requests` (polled by a thread on the trainer, `start_server`) pushes a full snapshot
+    of the held version under `rose/<run>/v<v>/full/` and removes the request. It pushes again
+    only if the request names the snapshot there as damaged (by its published_at stamp);
+  - it also checks that the held version's manifest is still in the relay; if the relay lost it
+    (Mooncake master restart, eviction) it republishes that version in full, under its own key.
+Only the held (newest) version can be served: a receiver further behind takes the newest.
+No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+import xxhash
+
+from storage.weights.buckets import DEFAULT_BUCKET_BYTES
+from storage.delta import encode_delta, read_header
+from storage.delta.bits import DTYPE_CODES
+from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
+from storage.shards.layout import layer_index
+from storage.weights.transfer_metrics import (PublishReport, TensorStat, changed_count,
+                                      changed_in_payload)
+from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
+                                      request_key)
+
+log = logging.getLogger("rose.publish")
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Order-independent xxh3-64 of names and exact bit patterns (the same value as
+    executors.workers.rollout_worker.weights_digest): equal digests = bit-identical weights."""
+    h = xxhash.xxh3_64()
+    for name in sorted(tensors):
+        h.update(name.encode())
+        t = tensors[name]
+        if t.numel():
+            h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+class SparsePublisher:
+    """Publishes versions of one run through one relay; see the module docstring."""
+
+    def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 sparse: bool = True) -> None:
+        self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
+        self.version: int | None = None
+        self._held: dict[str, torch.Tensor] | None = None
+        self._lock = threading.RLock()  # publish and serve_requests share the held copy
+        self._stop: threading.Event | None = None
+        self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
+
+    @property
+    def held(self) -> dict[str, torch.Tensor] | None:
+        return self._held
+
+    def _full_reason(self, version: int, tensors: dict[str, torch.Tensor]) -> str:
+        if not self.sparse:
+            return "sparse publishing off"
+        if self._held is None:
+            return "first snapshot"
+        if version != self.version + 1:
+            return f"v{version} does not follow the last published v{self.version}"
+        if {n: (t.shape, t.dtype) for n, t in tensors.items()} != \
+                {n: (t.shape, t.dtype) for n, t in self._held.items()}:
+            return "tensor names, shapes or dtypes changed"
+        return ""
+
+    def publish(self, version: int, tensors: dict[str, torch.Tensor],
+                copy: bool = True) -> PublishReport:
+        """Push `version`: a delta against the last published version when possible, else full.
+        Keeps `tensors` as the next base (only once the manifest is in the relay): a copy, or
+        the tensors themselves with copy=False (the caller then never modifies them, as with
+        Trainer.weights_bf16, which builds fresh ones)."""
+        with self._lock:
+            reason = self._full_reason(version, tensors)
+            base = None if reason else self._held
+            report = self._push(version, tensors, base, reason, compare=self._held)
+            held = {n: t.detach().to("cpu") for n, t in tensors.items()}
+            self._held = {n: t.clone(memory_format=torch.contiguous_format) if copy
+                          else t.contiguous() for n, t in held.items()}
+            self.version = version
+            return report
+
+    def _push(self, version: int, tensors: dict[str, torch.Tensor],
+              base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
+              compare: dict[str, torch.Tensor] | None = None) -> PublishReport:
+        """Encode against `base` (None: full) and push; densities are counted against
+        `compare` (the previous version) when given, else every element counts as sent."""
+        t0 = time.perf_counter()
+        kind = "full" if base is None else "delta"
+        base_version = None if base is None else self.version
+        report = PublishReport(version, kind, base_version, reason, part)
+
+        def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
+            t = time.perf_counter()
+            old = None if base is None else base[name]
+            changed = None
+            if tensor.dtype in DTYPE_CODES:
+                data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
+                                            target_version=version)
+                meta, encoding = {"encoding": "rsdt"}, read_header(data).encoding
+                if old is not None:
+                    changed = changed_in_payload(data)
+            else:  # a dtype the codec does not know: its raw bytes, always whole
+                data, meta = raw_encoder(name, tensor)
+                encoding = "raw"
+            ref = None if compare is None else compare.get(name)
+            same = ref is not None and ref.shape == tensor.shape and ref.dtype == tensor.dtype
+            if changed is None:
+                changed = changed_count(tensor, ref) if same else tensor.numel()
+            layer = layer_index(name)
+            report.tensors.append(TensorStat(
+                name, -1 if layer is None else layer, tensor.numel(), changed, encoding,
+                tensor.numel() * tensor.element_size(), memoryview(data).nbytes,
+                time.perf_counter() - t))
+            return data, meta
+
+        t = time.perf_counter()
+        report.digest = tensors_digest(tensors)
+        digest_s = time.perf_counter() - t
+        stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
+                                encoder, {"kind": kind, "base_version": base_version,
+                                          "reason": reason, "digest": report.digest}, part)
+        report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
+        report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
+        report.seconds = time.perf_counter() - t0
+        report.push_s = report.seconds - report.encode_s
+        return report
+
+    # -- full snapshots on request ----------------------------------------------------------
+    def serve_requests(self, check_lost: bool = True) -> PublishReport | None:
+        """One pass: republish the held version if the relay lost it (`check_lost`); answer a
+        request for a full snapshot of it. Returns what was pushed, if anything."""
+        with self._lock:
+            if self._held is None:
+                return None
+            v = self.version
+            if check_lost and not self.relay.exists(manifest_key(self.run, v)):
+                log.warning("relay %s lost v%d of run %s: republishing it in full",
+                            self.relay.name, v, self.run)
+                report = self._push(v, self._held, None, "relay lost the published version")
+                self.served.append(report)
+                return report
+            if not self.relay.exists(request_key(self.run, v)):  # cheaper than a missing get
+                return None
+            try:
+                request = json.loads(self.relay.get(request_key(self.run, v)))
+            except RelayKeyMissing:
+                return None
+            except ValueError:  # a torn or foreign value: treat as a plain request
+                request = {}
+            report = None
+            damaged = request.get("damaged")
+            stamp = self._full_snapshot_stamp(v)
+            # Push unless a snapshot is there that the requester did not find damaged (it may
+            # have asked before that one landed): repeated requests cost no repeated pushes.
+            if stamp is None or (isinstance(damaged, list) and stamp in damaged):
+                reason = f"requested by {request.get('by', '?')}: {request.get('reason', '')}"
+                report = self._push(v, self._held, None, reason.strip(), part="full")
+                self.served.append(report)
+            self.relay.remove(request_key(self.run, v))
+            return report
+
+    def _full_snapshot_stamp(self, version: int) -> float | None:
+        """published_at of the full snapshot of `version` in the relay; None if absent or
+        unreadable (then it is pushed again)."""
+        try:
+            return read_manifest(self.relay, self.run, version, "full").meta.get("published_at")
+        except (RelayKeyMissing, ValueError):
+            return None
+
+    def start_server(self, interval_s: float = 0.1) -> None:
+        """Serve requests from a daemon thread until stop_server (idempotent)."""
+        if self._stop is not None:
+            return
+        self._stop = stop = threading.Event()
+
+        def loop() -> None:
+            backoff, passes = interval_s, 0
+            while not stop.wait(backoff):
+                try:  # a lost version is rarer than a request: look for it about once a second
+                    self.serve_requests(check_lost=passes % max(1, round(1 / interval_s)) == 0)
+                    backoff, passes = interval_s, passes + 1
+                except (RelayError, OSError) as e:  # relay down (master restarting): retry
+                    log.warning("full-snapshot server of run %s: %s", self.run, e)
+                    backoff = min(2.0, backoff * 2)
+                except Exception:  # never let the thread die silently
+                    log.exception("full-snapshot server of run %s failed a pass", self.run)
+                    backoff = min(2.0, backoff * 2)
+
+        threading.Thread(target=loop, name=f"rose-snapshots-{self.run}", daemon=True).start()
+
+    def stop_server(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None

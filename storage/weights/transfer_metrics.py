@@ -1,0 +1,159 @@
+"""Weight transfer metrics: what a publish measured (PublishReport: per tensor and per step),
+and per step a small Parquet file, one row per published tensor.
+
+    <data>/runs/<run>/transfer/step=<n>.parquet
+
+Each row: the tensor (name, layer, numel, changed elements, density, encoding chosen, raw and
+encoded bytes, encode seconds) and, repeated, the step's publish (kind full/delta, base
+version, bucket bytes pushed, push and publish seconds) and the pulls waited for (slowest pull,
+apply and engine load seconds, full-snapshot fallbacks). Query with duckdb, e.g.
+    SELECT step, layer, sum(changed) / sum(numel) AS density
+    FROM read_parquet('<run>/transfer/*.parquet') GROUP BY ALL ORDER BY ALL
+"""
+from __future__ import annotations
+
+import os
+import struct
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from storage.delta import read_header
+from storage.delta.bits import DTYPE_CODES, to_bits
+from storage.relay.base import Buffer
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass
+class TensorStat:
+    name: str
+    layer: int  # transformer layer index; -1 for embeddings, final norm, head
+    numel: int
+    changed: int  # elements whose bits differ from the base (numel when there is none)
+    encoding: str  # storage.delta encoding chosen (dense, ef, ternary, xor_zstd, coo) or raw
+    raw_bytes: int
+    encoded_bytes: int
+    encode_s: float
+
+    @property
+    def density(self) -> float:
+        return self.changed / self.numel if self.numel else 0.0
+
+
+@dataclass
+class PublishReport:
+    version: int
+    kind: str  # "full" or "delta"
+    base_version: int | None
+    reason: str  # why full ("" for a delta)
+    part: str = ""  # "" = the version itself, "full" = a snapshot pushed on request
+    digest: str = ""  # tensors_digest of the version: receivers check what they assemble
+    pushed_bytes: int = 0  # bucket bytes put into the relay
+    buckets: int = 0
+    encode_s: float = 0.0
+    push_s: float = 0.0
+    seconds: float = 0.0
+    tensors: list[TensorStat] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Step-level numbers (JSON-able): sizes, density overall and per layer, timings."""
+        raw = sum(t.raw_bytes for t in self.tensors)
+        numel = sum(t.numel for t in self.tensors)
+        changed = sum(t.changed for t in self.tensors)
+        layers: dict[int, list[int]] = {}
+        encodings: dict[str, int] = {}
+        for t in self.tensors:
+            acc = layers.setdefault(t.layer, [0, 0])
+            acc[0] += t.changed
+            acc[1] += t.numel
+            encodings[t.encoding] = encodings.get(t.encoding, 0) + 1
+        return {"version": self.version, "kind": self.kind, "base_version": self.base_version,
+                "reason": self.reason, "digest": self.digest, "tensors": len(self.tensors), "raw_bytes": raw,
+                "encoded_bytes": self.pushed_bytes, "buckets": self.buckets,
+                "compression": raw / self.pushed_bytes if self.pushed_bytes else 0.0,
+                "numel": numel, "changed": changed, "density": changed / numel if numel else 0.0,
+                "density_per_layer": {str(k): c / n if n else 0.0
+                                      for k, (c, n) in sorted(layers.items())},
+                "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
+                "publish_s": self.seconds}
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [{**asdict(t), "density": t.density} for t in self.tensors]
+
+
+def changed_in_payload(payload: Buffer) -> int | None:
+    """The change count a coo or ef payload states (its body starts with it: coo = u64 count,
+    ef = u64 length + Elias-Fano header u64 count; storage/delta/encodings.py), saving a
+    compare pass; None for other encodings."""
+    head = read_header(payload)
+    body = memoryview(payload)[head.header_length:]
+    if head.encoding == "coo" and len(body) >= 8:
+        return struct.unpack_from("<Q", body, 0)[0]
+    if head.encoding == "ef" and len(body) >= 16:
+        return struct.unpack_from("<Q", body, 8)[0]
+    return None
+
+
+def changed_count(new: torch.Tensor, base: torch.Tensor) -> int:
+    """Elements whose bit patterns differ (NaN payloads, -0 and +0 count as different)."""
+    if new.numel() == 0:
+        return 0
+    if new.dtype in DTYPE_CODES:  # numpy compares + counts ~3x faster than torch on one thread
+        return int(np.count_nonzero(to_bits(new) != to_bits(base)))
+    ints = _INT_OF_WIDTH[new.element_size()]
+    return int(torch.count_nonzero(new.reshape(-1).view(ints) != base.reshape(-1).view(ints)))
+
+
+
+SCHEMA = pa.schema([
+    ("step", pa.int64()), ("version", pa.int64()), ("kind", pa.string()),
+    ("base_version", pa.int64()), ("reason", pa.string()),
+    ("name", pa.string()), ("layer", pa.int64()), ("numel", pa.int64()),
+    ("changed", pa.int64()), ("density", pa.float64()), ("encoding", pa.string()),
+    ("raw_bytes", pa.int64()), ("encoded_bytes", pa.int64()), ("encode_s", pa.float64()),
+    ("pushed_bytes", pa.int64()), ("push_s", pa.float64()), ("publish_s", pa.float64()),
+    ("pull_s_max", pa.float64()), ("apply_s_max", pa.float64()), ("load_s_max", pa.float64()),
+    ("pulled_bytes_max", pa.int64()), ("workers_synced", pa.int64()),
+    ("full_fallbacks", pa.int64()),
+])
+
+
+def transfer_path(run_dir: Path | str, step: int) -> Path:
+    return Path(run_dir) / "transfer" / f"step={step}.parquet"
+
+
+def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, Any],
+                           tensor_rows: list[dict[str, Any]], overwrite: bool = False) -> Path | None:
+    """Write the step's file (temp + rename); None if it exists and not `overwrite` (a version
+    published again, e.g. when a run resumes, keeps the record of its first publish)."""
+    path = transfer_path(run_dir, step)
+    if path.exists() and not overwrite:
+        return None
+    step_cols = {"step": step, "version": summary["version"], "kind": summary["kind"],
+                 "base_version": summary.get("base_version"), "reason": summary.get("reason", ""),
+                 "pushed_bytes": summary["encoded_bytes"], "push_s": summary["push_s"],
+                 "publish_s": summary["publish_s"], "pull_s_max": summary.get("pull_s", 0.0),
+                 "apply_s_max": summary.get("apply_s", 0.0),
+                 "load_s_max": summary.get("load_s", 0.0),
+                 "pulled_bytes_max": summary.get("pulled_bytes", 0),
+                 "workers_synced": summary.get("workers_synced", 0),
+                 "full_fallbacks": summary.get("full_fallbacks", 0)}
+    rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
+                                                "encoding", "raw_bytes", "encoded_bytes",
+                                                "encode_s")}} for r in tensor_rows]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
