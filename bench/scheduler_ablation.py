@@ -33,14 +33,6 @@ CASES = (("pinned", "pinned", True), ("turnwise", "turnwise", True),
          ("rollout worker alone", "turnwise_affinity", False))
 
 
-def coserving_available() -> bool:
-    try:
-        from executors.coserving.executor import CoServingPlugin, coserving_state  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def ensure_models(console: Console) -> None:
     from rose.config import ModelsConfig, data_dir
     from rose.models.build import build_models
@@ -112,7 +104,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
         return True
 
     ensure_models(console)
-    serving = coserving_available() if lent_kind == "auto" else lent_kind == "serving"
+    serving = lent_kind in ("auto", "serving")  # the co-serving executor is in the repo
     lent, lent_kind = ("serving-0", "serving") if serving else ("rollout-1", "rollout")
     stack_cfg = StackConfig(rollout_workers=1 if serving else 2, serving_workers=int(serving),
                             relay="filesystem")
@@ -128,7 +120,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
             engines = ["rollout-0", lent]
             ready = [client.submit(worker_state, workers=["rollout-0"], pure=False)]
             if serving:
-                from executors.coserving.executor import CoServingPlugin, coserving_state
+                from executors.coserving.plugin import CoServingPlugin, coserving_state
 
                 with console.status("co-serving executor: two engines + latency profiles"):
                     client.register_plugin(CoServingPlugin(cfg.models.serving_path(),

@@ -114,7 +114,7 @@ def test_step_plan_counts_whole_sequence_admission_and_preempts_when_wedged():
 
 
 def test_evict_reload_trigger():
-    from executors.coserving.engines import EvictReload
+    from executors.policies.autoscale import EvictReload
 
     er = EvictReload(threshold=8, calm_s=2.0)
     assert er.tick(7, True, 0.0) is None  # below the burst threshold: stay up

@@ -9,7 +9,7 @@ import time
 
 
 def snapshot(ex) -> dict:
-    c, s, r = ex.c, ex.serving, ex._rc
+    c, s, r = ex.counters, ex.serving, ex.rollout_counters
     decisions = max(1, c["decisions"])
     return {
         "at": time.monotonic(), "worker": ex.worker, "mode": ex.cfg.mode, "version": ex.version,

@@ -12,49 +12,16 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
+from executors.coserving.rollout_turn import Turn, empty_result, new_counters, turn_result
 from executors.policies.kv_memory import Action, KVMemoryPolicy, MemoryState
 from executors.policies.latency_profile import LatencyProfile
 from executors.policies.step_plan import StepPlan, blocks_wanted, plan_steps
 from executors.policies.stall import StallDetector
-from executors.turns import TurnRequest, TurnResult
+from executors.turns import TurnRequest
 
 
 BLOCKED_RETRY_S = 0.25  # an empty step's room is retried after this even if it did not grow
-
-
-def new_counters() -> dict:
-    """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
-    keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
-            "aborted_evict", "aborted_other", "stale", "leases_expired", "lease_blocks_evicted",
-            "prefixes_dropped", "leases_reclaimed", "cached_tokens", "scheduled_tokens",
-            "empty_steps")
-    c: dict = dict.fromkeys(keys, 0)
-    c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
-    return c
-
-
-def empty_result(request: TurnRequest, worker: str, version: int, reason: str) -> TurnResult:
-    """A turn answered without tokens: "abort" (reroutable) or "stale" (old weights)."""
-    return TurnResult(request.request_id, request.trajectory_id, [], [], reason, worker,
-                      "serving", version, len(request.prompt_ids))
-
-
-@dataclass
-class _Turn:
-    request: TurnRequest
-    fut: Future
-    internal: str
-    submitted: float
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    computed: int = 0
-    pages: int = 0
-    cached: int = 0
-    first_progress: float | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
 
 
 class RolloutSide:
@@ -66,11 +33,11 @@ class RolloutSide:
         self.leases, self.page_ratio = leases, page_ratio
         scheduler.capture_released = leases
         self.version = 0
-        self.live: dict[str, _Turn] = {}
+        self.live: dict[str, Turn] = {}
         self.blocked_room: int | None = None  # KV room when a step scheduled nothing
         self.blocked_until = 0.0  # ... retried anyway after this (monotonic s): a safety net
         self.lease_blocks: dict[str, list[int]] = {}  # trajectory -> cached block ids
-        self.c = counters if counters is not None else new_counters()
+        self.counters = counters if counters is not None else new_counters()
 
     def pages(self, blocks: int) -> int:
         return math.ceil(blocks * self.page_ratio - 1e-9)
@@ -90,7 +57,7 @@ class RolloutSide:
         from vllm.sampling_params import RequestOutputKind
 
         if request.min_policy_version > self.version:
-            self.c["stale"] += 1
+            self.counters["stale"] += 1
             fut.set_result(empty_result(request, self.worker, self.version, "stale"))
             return
         if request.request_id in self.live:
@@ -111,7 +78,7 @@ class RolloutSide:
             self.lease_blocks.pop(tid)
             if self.policy is not None:
                 self.policy.drop_prefix(tid)
-        self.live[request.request_id] = _Turn(request, fut, internal, now)
+        self.live[request.request_id] = Turn(request, fut, internal, now)
         self.blocked_room = None  # new work: it may fit where the queued work did not
         self.stall.on_admit(request.request_id, now, tid)
 
@@ -140,8 +107,8 @@ class RolloutSide:
             tid = next(iter(self.lease_blocks))  # insertion order = soonest to expire
             ids = self.lease_blocks.pop(tid)
             self.policy.drop_prefix(tid)
-            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
-            self.c["leases_reclaimed"] += 1
+            self.counters["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+            self.counters["leases_reclaimed"] += 1
             ended += 1
         return ended
 
@@ -162,23 +129,23 @@ class RolloutSide:
         outputs = self.engine.step()
         took = time.perf_counter() - t0
         now = now_fn()
-        self.c["steps"] += 1
-        self.c["step_s"] += took
-        self.c["scheduled_tokens"] += self.scheduler.last_scheduled_tokens
+        self.counters["steps"] += 1
+        self.counters["step_s"] += took
+        self.counters["scheduled_tokens"] += self.scheduler.last_scheduled_tokens
         if self.scheduler.last_scheduled_tokens == 0:
             # vLLM refused everything under the cap (prefix hits and its watermark take blocks
             # the plan did not count): do not retry until the KV room grows
-            self.c["empty_steps"] += 1
+            self.counters["empty_steps"] += 1
             self.blocked_room = max(0, (block_cap or 0) - self.used_blocks())
             self.blocked_until = now + BLOCKED_RETRY_S
         else:
             self.blocked_room = None
         released = self.scheduler.take_released() if self.leases else {}
         if plan is not None:
-            self.c["planned_steps"] += 1
-            self.c["planned_step_s"] += took
-            self.c["predicted_s"] += plan.cost_s
-            self.c["abs_error_s"] += abs(took - plan.cost_s)
+            self.counters["planned_steps"] += 1
+            self.counters["planned_step_s"] += took
+            self.counters["predicted_s"] += plan.cost_s
+            self.counters["abs_error_s"] += abs(took - plan.cost_s)
         for out in outputs:
             t = self.live.get(out.request_id)
             if t is None:
@@ -190,7 +157,7 @@ class RolloutSide:
             if new:
                 t.first_token_at = t.first_token_at or now
                 t.last_token_at = now
-                self.c["tokens"] += len(new)
+                self.counters["tokens"] += len(new)
             t.cached = int(out.num_cached_tokens or t.cached)
             if out.finished:
                 reason = completion.finish_reason
@@ -232,13 +199,13 @@ class RolloutSide:
         if self.policy is not None:
             self.policy.on_rollout_free(rid)
         if reason == "abort":
-            self.c["aborted_other"] += 1
+            self.counters["aborted_other"] += 1
         else:
-            self.c["finished"] += 1
-            self.c["cached_tokens"] += t.cached
+            self.counters["finished"] += 1
+            self.counters["cached_tokens"] += t.cached
             if t.internal in released:
                 self._lease(t.request.trajectory_id, released[t.internal], now)
-        t.fut.set_result(self._result(t.request, t, reason))
+        t.fut.set_result(turn_result(t, self.worker, self.version, reason))
 
     def _lease(self, tid: str, block_ids: list[int], now: float) -> None:
         cached = self.scheduler.cached_blocks(block_ids)
@@ -248,7 +215,7 @@ class RolloutSide:
             self.lease_blocks.pop(tid, None)  # re-insert: the dict's order is expiry order
             self.lease_blocks[tid] = cached
         else:  # no room under the budget: reclaim at once
-            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(cached)
+            self.counters["lease_blocks_evicted"] += self.scheduler.evict_cached(cached)
 
     def abort(self, rids: list[str], why: str) -> int:
         """Abort live turns (engine abort frees their KV); each future gets finished_reason
@@ -263,8 +230,8 @@ class RolloutSide:
             self.stall.on_finish(rid)
             if self.policy is not None:
                 self.policy.on_rollout_free(rid)
-            self.c[f"aborted_{why}"] += 1
-            t.fut.set_result(self._result(t.request, t, "abort"))
+            self.counters[f"aborted_{why}"] += 1
+            t.fut.set_result(turn_result(t, self.worker, self.version, "abort"))
         return len(rids)
 
     def apply(self, actions: list[Action]) -> None:
@@ -272,8 +239,8 @@ class RolloutSide:
         for a in actions:
             if a.kind == "drop_prefix":
                 ids = self.lease_blocks.pop(a.trajectory_id, [])
-                self.c["prefixes_dropped"] += 1
-                self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+                self.counters["prefixes_dropped"] += 1
+                self.counters["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
         self.abort([a.request_id for a in actions if a.kind == "abort"], "cut")
 
     def expire_leases(self, now: float) -> None:
@@ -281,8 +248,8 @@ class RolloutSide:
             return
         for lease in self.policy.expired_leases(now):
             ids = self.lease_blocks.pop(lease.trajectory_id, [])
-            self.c["leases_expired"] += 1
-            self.c["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
+            self.counters["leases_expired"] += 1
+            self.counters["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
 
     def check_stalls(self, now: float) -> list:
         reports = self.stall.check(now)
@@ -296,13 +263,3 @@ class RolloutSide:
                 self.policy.drop_prefix(tid)
             self.scheduler.evict_cached(ids)
         self.lease_blocks.clear()
-
-    def _result(self, request: TurnRequest, t: _Turn, reason: str) -> TurnResult:
-        res = empty_result(request, self.worker, self.version, reason)
-        res.response_ids, res.logprobs, res.num_cached_tokens = t.ids, t.logprobs, t.cached
-        start = t.first_progress or t.submitted
-        res.queued_s = max(0.0, start - t.submitted)
-        if t.first_token_at is not None:
-            res.prefill_s = max(0.0, t.first_token_at - start)
-            res.decode_s = max(0.0, (t.last_token_at or t.first_token_at) - t.first_token_at)
-        return res

@@ -2,7 +2,7 @@
 
 `admits(name)` must be cheap (the router may ask on every decision), so it reads a flag, not
 the network. Each serving worker's flag is refreshed every `refresh_s` by one pinned Dask
-future of `executors.coserving.executor.coserving_state` (its dict carries "admitting"); at most one
+future of `executors.coserving.plugin.coserving_state` (its dict carries "admitting"); at most one
 poll per worker is out at a time, and harvesting never blocks. Between polls two things close
 the gate at once: an "abort" answer from that worker (an emergency KV cut or a stall report)
 and the bound on rollout turns queued there (`max_turns`), so a burst of routing decisions
@@ -16,16 +16,9 @@ import logging
 import time
 from typing import Callable
 
+from executors.coserving.plugin import coserving_state
+
 log = logging.getLogger("rose.rollout")
-
-
-def coserving_state_fn():
-    """The co-serving executor's state function, if that module exists (built separately)."""
-    try:
-        from executors.coserving.executor import coserving_state
-    except ImportError:
-        return None
-    return coserving_state
 
 
 class ServingAdmission:
@@ -37,14 +30,12 @@ class ServingAdmission:
             raise ValueError(f"admission refresh interval must be > 0 s, got {refresh_s}")
         self.client, self.load = client, load
         self.max_turns, self.refresh_s = max_turns, refresh_s
-        self.state_fn = state_fn or coserving_state_fn()
+        self.state_fn = state_fn or coserving_state
         self.names = list(names)
         self.admitting: dict[str, bool] = {n: False for n in self.names}
         self.state: dict[str, dict] = {}
         self._poll: dict[str, object] = {}  # name -> Future in flight
         self._due: dict[str, float] = {n: 0.0 for n in self.names}
-        if self.names and self.state_fn is None:
-            log.warning("executors.coserving.executor is missing: serving workers %s admit nothing", names)
 
     def admits(self, name: str) -> bool:
         return self.admitting.get(name, False) and self.load(name) < self.max_turns
@@ -71,8 +62,6 @@ class ServingAdmission:
 
     def refresh(self) -> list[str]:
         """Harvest answered polls and send due ones; return workers whose gate just opened."""
-        if self.state_fn is None:
-            return []
         opened, now = [], time.monotonic()
         for name, fut in list(self._poll.items()):
             if not fut.done():

@@ -1,0 +1,58 @@
+"""One rollout turn inside the co-serving executor: its live record, its result, its counters.
+
+RolloutSide (executors/coserving/rollout_side.py) keeps a `Turn` per request on the rollout
+engine and answers each future with `turn_result`; a turn answered without running gets
+`empty_result`. The counters outlive one rollout engine (the evict/reload baseline rebuilds it).
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from executors.turns import TurnRequest, TurnResult
+
+
+def new_counters() -> dict:
+    """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
+    keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
+            "aborted_evict", "aborted_other", "stale", "leases_expired", "lease_blocks_evicted",
+            "prefixes_dropped", "leases_reclaimed", "cached_tokens", "scheduled_tokens",
+            "empty_steps")
+    c: dict = dict.fromkeys(keys, 0)
+    c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
+    return c
+
+
+def empty_result(request: TurnRequest, worker: str, version: int, reason: str) -> TurnResult:
+    """A turn answered without tokens: "abort" (reroutable) or "stale" (old weights)."""
+    return TurnResult(request.request_id, request.trajectory_id, [], [], reason, worker,
+                      "serving", version, len(request.prompt_ids))
+
+
+@dataclass
+class Turn:
+    """A live turn on the rollout engine: what it produced so far and when."""
+    request: TurnRequest
+    fut: Future
+    internal: str
+    submitted: float
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    computed: int = 0
+    pages: int = 0
+    cached: int = 0
+    first_progress: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+
+def turn_result(t: Turn, worker: str, version: int, reason: str) -> TurnResult:
+    """The turn's tokens and its queue / prefill / decode times."""
+    res = empty_result(t.request, worker, version, reason)
+    res.response_ids, res.logprobs, res.num_cached_tokens = t.ids, t.logprobs, t.cached
+    start = t.first_progress or t.submitted
+    res.queued_s = max(0.0, start - t.submitted)
+    if t.first_token_at is not None:
+        res.prefill_s = max(0.0, t.first_token_at - start)
+        res.decode_s = max(0.0, (t.last_token_at or t.first_token_at) - t.first_token_at)
+    return res
