@@ -67,7 +67,7 @@ def main() -> None:
 
     from rose.stack.mooncake import start_mooncake
     from storage.relay.mooncake import MooncakeRelay
-    from storage.relay.base import FilesystemRelay
+    from storage.relay.filesystem import FilesystemRelay
     from storage.weights.publisher import publish_weights
 
     size = args.bucket_mb << 20

@@ -17,7 +17,7 @@ from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.scheduler import RolloutScheduler
-from executors.workers.rollout_worker import sync_weights
+from executors.workers.weight_sync import sync_weights
 from rose.config import RunConfig
 from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.relay.base import FilesystemRelay
+from storage.relay.filesystem import FilesystemRelay
 
 try:
     import mooncake.store  # noqa: F401

@@ -6,7 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from storage.relay.base import FilesystemRelay, RelayError, RelayKeyMissing, make_relay
+from storage.relay.base import RelayError, RelayKeyMissing
+from storage.relay.filesystem import FilesystemRelay
+from storage.relay.pool import make_relay
 
 from mooncake_fixtures import (mooncake, mooncake_pair, ns, relays,  # noqa: F401 (fixtures)
                                skip_without_mooncake)

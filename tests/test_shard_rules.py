@@ -8,7 +8,8 @@ import socket
 import pytest
 import torch
 
-from storage.shards.layout import slice_for, split_full
+from storage.shards.layout import slice_for
+from storage.shards.plan import split_full
 from storage.shards.rules import REPLICATED, ShardRule, infer_model_rules, infer_rule, megatron_attrs
 
 HEADS, KV, HEAD_DIM, HIDDEN, FFN = 8, 2, 4, 32, 48

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from storage.weights.buckets import CorruptBucket, Manifest
-from storage.relay.base import FilesystemRelay, RelayKeyMissing
+from storage.relay.base import RelayKeyMissing
+from storage.relay.filesystem import FilesystemRelay
 from storage.weights.publisher import (bucket_key, latest_key, latest_version, manifest_key,
                                       publish_weights, pull_weights, register_decoder)
 

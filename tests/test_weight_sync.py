@@ -12,7 +12,7 @@ import torch
 
 from storage.weights.buckets import Manifest
 from storage.delta import DeltaBaseMismatch
-from storage.relay.base import FilesystemRelay
+from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import changed_count
 from storage.weights.publisher import (bucket_key, manifest_key, pull_weights, read_manifest,

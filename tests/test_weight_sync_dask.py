@@ -10,11 +10,11 @@ import pytest
 import torch
 from distributed import Client, Scheduler, SpecCluster, Worker, WorkerPlugin
 
-from executors.workers.rollout_worker import sync_weights as rollout_sync_weights
+from executors.workers.weight_sync import sync_weights as rollout_sync_weights
 from executors.workers.rollout_worker import weights_digest
 from executors.workers.weight_sync import (policy_floor, pull_status, start_pulls, wait_versions)
 from storage.relay import pool as relay_pool
-from storage.relay.base import FilesystemRelay
+from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import transfer_path, write_transfer_metrics
 

@@ -68,15 +68,6 @@ def generate_turns(requests: list[TurnRequest]) -> list[TurnResult]:
     return _plugin().loop.generate(requests)
 
 
-def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30) -> dict:
-    """Runs on a rollout worker (or a co-serving one: its rollout engine): pull `version` (a
-    delta onto the weights held, else a full snapshot; executors/workers/weight_sync.py) and reload in
-    place; returns once the engine runs it, with the pull's record (digest, bytes, times)."""
-    from executors.workers.weight_sync import sync_weights as sync
-
-    return sync(relay_kind, run, version, batch_bytes)
-
-
 def worker_state() -> dict:
     plugin = _plugin()
     return {"worker": get_worker().name, "kind": plugin.kind, "run": plugin.run,

@@ -92,17 +92,13 @@ def open_store(master_addr: str | None = None, metadata_url: str | None = None,
     host, port = master_addr.rsplit(":", 1)
     if not port_answers(host, int(port), timeout=2.0):
         raise StackError(f"Mooncake master at {master_addr} does not answer (is the stack up?)")
-    os.environ.setdefault("MC_TCP_BIND_ADDRESS", LOCALHOST)
-    os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")
+    from storage.relay.base import RelayError
+    from storage.relay.mooncake import open_store as open_client
+
     try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:  # typically libibverbs1 missing
-        raise StackError(f"cannot import mooncake.store: {e}") from None
-    store = MooncakeDistributedStore()
-    rc = store.setup(LOCALHOST, metadata_url, segment_bytes, buffer_bytes, "tcp", "", master_addr)
-    if rc != 0:
-        raise StackError(f"Mooncake client setup against master {master_addr} failed (code {rc})")
-    return store
+        return open_client(master_addr, metadata_url, segment_bytes, buffer_bytes)
+    except RelayError as e:
+        raise StackError(str(e)) from None
 
 
 def round_trip(nbytes: int = 1 << 20, key_prefix: str = "rose/self-check") -> int:

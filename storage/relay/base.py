@@ -9,15 +9,9 @@ Contract shared by every implementation:
 """
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from pathlib import Path
-from urllib.parse import quote, unquote
-
-import numpy as np
 
 Buffer = bytes | bytearray | memoryview
 _KEY_RE = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
@@ -93,99 +87,3 @@ class Relay(ABC):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-class FilesystemRelay(Relay):
-    """One file per key in a flat directory (key quoted, '/' -> %2F), written tmp + rename.
-
-    Flat so that keys `a` and `a/b` can both exist. Writes are atomic for readers (rename);
-    they are not fsynced: the relay is a transfer medium, not a checkpoint.
-    """
-
-    name = "filesystem"
-
-    def __init__(self, root: Path | str):
-        self.root = Path(root)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RelayError(f"filesystem relay: cannot create {self.root}: {e.strerror}") from None
-
-    def _path(self, key: str) -> Path:
-        return self.root / quote(check_key(key), safe="")
-
-    def put(self, key: str, data: Buffer) -> None:
-        view = check_value(key, data)
-        path = self._path(key)
-        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(view)
-            os.replace(tmp, path)
-        except OSError as e:
-            raise RelayError(f"filesystem relay: put {key!r} into {self.root} failed: "
-                             f"{e.strerror or e}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _read(self, key: str) -> memoryview:
-        path = self._path(key)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buf = memoryview(np.empty(size, dtype=np.uint8))  # not zeroed, unlike bytearray
-                if f.readinto(buf) != size:
-                    raise RelayError(f"filesystem relay: {key!r} changed while being read")
-                return buf
-        except FileNotFoundError:
-            raise RelayKeyMissing(f"{key!r} is not in the filesystem relay at {self.root}") \
-                from None
-        except OSError as e:
-            raise RelayError(f"filesystem relay: get {key!r} failed: {e.strerror or e}") from None
-
-    def get(self, key: str) -> bytes:
-        return self._read(key).tobytes()
-
-    def get_many(self, keys: Sequence[str]) -> list[memoryview]:
-        return [self._read(k) for k in keys]
-
-    def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
-
-    def remove(self, key: str) -> bool:
-        try:
-            self._path(key).unlink()
-            return True
-        except FileNotFoundError:
-            return False
-
-    def remove_prefix(self, prefix: str) -> int:
-        check_prefix(prefix)
-        removed = 0
-        for path in self.root.iterdir():
-            if not path.name.startswith(".tmp-") and unquote(path.name).startswith(prefix):
-                path.unlink(missing_ok=True)
-                removed += 1
-        return removed
-
-
-def make_relay(kind: str, root: Path | str | None = None, master_addr: str | None = None,
-               metadata_url: str | None = None, segment_bytes: int | None = None,
-               local_buffer_bytes: int | None = None) -> Relay:
-    """A relay by kind: "filesystem" (needs root) or "mooncake" (addresses default to
-    ROSE_MOONCAKE_MASTER / ROSE_MOONCAKE_METADATA)."""
-    if kind == "filesystem":
-        if root is None:
-            raise ValueError("the filesystem relay needs a root directory")
-        return FilesystemRelay(root)
-    if kind == "mooncake":
-        from storage.relay.mooncake import MooncakeRelay  # imports the native client lazily
-
-        master_addr = master_addr or os.environ.get("ROSE_MOONCAKE_MASTER")
-        metadata_url = metadata_url or os.environ.get("ROSE_MOONCAKE_METADATA")
-        if not master_addr or not metadata_url:
-            raise RelayError("mooncake relay: master/metadata address unknown (pass them or set "
-                             "ROSE_MOONCAKE_MASTER and ROSE_MOONCAKE_METADATA; `rose up` does)")
-        sizes = {k: v for k, v in (("segment_bytes", segment_bytes),
-                                   ("local_buffer_bytes", local_buffer_bytes)) if v is not None}
-        return MooncakeRelay(master_addr, metadata_url, **sizes)
-    raise ValueError(f"unknown relay kind {kind!r} (expected 'mooncake' or 'filesystem')")

@@ -23,13 +23,33 @@ from collections.abc import Sequence
 import numpy as np
 
 from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix,
-                           check_value)
+                                check_value)
 
 _CODES = {-10: "BUFFER_OVERFLOW",
           -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes)",
           -600: "INVALID_PARAMS", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
           -800: "TRANSFER_FAIL (the segment's owner may have died)"}
 _MISSING = -704
+
+
+def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_buffer_bytes: int):
+    """A MooncakeDistributedStore client set up against the master over TCP on loopback (the one
+    place a client is set up: the relay and the stack's health check both use it)."""
+    # Before setup: bind the transfer engine to loopback, and fail setup fast (else ~90 s).
+    os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    os.environ["MC_STORE_CLIENT_SETUP_RETRIES"] = "1"
+    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as e:  # typically the Debian package libibverbs1 is missing
+        raise RelayError(f"mooncake relay: cannot import mooncake.store ({e})") from None
+    store = MooncakeDistributedStore()
+    rc = store.setup("127.0.0.1", metadata_url, segment_bytes, local_buffer_bytes, "tcp", "",
+                     master_addr)
+    if rc != 0:
+        raise RelayError(f"mooncake relay: client setup against master {master_addr} "
+                         f"(metadata {metadata_url}) failed with code {rc}")
+    return store
 
 
 def _addr(buf: np.ndarray | memoryview) -> int:
@@ -51,20 +71,9 @@ class MooncakeRelay(Relay):
         self._store = None
         if not self._master_answers():  # fail in milliseconds, not after setup's ~4 s
             raise RelayError(f"mooncake relay: master at {master_addr} does not answer")
-        # Before setup: bind the transfer engine to loopback, and fail setup fast (else ~90 s).
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        os.environ["MC_STORE_CLIENT_SETUP_RETRIES"] = "1"
-        os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-        try:
-            from mooncake.store import MooncakeDistributedStore, ReplicateConfig
-        except ImportError as e:  # typically the Debian package libibverbs1 is missing
-            raise RelayError(f"mooncake relay: cannot import mooncake.store ({e})") from None
-        store = MooncakeDistributedStore()
-        rc = store.setup("127.0.0.1", metadata_url, segment_bytes, local_buffer_bytes, "tcp", "",
-                         master_addr)
-        if rc != 0:
-            raise RelayError(f"mooncake relay: client setup against master {master_addr} "
-                             f"(metadata {metadata_url}) failed with code {rc}")
+        store = open_store(master_addr, metadata_url, segment_bytes, local_buffer_bytes)
+        from mooncake.store import ReplicateConfig  # open_store imported the package
+
         self._store = store
         self._config = ReplicateConfig()
         self._config.replica_num = 1

@@ -1,4 +1,4 @@
-"""One relay client per process and kind.
+"""Relays by kind (`make_relay`), and one shared relay client per process and kind.
 
 A Mooncake object lives in the memory segment of the process that put it: the trainer's
 client must outlive the publish call, or the buckets vanish before anyone pulls them.
@@ -9,10 +9,34 @@ import os
 import threading
 from pathlib import Path
 
-from storage.relay.base import Relay, make_relay
+from storage.relay.base import Relay, RelayError
+from storage.relay.filesystem import FilesystemRelay
 
 _clients: dict[tuple[str, str], Relay] = {}
 _lock = threading.Lock()
+
+
+def make_relay(kind: str, root: Path | str | None = None, master_addr: str | None = None,
+               metadata_url: str | None = None, segment_bytes: int | None = None,
+               local_buffer_bytes: int | None = None) -> Relay:
+    """A relay by kind: "filesystem" (needs root) or "mooncake" (addresses default to
+    ROSE_MOONCAKE_MASTER / ROSE_MOONCAKE_METADATA)."""
+    if kind == "filesystem":
+        if root is None:
+            raise ValueError("the filesystem relay needs a root directory")
+        return FilesystemRelay(root)
+    if kind == "mooncake":
+        from storage.relay.mooncake import MooncakeRelay  # imports the native client lazily
+
+        master_addr = master_addr or os.environ.get("ROSE_MOONCAKE_MASTER")
+        metadata_url = metadata_url or os.environ.get("ROSE_MOONCAKE_METADATA")
+        if not master_addr or not metadata_url:
+            raise RelayError("mooncake relay: master/metadata address unknown (pass them or set "
+                             "ROSE_MOONCAKE_MASTER and ROSE_MOONCAKE_METADATA; `rose up` does)")
+        sizes = {k: v for k, v in (("segment_bytes", segment_bytes),
+                                   ("local_buffer_bytes", local_buffer_bytes)) if v is not None}
+        return MooncakeRelay(master_addr, metadata_url, **sizes)
+    raise ValueError(f"unknown relay kind {kind!r} (expected 'mooncake' or 'filesystem')")
 
 
 def resolve_kind(kind: str) -> str:

@@ -221,16 +221,3 @@ def parse_shard_key(key: str) -> tuple[str, ShardSlice, int]:
     ranges = tuple(tuple(map(int, r.split("-"))) for r in m[5].split("+"))
     return m[2], ShardSlice(int(m[4]), ranges), int(m[1])  # type: ignore[arg-type]
 
-
-# Plans and tensor helpers live in storage.shards.plan (one concept per file); they are reachable
-# from here too, loaded lazily because shard_plan imports this module.
-_PLAN_NAMES = {"ParamSpec", "ShardSpec", "PullPiece", "publish_plan", "pull_plan", "split_full",
-               "assemble", "reshard", "apply_pull", "param_specs"}
-
-
-def __getattr__(name: str):
-    if name in _PLAN_NAMES:
-        import storage.shards.plan as plan
-
-        return getattr(plan, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
