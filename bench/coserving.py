@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from rose.serve.replay import RequestRecord, summarize  # noqa: E402
 from rose.serve.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,  # noqa: E402
                               peak_window_start, plan, trace_notice)
+from storage.atomic import write_atomic  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 CONFIGS = [  # (mode, label, table group)
@@ -263,9 +264,7 @@ def main(argv=None) -> None:
     doc = report(runs, spec, desc, args, console, time.perf_counter() - t_start)
     out = args.out or RESULTS / ("coserving_quick.json" if args.quick else "coserving.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str))
-    os.replace(tmp, out)
+    write_atomic(out, json.dumps(doc, indent=2, default=str))
     console.print(f"wrote {out}")
 
 

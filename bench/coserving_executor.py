@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from storage.atomic import write_atomic  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
 
@@ -164,9 +166,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"machine": {"cpu": platform.processor(), "cores": os.cpu_count(),
                        "loadavg_at_end": os.getloadavg()}, "args": vars(args), "rows": rows}
-    tmp = RESULTS / "coserving_executor.json.tmp"
-    tmp.write_text(json.dumps(out, indent=1, default=str))
-    tmp.replace(RESULTS / "coserving_executor.json")
+    write_atomic(RESULTS / "coserving_executor.json", json.dumps(out, indent=1, default=str))
     console.print(f"wrote {RESULTS / 'coserving_executor.json'}  (median of nothing: one run; "
                   f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 

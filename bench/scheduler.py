@@ -29,7 +29,6 @@ import os
 import platform
 import random
 import sys
-import tempfile
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -41,6 +40,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from executors.policies.router import TurnRouter, WorkerInfo  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -227,10 +227,7 @@ def print_latency_table(rows: list[dict], console: Console) -> None:
 def write_json(path: Path, payload: dict) -> None:
     """Temp file + rename, so an interrupted run never leaves a half-written result."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(payload, indent=2))
 
 
 def latency_bench(decisions: int, seed: int, console: Console) -> dict:

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import transfer_workloads as wl  # noqa: E402
 from bench.transfer_methods import CaseResult, codec_methods, measure_pair, shard_method  # noqa: E402
 from bench.transfer_report import print_cases, print_e2e  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -100,10 +100,7 @@ def run_grpo(args, methods_for, console: Console) -> tuple[list[CaseResult], lis
 
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(payload, indent=1))
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from executors.workers.rollout_worker import RolloutWorkerPlugin
 from executors.workers.trainer import TrainerPlugin, local_trainer
 from flows.rl_step import rl_step
 from rose.config import RunConfig
+from storage.atomic import write_atomic
 from tasks.publish import publish_and_sync
 
 ON_TRAINER = {"resources": {"train_gpu": 1}}
@@ -63,9 +64,7 @@ def save_run_config(cfg: RunConfig) -> Path:
     """<run dir>/config.json: what `rose resume <run>` starts again from."""
     path = cfg.run_dir() / RUN_CONFIG_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(cfg.model_dump_json(indent=1))
-    tmp.replace(path)
+    write_atomic(path, cfg.model_dump_json(indent=1))
     return path
 
 

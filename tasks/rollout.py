@@ -19,6 +19,7 @@ from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.scheduler import RolloutScheduler
 from executors.workers.weight_sync import sync_weights
 from rose.config import RunConfig
+from storage.atomic import write_atomic
 from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
 from tasks.caching import STEP_CACHE
@@ -78,10 +79,8 @@ def save_sampling(cfg: RunConfig, step: int, sampling: dict) -> None:
         return
     path = cfg.run_dir() / SAMPLING_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": step, "next_launch": sampling["next_step_launch"],
-                               **sampling}))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"step": step, "next_launch": sampling["next_step_launch"],
+                                   **sampling}))
 
 
 def resync_from_relay(client, cfg: RunConfig, version: int):

@@ -9,7 +9,6 @@ silent double update.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from prefect import task
@@ -17,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from executors.workers.trainer import local_trainer
 from rose.config import RunConfig
+from storage.atomic import write_atomic
 from storage.checkpoints import checkpoint_steps
 from storage.trajectories.dataset import TrajectoryStore
 
@@ -32,9 +32,7 @@ def metrics_path(cfg: RunConfig, step: int) -> Path:
 def _record(cfg: RunConfig, step: int, metrics: dict) -> None:
     path = metrics_path(cfg, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(metrics, default=str))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(metrics, default=str))
 
 
 def _recorded(cfg: RunConfig, step: int) -> dict:

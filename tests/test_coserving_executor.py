@@ -44,7 +44,10 @@ def test_profile_cache_measures_once_then_reads(tmp_path):
     model.mkdir()
     (model / "config.json").write_text('{"num_hidden_layers": 4}')
     calls = []
-    measure = lambda: calls.append(1) or _profile()
+    def measure():
+        calls.append(1)
+        return _profile()
+
     path = profile_path(model, {"chunk_tokens": 16})
     assert path.parent == tmp_path and path.name.startswith("policy.profile-")
     first, src1 = load_or_measure(path, measure)

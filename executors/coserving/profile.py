@@ -154,7 +154,9 @@ def measure_engine(engine, scheduler, *, vocab_size: int, max_model_len: int, ch
 
 def profile_summary(profile: LatencyProfile) -> dict:
     """A few points of each curve, in milliseconds (for metrics and reports)."""
-    ms = lambda s: round(s * 1000, 2)
+    def ms(s: float) -> float:
+        return round(s * 1000, 2)
+
     return {"name": profile.name, "chunk_size": profile.chunk_size,
             "prefill_ms": {int(L): ms(profile.prefill(L)) for L in profile.monolithic.xs},
             "chunked_prefill_ms": {int(L): ms(profile.prefill(L, "chunked"))

@@ -141,7 +141,7 @@ class KVMemoryPolicy:
         self.last_cut_at = now
         actions: list[Action] = []
         excess = self.rollout_used - self.budget
-        for lease in sorted(self._leases.values(), key=lambda l: l.expires_at):
+        for lease in sorted(self._leases.values(), key=lambda lease: lease.expires_at):
             if excess <= 0:
                 break
             del self._leases[lease.trajectory_id]
@@ -212,7 +212,8 @@ class KVMemoryPolicy:
 
     def expired_leases(self, now: float) -> list[Lease]:
         """Leases ended at or before `now`; they are removed here, the executor frees the blocks."""
-        gone = sorted((l for l in self._leases.values() if l.expires_at <= now), key=lambda l: l.expires_at)
+        gone = sorted((lease for lease in self._leases.values() if lease.expires_at <= now),
+                      key=lambda lease: lease.expires_at)
         for lease in gone:
             del self._leases[lease.trajectory_id]
         return gone

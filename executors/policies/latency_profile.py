@@ -11,10 +11,11 @@ import json
 import math
 import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Literal
+
+from storage.atomic import write_atomic
 
 PrefillMode = Literal["monolithic", "chunked"]
 PREFILL_MODES: tuple[str, ...] = ("monolithic", "chunked")
@@ -139,14 +140,7 @@ class LatencyProfile:
         """Write atomically (temp file + rename) so a crash never leaves a torn cache."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyProfile":

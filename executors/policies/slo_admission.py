@@ -39,10 +39,6 @@ class SLOConfig:
         return cls(ttft_s=0.5, tpot_s=0.15)  # paper: (TPOT, TTFT) = (150 ms, 500 ms), 7B
 
     @classmethod
-    def paper_32b(cls) -> "SLOConfig":
-        return cls(ttft_s=1.0, tpot_s=0.45)  # paper: (450 ms, 1000 ms), 32B
-
-    @classmethod
     def from_profile(
         cls,
         profile: LatencyProfile,

@@ -65,8 +65,3 @@ class WorkerLiveness:
                 del self._lost[name]
                 self._address[name] = new
         return events
-
-    def mark_lost(self, name: str) -> None:
-        """Stop routing to this incarnation (e.g. it answered "stale"); a restart may return."""
-        if name in self._address:
-            self._lost[name] = self._address.pop(name)

@@ -14,7 +14,7 @@ import xxhash
 from distributed import WorkerPlugin, get_worker
 
 from executors.turns import TurnRequest, TurnResult
-from executors.engine.vllm_engine import EngineLoop, EngineSpec, read_weight, reload_weights
+from executors.engine.vllm_engine import EngineLoop, EngineSpec
 
 PLUGIN = "rose-rollout"
 

@@ -134,7 +134,8 @@ def _build_one(kind: str, spec: BuildSpec, seed: int, tokenizer, demos, dest: Pa
     from transformers import Qwen2ForCausalLM, Qwen3ForCausalLM
 
     chat = ChatTokens(tokenizer)
-    arch, dims, cls = ("qwen3", spec.policy, Qwen3ForCausalLM) if kind == "policy" else ("qwen2", spec.serving, Qwen2ForCausalLM)
+    arch, dims, cls = (("qwen3", spec.policy, Qwen3ForCausalLM) if kind == "policy"
+                       else ("qwen2", spec.serving, Qwen2ForCausalLM))
     torch.manual_seed(seed if kind == "policy" else seed + 1)
     model = cls(_config(arch, dims, spec, chat, len(tokenizer))).float()
     stats = warmup(model, chat, demos, spec.warmup, seed) if kind == "policy" else {}

@@ -49,7 +49,8 @@ def train_tokenizer(texts: list[str], vocab_size: int = 768):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in json.loads(tok.to_str())["model"]["merges"]]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" "))
+              for m in json.loads(tok.to_str())["model"]["merges"]]
     fast = Qwen2Tokenizer(
         vocab=tok.get_vocab(), merges=merges, eos_token=IM_END, pad_token=PAD, unk_token=None,
         model_max_length=2048, clean_up_tokenization_spaces=False,

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +18,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from rose.serve.trace import ReplayRequest, synthetic_prompt
+from storage.atomic import atomic_path, write_atomic
 
 
 @dataclass
@@ -161,17 +159,6 @@ def summarize(records: list[RequestRecord], ttft_slo_s: float | None = None,
     return out
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_results(out_dir: str | Path, records: list[RequestRecord], summary: dict,
                   notice: str, meta: dict) -> dict[str, Path]:
     """requests.parquet (NOTICE in its schema metadata), summary.json (`trace_notice` field)
@@ -185,15 +172,9 @@ def write_results(out_dir: str | Path, records: list[RequestRecord], summary: di
     table = table.replace_schema_metadata({"trace_notice": notice, "replay": json.dumps(meta)})
     paths = {"requests": out / "requests.parquet", "summary": out / "summary.json",
              "notice": out / "NOTICE.md"}
-    _atomic_write(paths["requests"], lambda tmp: pq.write_table(table, tmp))
+    with atomic_path(paths["requests"]) as tmp:
+        pq.write_table(table, tmp)
     doc = {"summary": summary, "replay": meta, "trace_notice": notice}
-    _atomic_write(paths["summary"], lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
-    _atomic_write(paths["notice"], lambda tmp: Path(tmp).write_text(notice))
+    write_atomic(paths["summary"], json.dumps(doc, indent=2))
+    write_atomic(paths["notice"], notice)
     return paths
-
-
-def copy_notice(trace_path: str | Path, dest_dir: str | Path) -> Path:
-    """Copy the trace's NOTICE.md into dest_dir (for outputs written elsewhere)."""
-    dest = Path(dest_dir) / "NOTICE.md"
-    shutil.copyfile(Path(trace_path).with_name("NOTICE.md"), dest)
-    return dest

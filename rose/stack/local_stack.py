@@ -25,6 +25,7 @@ from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
 from rose.stack.ports import ensure_free, port_answers
 from rose.stack.prefect_server import check_prefect, launch_prefect_server, prefect_env, prefect_home
 from rose.stack.process import ProcessRecord, group_members, http_ok, read_records
+from storage.atomic import write_atomic
 
 STACK_FILE = "stack.json"
 err_console = Console(stderr=True)
@@ -119,9 +120,7 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
                          mooncake.master_addr if mooncake else None,
                          mooncake.metadata_url if mooncake else None, relay, workers,
                          str(home), procs)
-    tmp = run_dir / (STACK_FILE + ".tmp")
-    tmp.write_text(handle.to_json())
-    tmp.replace(run_dir / STACK_FILE)
+    write_atomic(run_dir / STACK_FILE, handle.to_json())
     return handle
 
 

@@ -22,6 +22,7 @@ import psutil
 
 from rose.stack.errors import StackError
 from rose.stack.ports import port_answers
+from storage.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,7 @@ class ManagedProcess:
         except psutil.Error:
             started = time.time()
         self.record = ProcessRecord(self.name, self.popen.pid, started, str(self.log_path))
-        tmp = self.pid_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self.record)))
-        tmp.replace(self.pid_path)
+        write_atomic(self.pid_path, json.dumps(asdict(self.record)))
         return self
 
     @property

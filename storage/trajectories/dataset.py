@@ -6,9 +6,7 @@ rows. The files also carry run and step as columns, so each is self-describing.
 """
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.atomic import atomic_path
 from storage.trajectories.schema import TURN_SCHEMA, rows_to_table
 
 PART = "part-0.parquet"
@@ -59,14 +58,8 @@ class TrajectoryStore:
         part_dir = self.step_dir(run, step)
         part_dir.mkdir(parents=True, exist_ok=True)
         final = part_dir / PART
-        tmp = part_dir / f".{PART}.{uuid.uuid4().hex}.tmp"
-        try:
+        with atomic_path(final, fsync=True) as tmp:
             pq.write_table(table, tmp, compression="zstd")
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
         for other in part_dir.glob("*.parquet"):  # written by something else: would duplicate
             if other.name != PART:
                 other.unlink()

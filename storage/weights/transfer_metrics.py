@@ -12,9 +12,7 @@ apply and engine load seconds, full-snapshot fallbacks). Query with duckdb, e.g.
 """
 from __future__ import annotations
 
-import os
 import struct
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from storage.atomic import atomic_path
 from storage.delta import read_header
 from storage.delta.bits import DTYPE_CODES, to_bits
 from storage.relay.base import Buffer
@@ -150,10 +149,6 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                                                 "encode_s")}} for r in tensor_rows]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
