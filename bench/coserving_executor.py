@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -49,10 +50,8 @@ def models_dir() -> Path:
 
 
 def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+    """The q-quantile (0..1) as np.percentile computes it everywhere else (linear), nan if empty."""
+    return float(np.percentile(xs, 100 * q)) if xs else float("nan")
 
 
 def run_mode(mode: str, models: Path, seconds: float, kv_blocks: int, step_every: float,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from distributed import Client
 
-KIND_OF_RESOURCE = {"train_gpu": "trainer", "rollout_gpu": "rollout", "serving_gpu": "serving"}
+from rose.worker_kinds import KIND_OF_RESOURCE
 
 
 def workers_by_kind(client: Client) -> dict[str, str]:

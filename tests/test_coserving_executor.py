@@ -26,8 +26,8 @@ from executors.coserving.profile import load_or_measure, profile_path
 from executors.policies.latency_profile import Curve, LatencyProfile
 
 
-def _model_source() -> Path:
-    for root in (os.environ.get("ROSE_TEST_DATA_DIR"), os.environ.get("ROSE_DATA_DIR"), "/tmp/rd"):
+def _model_source() -> Path | None:
+    for root in (os.environ.get("ROSE_TEST_DATA_DIR"), os.environ.get("ROSE_DATA_DIR")):
         if root and (Path(root) / "models" / "policy" / "config.json").is_file():
             return Path(root) / "models"
     return None

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from rose.stack.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,12 +19,6 @@ def _cli(*args: str, data: Path) -> subprocess.CompletedProcess:
     env["ROSE_DATA_DIR"] = str(data)
     return subprocess.run([sys.executable, "-m", "rose.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_prefect_yaml_deploys_every_flow_on_the_process_pool_with_pydantic_forms():
@@ -82,8 +77,8 @@ def test_flows_use_the_given_dask_scheduler_first(tmp_path, monkeypatch):
 
 
 def test_up_with_addresses_that_do_not_answer_fails_in_one_line(tmp_path):
-    api = f"http://127.0.0.1:{_free_port()}/api"
-    out = _cli("up", "--dask-scheduler", f"tcp://127.0.0.1:{_free_port()}",
+    api = f"http://127.0.0.1:{free_port()}/api"
+    out = _cli("up", "--dask-scheduler", f"tcp://127.0.0.1:{free_port()}",
                "--prefect-api-url", api, data=tmp_path)
     assert out.returncode == 1
     assert f"Prefect server at {api} does not answer" in out.stderr

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 
+from rose.stack.ports import free_port
 from storage.shards.layout import slice_for
 from storage.shards.plan import split_full
 from storage.shards.rules import REPLICATED, ShardRule, infer_model_rules, infer_rule, megatron_attrs
@@ -196,16 +196,10 @@ def _megatron_worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(180)
 def test_megatron_tp2_layers_hold_the_inferred_slices() -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable (GPU extra)",
                         exc_type=ImportError)
     import torch.multiprocessing as mp
 
-    mp.spawn(_megatron_worker, args=(_free_port(),), nprocs=2, join=True)
+    mp.spawn(_megatron_worker, args=(free_port(),), nprocs=2, join=True)

@@ -16,10 +16,9 @@ from typing import Literal
 from rose.stack.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
+from rose.worker_kinds import KIND_OF_RESOURCE, KIND_RESOURCE
 
 WorkerKind = Literal["trainer", "rollout", "serving"]
-KIND_RESOURCE: dict[str, str] = {"trainer": "train_gpu", "rollout": "rollout_gpu",
-                                 "serving": "serving_gpu"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTER_TIMEOUT_S = 120.0
 
@@ -179,7 +178,7 @@ def check_workers(scheduler: str, needed: tuple[str, ...] = ("train_gpu", "rollo
     except (OSError, TimeoutError) as e:
         raise StackError(f"Dask scheduler at {scheduler} does not answer ({type(e).__name__})") \
             from None
-    kinds = {v: k for k, v in KIND_RESOURCE.items()}
+    kinds = KIND_OF_RESOURCE
     out, have = {}, set()
     for w in workers:
         res = set(w.get("resources") or {})

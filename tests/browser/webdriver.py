@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from rose.stack.ports import free_port
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
@@ -29,16 +30,10 @@ def find_chromium() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Browser:
     def __init__(self, browser: str, driver: str, timeout: float = 30.0):
         self.profile = tempfile.mkdtemp(prefix="rose-chromium-")
-        port = _free_port()
+        port = free_port()
         self.driver = subprocess.Popen([driver, f"--port={port}"], stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout,

@@ -1,0 +1,10 @@
+"""Worker kinds and the Dask resource each kind's workers carry, written once.
+
+The stack tags each worker with its kind's resource (rose/stack/dask_cluster.py); tasks find
+workers by kind from those resources (tasks/placement.py).
+"""
+from __future__ import annotations
+
+KIND_RESOURCE: dict[str, str] = {"trainer": "train_gpu", "rollout": "rollout_gpu",
+                                 "serving": "serving_gpu"}
+KIND_OF_RESOURCE: dict[str, str] = {resource: kind for kind, resource in KIND_RESOURCE.items()}
