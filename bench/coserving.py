@@ -1,4 +1,4 @@
-"""Co-serving acceptance benchmark (issue 4): one serving worker under a replayed burst of the
+"""Co-serving acceptance benchmark: one serving worker under a replayed burst of the
 Azure code trace, with a steady stream of rollout turns, in every configuration of the paper's
 Tables 1 and 2, plus a dedicated rollout worker for the harvested share.
 

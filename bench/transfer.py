@@ -1,4 +1,4 @@
-"""Weight transfer benchmark (issue 3): bytes and time per publish, side by side, in one run.
+"""Weight transfer benchmark: bytes and time per publish, side by side, in one run.
 
 Methods, on the same (base, new) bf16 tensor pairs:
   dense       the raw bits of every tensor

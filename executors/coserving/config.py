@@ -1,6 +1,6 @@
 """Co-serving executor configuration, and how each ablation mode wires the policies.
 
-Modes (paper Tables 1 and 2; rose.md component 1). Only the wiring differs; the engines, the
+Modes (paper Tables 1 and 2). Only the wiring differs; the engines, the
 control loop and the measurements are the same in all of them.
 - serving_only: no rollout model at all (the reference for serving latency).
 - static_partition: fixed 50/50 KV split, one rollout step after every serving step, no

@@ -1,6 +1,6 @@
 """Serving-first KV memory: a rollout block budget that yields to serving bursts.
 
-rose.md, component 1 (paper 4.1), enforced in KV blocks (on GPU the same policy drives
+The paper's memory policy (4.1), enforced in KV blocks (on GPU the same policy drives
 VMM pages). Blocks are one pool of `total_blocks`; `reserve` = ceil(reserve_fraction * total)
 is serving's headroom.
 - start_step: budget = total - reserve - serving's recent peak (>= 0); state NORMAL.

@@ -1,6 +1,6 @@
 """Latency profiles of one engine: prefill time P_m(L) and decode-step time D(B).
 
-Admission predicts serving and rollout step times from these curves (rose.md, component 1),
+Admission predicts serving and rollout step times from these curves (paper 4.1),
 so they are measured once at start-up, cached as JSON, and read many times per second.
 Plain Python: the measuring is done by callables the caller passes in (vLLM-backed in the
 executor, fake timers in tests).

@@ -1,4 +1,4 @@
-"""Turn-wise routing policy of the elastic rollout scheduler (rose.md component 3, paper 4.3).
+"""Turn-wise routing policy of the elastic rollout scheduler (paper 4.3).
 
 Every TURN is routed afresh (not every trajectory), in this order:
   1. the cache-affine worker, the one that served the trajectory's previous turn and so holds its

@@ -1,6 +1,6 @@
 """Dual-SLO admission: run a rollout step only when serving has the slack to absorb it.
 
-Formulas (rose.md, component 1; paper 4.1), with t = now:
+Formulas (paper 4.1), with t = now:
   TTFT slack of a queued serving prefill r:  s_r = T_ttft - (t - a_r) - P_m(L_r);  S_ttft = min_r s_r
   TPOT slack of an active serving decode r:  s_r = T_tpot - (t - l_r) - D(B);      S_tpot = min_r s_r
 A rollout step of predicted cost c is admitted iff c <= S (S_ttft on prefill instances, S_tpot

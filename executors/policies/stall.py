@@ -1,8 +1,8 @@
 """Stall detection for rollout requests on a co-serving executor.
 
 A rollout request that makes no progress (no prefill chunk, no token) for `timeout_s` is
-reported once and forgotten here, so the scheduler can reroute its trajectory (rose.md,
-component 1: default 2 s). Waiting for admission counts as no progress: that is exactly the
+reported once and forgotten here, so the scheduler can reroute its trajectory (paper
+4.1: default 2 s). Waiting for admission counts as no progress: that is exactly the
 case a serving burst causes. Nothing reads a clock: callers pass `now`.
 """
 from __future__ import annotations

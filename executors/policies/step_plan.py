@@ -1,6 +1,6 @@
 """What the next rollout engine step will do, and what it costs: the input of admission.
 
-Plain Python (rose.md component 1): from the rollout engine's pending work (requests in
+Plain Python: from the rollout engine's pending work (requests in
 decode, prompt tokens still to prefill, decodes that start a new KV block) and its latency
 profile, the step's token budget, predicted seconds and KV blocks. A prefill step is one chunk
 (P_chunked(c)), mixed with the pending decodes as vLLM batches them; without prefill the step

@@ -17,13 +17,6 @@ class PrefectServer:
     home: Path  # PREFECT_HOME shared by the server, the driver and the workers
     process: ManagedProcess | None = field(default=None, repr=False)
 
-    @property
-    def ui_url(self) -> str:
-        return self.api_url.removesuffix("/api")
-
-    def healthy(self) -> bool:
-        return http_ok(f"{self.api_url}/health")
-
     def wait(self, timeout: float = START_TIMEOUT_S) -> "PrefectServer":
         """Block until /api/health answers (fails fast, with the log's last line, if it dies)."""
         if self.process is not None:
@@ -71,12 +64,6 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
     proc.env.pop("PREFECT_API_URL", None)  # an inherited one would point the server elsewhere
     proc.start()
     return PrefectServer(api_url, home, proc)
-
-
-def start_prefect_server(run_dir: Path, port: int | None = None,
-                         timeout: float = START_TIMEOUT_S) -> PrefectServer:
-    """Start the server and wait until /api/health answers."""
-    return launch_prefect_server(run_dir, port).wait(timeout)
 
 
 def check_prefect(api_url: str) -> None:

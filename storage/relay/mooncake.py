@@ -1,6 +1,6 @@
 """The relay over Mooncake Store (mooncake-transfer-engine-non-cuda, TCP on 127.0.0.1).
 
-Mooncake pitfalls handled here (docs: ../shared/notes/platform.md):
+Mooncake pitfalls handled here:
 - `put` on an existing key keeps the OLD value: every write is an `upsert`.
 - Objects are evicted silently when segments fill: every write is hard-pinned (a full store
   then fails the put with -200, reported as RelayError), and old versions are removed by the

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP endpoint of one serving worker (issue 4 item 2).
+"""OpenAI-compatible HTTP endpoint of one serving worker.
 
 A thin layer: validate (executors/coserving/endpoint/protocol.py), map to `executor.submit_serving`, shape
 the answer. Production clients talk to it; the trace replay measures TTFT/TPOT through it.
