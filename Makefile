@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.rose-setup
 PIP     := $(BIN)/pip install -q -c constraints.txt
 STEPS   ?= 5
 
-.PHONY: setup demo test test-fast bench down clean
+.PHONY: setup demo test test-fast check bench down clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: setup
 	$(BIN)/rose demo --steps $(STEPS)
 
-test: setup
+test: setup check
 	$(BIN)/pytest -q -x --timeout 900 tests
+
+# The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
+check: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow" tests

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from executors.engine.submit import add_tokens
 from executors.policies.latency_profile import LatencyProfile, profile_engine
 
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -83,19 +84,14 @@ class EngineTimer:
         self.rollout = rollout  # sample as rollout turns do: seeded, temperature 1, logprobs
 
     def _add(self, prompt_len: int, max_tokens: int, ids: list[int] | None = None) -> None:
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         self.n += 1
         ids = ids or [self.rng.randrange(3, self.vocab) for _ in range(prompt_len)]
         if self.rollout:  # vLLM's logprob ranks run a torch.compile'd kernel: compiled here
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=1.0,
-                                    seed=self.n, logprobs=0, detokenize=False,
-                                    output_kind=RequestOutputKind.DELTA)
+            sampling = dict(temperature=1.0, seed=self.n, logprobs=0)
         else:
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                                    detokenize=False, output_kind=RequestOutputKind.DELTA)
-        self.engine.add_request(f"profile-{self.n}", TokensPrompt(prompt_token_ids=ids), params)
+            sampling = dict(temperature=0.0)
+        add_tokens(self.engine, f"profile-{self.n}", ids, max_tokens=max_tokens, ignore_eos=True,
+                   **sampling)
 
     def _drain(self) -> None:
         while self.engine.has_unfinished_requests():

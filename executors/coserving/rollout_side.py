@@ -14,6 +14,7 @@ import time
 from concurrent.futures import Future
 
 from executors.coserving.rollout_turn import Turn, empty_result, new_counters, turn_result
+from executors.engine.submit import add_tokens
 from executors.policies.kv_memory import Action, KVMemoryPolicy, MemoryState
 from executors.policies.latency_profile import LatencyProfile
 from executors.policies.step_plan import StepPlan, blocks_wanted, plan_steps
@@ -53,9 +54,6 @@ class RolloutSide:
 
     # ---- turns in ----
     def add(self, request: TurnRequest, fut: Future, now: float) -> None:
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         if request.min_policy_version > self.version:
             self.counters["stale"] += 1
             fut.set_result(empty_result(request, self.worker, self.version, "stale"))
@@ -63,13 +61,11 @@ class RolloutSide:
         if request.request_id in self.live:
             fut.set_exception(ValueError(f"turn {request.request_id} is already in flight"))
             return
-        params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
-                                top_p=request.top_p, seed=request.seed, logprobs=0,
-                                detokenize=False, stop_token_ids=request.stop_token_ids or None,
-                                output_kind=RequestOutputKind.DELTA)
         try:
-            internal = self.engine.add_request(
-                request.request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), params)
+            internal = add_tokens(self.engine, request.request_id, request.prompt_ids,
+                                  max_tokens=request.max_tokens, temperature=request.temperature,
+                                  top_p=request.top_p, seed=request.seed, logprobs=0,
+                                  stop_token_ids=request.stop_token_ids)
         except Exception as exc:  # e.g. longer than max_model_len: this turn only
             fut.set_exception(ValueError(f"turn {request.request_id} rejected: {exc}"))
             return

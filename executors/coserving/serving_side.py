@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
+from executors.engine.submit import add_tokens
 from executors.policies.slo_admission import ServingDecode, ServingPrefill
 
 log = logging.getLogger(__name__)
@@ -75,17 +76,12 @@ class ServingSide:
 
     def add(self, rid: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool,
             temperature: float, on_token: TokenCallback | None, fut: Future, arrival: float) -> None:
-        from vllm import SamplingParams, TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         if rid in self.live:
             fut.set_exception(ValueError(f"serving request id {rid!r} is already in flight"))
             return
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                ignore_eos=ignore_eos, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
         try:
-            self.engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt_ids), params)
+            add_tokens(self.engine, rid, prompt_ids, max_tokens=max_tokens, temperature=temperature,
+                       ignore_eos=ignore_eos)
         except Exception as exc:  # whatever vLLM refuses fails this request only
             fut.set_exception(ValueError(f"serving request {rid} rejected: {exc}"))
             return

@@ -1,0 +1,5 @@
+"""The serving worker's OpenAI-compatible HTTP endpoint: the FastAPI app run by uvicorn (app.py),
+request validation and response shapes (protocol.py), Prometheus gauges (metrics.py). It talks
+to the co-serving executor only through its public API; may import executors.coserving, never
+vLLM directly, workers, scheduling, tasks or flows.
+"""
