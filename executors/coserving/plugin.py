@@ -1,11 +1,10 @@
 """The co-serving executor inside a Dask worker: a WorkerPlugin plus the functions the
-scheduler submits to serving workers, pinned by worker name (re-exported by
-executors/coserving/executor.py; executors/rollout_worker.generate_turns dispatches here on workers
-that hold this plugin, so the scheduler submits one function everywhere).
+scheduler submits to serving workers, pinned by worker name
+(executors/workers/rollout_worker.generate_turns dispatches here on workers that hold this plugin,
+so the scheduler submits one function everywhere; weights load through executors/workers/weight_sync.py).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from distributed import WorkerPlugin, get_worker
@@ -81,28 +80,3 @@ def coserving_state() -> dict:
             "serving_queued": m["serving"]["queued_prefills"],
             "rollout_in_flight": m["rollout"]["in_flight"], "rollout_up": m["rollout"]["up"]}
 
-
-def sync_weights_coserving(relay_kind: str, run: str, version: int,
-                           batch_bytes: int = 1 << 30) -> dict:
-    """Runs on a serving worker: pull `version` of the rollout policy from the relay and load
-    it into the rollout engine in place (mirrors rollout_worker.sync_weights)."""
-    from executors.workers.rollout_worker import weights_digest
-    from storage.relay.pool import shared_relay
-    from storage.weights.publisher import pull_weights
-
-    plugin = _plugin()
-    name = get_worker().name
-    if plugin.run == run and plugin.executor.version == version:
-        return {"worker": name, "version": version, "pulled": False,
-                "digest": plugin.weights_digest, "pull_s": 0.0, "load_s": 0.0}
-    t0 = time.perf_counter()
-    got_version, tensors = pull_weights(shared_relay(relay_kind, role="reader"), run, version,
-                                        batch_bytes=batch_bytes)
-    if got_version != version:
-        raise RuntimeError(f"relay holds version {got_version} of run {run}, wanted {version}")
-    t1 = time.perf_counter()
-    plugin.executor.load_rollout_weights(version, tensors)
-    plugin.run, plugin.weights_digest = run, weights_digest(tensors)
-    return {"worker": name, "version": version, "pulled": True, "digest": plugin.weights_digest,
-            "engine_matches": plugin.executor.rollout_weight_matches(tensors),
-            "pull_s": t1 - t0, "load_s": time.perf_counter() - t1}
