@@ -369,3 +369,14 @@ def test_a_hung_but_live_worker_fails_its_health_check(cluster):
     assert report.excluded_workers == ["rollout-1"] and not report.dead_workers
     assert len(report.rows) == 6 * TURNS and {r["worker"] for r in report.rows} == {"rollout-0"}
     assert {r["status"] for r in report.rows} == {"ok", "rerouted"}
+
+
+def test_scheduler_config_is_validated_once():
+    from executors.scheduling.config import SchedulerConfig
+
+    with pytest.raises(ValueError, match="turn_timeout_s must be > 0"):
+        SchedulerConfig(turn_timeout_s=0)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        SchedulerConfig(mode="random")
+    with pytest.raises(ValueError, match="cap_per_worker must be >= 1"):
+        SchedulerConfig(cap_per_worker=0)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Callable
+from dataclasses import replace
+from typing import Any, Callable
 
 from distributed import Client, wait
 
+from executors.scheduling.config import SchedulerConfig
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
@@ -33,27 +35,22 @@ log = logging.getLogger("rose.rollout")
 
 
 class RolloutScheduler:
-    def __init__(self, client: Client, workers: dict[str, str], cap_per_worker: int = 16,
-                 mode: str = "turnwise_affinity", admits: Callable[[str], bool] | None = None, *,
-                 serving_max_turns: int = 16, admission_refresh_s: float = 0.3,
-                 heartbeat_s: float = 0.5, resync: Callable | None = None, max_rejoins: int = 1,
-                 max_attempts_per_turn: int = 5, turn_timeout_s: float = 120.0,
-                 stuck_after_s: float = 600.0, generate: Callable = generate_turns,
-                 max_batch_failures: int = 3, serving_lag: int = 0) -> None:
-        if turn_timeout_s <= 0:
-            raise ValueError(f"turn_timeout_s must be > 0, got {turn_timeout_s}")
-        self.client, self.router = client, TurnRouter(cap_per_worker, mode)
-        self.pool = WorkerPool(client, workers, self.router, heartbeat_s=heartbeat_s,
-                               admits=admits, serving_max_turns=serving_max_turns,
-                               admission_refresh_s=admission_refresh_s, resync=resync,
-                               max_rejoins=max_rejoins)
+    def __init__(self, client: Client, workers: dict[str, str], cap_per_worker: int | None = None,
+                 mode: str | None = None, admits: Callable[[str], bool] | None = None, *,
+                 config: SchedulerConfig | None = None, resync: Callable | None = None,
+                 generate: Callable = generate_turns, **settings: Any) -> None:
+        """Settings come from `config`; `cap_per_worker`, `mode` and keyword `settings` (any
+        SchedulerConfig field) override it. admits / resync / generate: hooks for tests, benches
+        and the rollout task (admission oracle, weight resync, the function sent to workers)."""
+        given = {k: v for k, v in (("cap_per_worker", cap_per_worker), ("mode", mode)) if v is not None}
+        self.config = cfg = replace(config or SchedulerConfig(), **given, **settings)  # validated
+        self.client, self.router = client, TurnRouter(cfg.cap_per_worker, cfg.mode)
+        self.pool = WorkerPool(client, workers, self.router, heartbeat_s=cfg.heartbeat_s,
+                               admits=admits, serving_max_turns=cfg.serving_max_turns,
+                               admission_refresh_s=cfg.admission_refresh_s, resync=resync,
+                               max_rejoins=cfg.max_rejoins)
         self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views
-        self.generate, self.max_attempts = generate, max_attempts_per_turn
-        self.stuck_after_s, self.max_batch_failures = stuck_after_s, max_batch_failures
-        self.turn_timeout_s = turn_timeout_s  # health check: a batch unanswered this long
-        # a borrowed serving worker may run a policy this many versions older than the step's
-        # (its pull finishes in the background: weight_sync.policy_floor); dedicated ones may not
-        self.serving_lag = serving_lag
+        self.generate = generate
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, work: list[Episode] | GroupLauncher,
@@ -74,8 +71,8 @@ class RolloutScheduler:
         while self.active:
             self._on_lost(self.pool.poll())
             self._dispatch()
-            if time.monotonic() - progress > self.stuck_after_s:
-                raise RolloutStuck(f"no turn finished for {self.stuck_after_s:.0f} s; "
+            if time.monotonic() - progress > self.config.stuck_after_s:
+                raise RolloutStuck(f"no turn finished for {self.config.stuck_after_s:.0f} s; "
                                    f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
             if not self.inflight:
                 if not self.pool.any_left():
@@ -120,9 +117,9 @@ class RolloutScheduler:
         self.ready = self._place(batches, affine_only=False)
         for worker, tids in batches.items():
             requests = [self.by_id[tid].request() for tid in tids]
-            if self.serving_lag and self.kinds.get(worker) == "serving":
+            if self.config.serving_lag and self.kinds.get(worker) == "serving":
                 for req in requests:
-                    req.min_policy_version = max(0, req.min_policy_version - self.serving_lag)
+                    req.min_policy_version = max(0, req.min_policy_version - self.config.serving_lag)
             for tid, req in zip(tids, requests):
                 self.running[tid] = (worker, req.request_id)
             fut = self.client.submit(self.generate, requests, workers=[worker],
@@ -202,12 +199,12 @@ class RolloutScheduler:
                 self.router.on_turn_aborted(tid, worker)
                 self._give_back(tid, type(exc).__name__)
         self.failures[worker] = self.failures.get(worker, 0) + 1
-        if self.failures[worker] >= self.max_batch_failures:
+        if self.failures[worker] >= self.config.max_batch_failures:
             self._remove(worker, dead=False)
 
     def _give_back(self, tid: str, why: str) -> None:
         ep = self.by_id[tid]
-        if ep.attempt >= self.max_attempts * (ep.turn + 1):
+        if ep.attempt >= self.config.max_attempts_per_turn * (ep.turn + 1):
             raise RolloutStuck(f"trajectory {tid} turn {ep.turn} failed {ep.attempt} attempts "
                                f"(last: {why})")
         ep.give_back()
@@ -226,11 +223,11 @@ class RolloutScheduler:
         now = time.monotonic()
         late: dict[str, list[str]] = {}
         for worker, tids, sent in self.inflight.values():
-            if now - sent > self.turn_timeout_s and worker in self.routable:
+            if now - sent > self.config.turn_timeout_s and worker in self.routable:
                 late.setdefault(worker, []).extend(tids)
         for worker, tids in late.items():
             log.warning("%s answered no turn for %.0f s: excluding it, rerouting its turns",
-                        worker, self.turn_timeout_s)
+                        worker, self.config.turn_timeout_s)
             self.pool.abort(worker, [self.running[t][1] for t in tids if t in self.running])
             self._remove(worker, dead=False)
 
