@@ -143,17 +143,21 @@ def test_dead_master_gives_clear_error(mooncake):
 
 
 def test_client_setup_fails_fast_without_master(tmp_path):
-    """MC_STORE_CLIENT_SETUP_RETRIES=1: raw setup returns an error instead of blocking ~90 s."""
+    """The one client setup (storage/relay/mooncake.open_store) sets MC_STORE_CLIENT_SETUP_RETRIES=1:
+    without a master it fails with a RelayError instead of blocking ~90 s. In a subprocess: the
+    env it sets must not leak into this one."""
     code = (
-        "from mooncake.store import MooncakeDistributedStore as S\n"
-        f"rc = S().setup('127.0.0.1', 'http://127.0.0.1:{free_port()}/metadata', 16 << 20,"
-        f" 16 << 20, 'tcp', '', '127.0.0.1:{free_port()}')\n"
-        "print('rc', rc)\n")
-    env = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_STORE_CLIENT_SETUP_RETRIES": "1"}
+        "from storage.relay.base import RelayError\n"
+        "from storage.relay.mooncake import open_store\n"
+        "try:\n"
+        f"    open_store('127.0.0.1:{free_port()}', 'http://127.0.0.1:{free_port()}/metadata',"
+        " 16 << 20, 16 << 20)\n"
+        "except RelayError as e:\n"
+        "    print('failed:', e)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MC_")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=60)
-    rc = int(out.stdout.split("rc", 1)[1].split()[0])
-    assert rc != 0
+                         timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert "failed: mooncake relay: client setup against master" in out.stdout, out.stderr[-2000:]
 
 
 # ---- the whole stack (slow) ----------------------------------------------------------------
