@@ -13,7 +13,7 @@ import math
 import time
 from concurrent.futures import Future
 
-from executors.coserving.rollout_turn import Turn, empty_result, new_counters, turn_result
+from executors.coserving.rollout_turn import ABORTED, Turn, empty_result, new_counters, turn_result
 from executors.engine.submit import add_tokens
 from executors.policies.kv_memory import Action, KVMemoryPolicy, MemoryState
 from executors.policies.latency_profile import LatencyProfile
@@ -195,7 +195,7 @@ class RolloutSide:
         if self.policy is not None:
             self.policy.on_rollout_free(rid)
         if reason == "abort":
-            self.counters["aborted_other"] += 1
+            self.counters[ABORTED["other"]] += 1
         else:
             self.counters["finished"] += 1
             self.counters["cached_tokens"] += t.cached
@@ -215,7 +215,9 @@ class RolloutSide:
 
     def abort(self, rids: list[str], why: str) -> int:
         """Abort live turns (engine abort frees their KV); each future gets finished_reason
-        "abort", which the scheduler reroutes. why: "cut", "stall" or "other"."""
+        "abort", which the scheduler reroutes. why: a key of ABORTED ("cut", "stall", "evict",
+        "other")."""
+        counter = ABORTED[why]
         rids = [rid for rid in rids if rid in self.live]
         if not rids:
             return 0
@@ -226,7 +228,7 @@ class RolloutSide:
             self.stall.on_finish(rid)
             if self.policy is not None:
                 self.policy.on_rollout_free(rid)
-            self.counters[f"aborted_{why}"] += 1
+            self.counters[counter] += 1
             t.fut.set_result(turn_result(t, self.worker, self.version, "abort"))
         return len(rids)
 

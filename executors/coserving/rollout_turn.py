@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 from executors.turns import TurnRequest, TurnResult
 
 
+# why a live turn was aborted -> its counter (every abort is answered "abort": the scheduler reroutes)
+ABORTED = {"cut": "aborted_cut", "stall": "aborted_stall", "evict": "aborted_evict",
+           "other": "aborted_other"}
+
+
 def new_counters() -> dict:
     """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
-    keys = ("finished", "tokens", "steps", "planned_steps", "aborted_cut", "aborted_stall",
-            "aborted_evict", "aborted_other", "stale", "leases_expired", "lease_blocks_evicted",
-            "prefixes_dropped", "leases_reclaimed", "cached_tokens", "scheduled_tokens",
-            "empty_steps")
+    keys = ("finished", "tokens", "steps", "planned_steps", *ABORTED.values(), "stale",
+            "leases_expired", "lease_blocks_evicted", "prefixes_dropped", "leases_reclaimed",
+            "cached_tokens", "scheduled_tokens", "empty_steps")
     c: dict = dict.fromkeys(keys, 0)
     c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
     return c
