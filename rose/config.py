@@ -51,6 +51,17 @@ class StackConfig(Strict):
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
     relay: Literal["auto", "mooncake", "filesystem"] = "auto"  # auto: what the stack started
+    # serving workers: co-serving mode and serving SLO (both None: derived from the serving
+    # model's start-up profile, reported in each endpoint's /metrics)
+    serving_mode: Literal["rose", "static_partition", "preemption", "prefix", "unaware"] = "rose"
+    serving_slo_ttft_s: float | None = Field(None, gt=0)
+    serving_slo_tpot_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _check_slo(self) -> "StackConfig":
+        if (self.serving_slo_ttft_s is None) != (self.serving_slo_tpot_s is None):
+            raise ValueError("set both serving_slo_ttft_s and serving_slo_tpot_s, or neither")
+        return self
 
 
 class RolloutConfig(Strict):
@@ -88,6 +99,9 @@ class TrainConfig(Strict):
     # steps, 1e-3 collapses now and then, 5e-4 climbs steadily
     lr: float = Field(5e-4, gt=0)
     clip_eps: float = Field(0.2, gt=0, lt=1)
+    # turns from an older policy version (serving workers may lag publish.max_staleness) are
+    # weighted per token by min(pi_trainer / pi_rollout, tis_cap): truncated importance sampling
+    tis_cap: float = Field(2.0, gt=0)
     kl_coef: float = Field(0.0, ge=0)  # >0 keeps a frozen reference model for a KL penalty
     micro_batch: int = Field(16, ge=1)  # trajectories per forward/backward
     updates_per_step: int = Field(1, ge=1)

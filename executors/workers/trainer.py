@@ -17,7 +17,7 @@ import torch
 from distributed import WorkerPlugin
 
 from rose.config import RunConfig
-from rose.grpo import assemble_trajectory, grpo_loss, token_logprobs
+from rose.grpo import assemble_trajectory, behaviour_tokens, grpo_loss, tis_weights, token_logprobs
 
 
 def seed_everything(seed: int) -> None:
@@ -74,17 +74,23 @@ class Trainer:
                 for n, p in self.model.named_parameters()}
 
     # ---- GRPO ----
-    def _batch(self, trajectories: list[tuple[list[int], list[int], float]]):
-        longest = max(len(ids) for ids, _, _ in trajectories)
+    def _batch(self, trajectories: list[tuple]):
+        """(seq, mask, advantage, rollout logprobs, stale) per trajectory -> padded tensors;
+        per-token ones aligned with next-token log-probs (shifted by one)."""
+        longest = max(len(t[0]) for t in trajectories)
         ids = torch.full((len(trajectories), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(trajectories), longest), dtype=torch.float32)
         attn = torch.zeros((len(trajectories), longest), dtype=torch.long)
-        for i, (seq, m, _) in enumerate(trajectories):
+        rollout_lp = torch.zeros((len(trajectories), longest), dtype=torch.float32)
+        stale = torch.zeros((len(trajectories), longest), dtype=torch.bool)
+        for i, (seq, m, _, blp, st) in enumerate(trajectories):
             ids[i, : len(seq)] = torch.tensor(seq)
             mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
             attn[i, : len(seq)] = 1
-        adv = torch.tensor([a for _, _, a in trajectories], dtype=torch.float32)
-        return ids, attn, mask[:, 1:], adv  # mask aligned with next-token log-probs
+            rollout_lp[i, : len(blp)] = torch.tensor(blp, dtype=torch.float32)
+            stale[i, : len(st)] = torch.tensor(st, dtype=torch.bool)
+        adv = torch.tensor([t[2] for t in trajectories], dtype=torch.float32)
+        return ids, attn, mask[:, 1:], adv, rollout_lp[:, 1:], stale[:, 1:]
 
     def _logprobs(self, model, ids, attn) -> torch.Tensor:
         return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
@@ -94,7 +100,7 @@ class Trainer:
         t0 = time.perf_counter()
         by_traj: dict[str, list[dict]] = defaultdict(list)
         for row in turns.select(["trajectory", "turn", "prompt_ids", "response_ids",
-                                 "advantage"]).to_pylist():
+                                 "advantage", "logprobs", "policy_version"]).to_pylist():
             by_traj[row["trajectory"]].append(row)
         samples = []
         for tid in sorted(by_traj):
@@ -103,8 +109,11 @@ class Trainer:
             if adv is None:
                 raise ValueError(f"trajectory {tid} has no advantage: run the reward task first")
             seq, mask = assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in rows])
+            # the trainer holds version s-1 at step s: turns of that version are on-policy
+            blp, stale = behaviour_tokens([(r["prompt_ids"], r["response_ids"], r["logprobs"],
+                                            r["policy_version"]) for r in rows], self.version)
             if adv != 0.0 and sum(mask) > 0:  # zero-advantage trajectories give no gradient
-                samples.append((seq, mask, float(adv)))
+                samples.append((seq, mask, float(adv), blp, stale))
         samples.sort(key=lambda s: len(s[0]))  # similar lengths per micro-batch: less padding
         stats = defaultdict(float)
         micro = self.cfg.train.micro_batch
@@ -113,13 +122,20 @@ class Trainer:
             old = [self._logprobs(self.model, *self._batch(b)[:2]) for b in batches]
             ref = ([self._logprobs(self.reference, *self._batch(b)[:2]) for b in batches]
                    if self.reference is not None else [None] * len(batches))
+            # one correction for every turn: exactly 1 on tokens of the trainer's own version
+            tis = []
+            for b, old_lp in zip(batches, old):
+                _, _, mask, _, rollout_lp, stale = self._batch(b)
+                tis.append(tis_weights(old_lp, rollout_lp, stale, self.cfg.train.tis_cap))
+                stats["stale_tokens"] += float((stale.float() * mask).sum())
+                stats["tis_weight_sum"] += float((tis[-1] * mask * stale.float()).sum())
         for _ in range(self.cfg.train.updates_per_step):
             self.optimizer.zero_grad(set_to_none=True)
-            for b, old_lp, ref_lp in zip(batches, old, ref):
-                ids, attn, mask, adv = self._batch(b)
+            for b, old_lp, ref_lp, w in zip(batches, old, ref, tis):
+                ids, attn, mask, adv, _, _ = self._batch(b)
                 logp = self._logprobs(self.model, ids, attn)
                 loss, ls = grpo_loss(logp, old_lp, adv, mask, self.cfg.train.clip_eps, ref_lp,
-                                     self.cfg.train.kl_coef)
+                                     self.cfg.train.kl_coef, is_weights=w)
                 (loss * len(b) / len(samples)).backward()
                 stats["loss"] += ls.loss * len(b) / len(samples)
                 stats["clip_fraction"] += ls.clip_fraction * len(b) / len(samples)
@@ -131,6 +147,9 @@ class Trainer:
                 stats["grad_norm"] = float(gn)
                 self.optimizer.step()
         self.version += 1
+        if stats["stale_tokens"]:  # mean TIS weight over tokens of older versions
+            stats["tis_mean_weight"] = stats["tis_weight_sum"] / stats["stale_tokens"]
+        stats.pop("tis_weight_sum", None)
         stats.update(trajectories=len(by_traj), trained_trajectories=len(samples),
                      version=self.version, train_s=time.perf_counter() - t0)
         return dict(stats)
