@@ -79,3 +79,40 @@ def test_a_failing_engine_fails_its_turns_instead_of_hanging(policy):
             loop.call(lambda engine: None)
     finally:
         loop.close()
+
+
+@pytest.mark.slow
+def test_reload_drops_the_prefix_cache_even_with_turns_in_flight(policy):
+    """No turn mixes KV of two versions: a reload aborts the turns in flight, resets vLLM's
+    prefix cache and reruns them whole on the new version."""
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    new = {n: p.detach().to(torch.bfloat16).contiguous() for n, p in model.named_parameters()}
+    prompt = list(range(5, 80))  # two full 32-token blocks to hit
+    loop = EngineLoop(EngineSpec(policy, max_model_len=512), "reload-cache", "rollout")
+    try:
+        loop.submit(TurnRequest("warm", "t", prompt, 1)).result()
+        assert loop.submit(TurnRequest("hit", "t", prompt, 1)).result().num_cached_tokens >= 64
+        running = [loop.submit(TurnRequest(f"long{i}", f"u{i}", [100 + i] + prompt[:-1], 420,
+                                           seed=i)) for i in range(4)]
+        deadline = time.monotonic() + 30
+        while len(loop._live) < 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        resubmitted = loop.reload(new, version=1)
+        after = loop.submit(TurnRequest("after", "t", prompt, 1)).result()
+        again = loop.submit(TurnRequest("again", "t", prompt, 1)).result()
+        results = [f.result(timeout=60) for f in running]
+    finally:
+        loop.close()
+    assert resubmitted >= 1  # turns were in flight when the reload landed
+    assert after.num_cached_tokens == 0 and after.policy_version == 1
+    assert again.num_cached_tokens >= 64  # the cache works again, on the new version only
+    rerun = [r for r in results if r.policy_version == 1]
+    assert len(rerun) == resubmitted
+    assert all(len(r.logprobs) == len(r.response_ids) > 0 for r in results)

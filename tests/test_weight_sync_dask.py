@@ -49,6 +49,13 @@ class FakeLoop:
     def call(self, fn):
         return fn(self.engine)
 
+    def reload(self, tensors, version) -> int:  # EngineLoop.reload with no turn in flight
+        from executors.engine.vllm_engine import reload_weights
+
+        reload_weights(self.engine, tensors)
+        self.policy_version = version
+        return 0
+
 
 class FakeRolloutPlugin(WorkerPlugin):
     idempotent = True

@@ -241,6 +241,10 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
         from executors.engine.vllm_engine import reload_weights
 
         if self.rollout is not None:
+            # No turn may mix KV of two versions, and vLLM resets no prefix cache under running
+            # requests: in-flight rollout turns are aborted (answered "abort"; the scheduler
+            # reroutes them from their prompt) so the reload lands now, never behind a turn.
+            self.rollout.abort(list(self.rollout.live), "other")
             reload_weights(self.rollout.engine, tensors)
             self.rollout.drop_all_leases()
             self.rollout.version = version

@@ -104,6 +104,30 @@ class EngineLoop:
             self._lock.notify()
         return fut.result()
 
+    def reload(self, tensors: dict[str, torch.Tensor], version: int) -> int:
+        """Load `version` in place on the loop thread; returns how many turns were resubmitted.
+
+        No turn may mix KV of two policy versions, and vLLM's reset_prefix_cache() refuses while
+        requests run. Of the three ways out (wait for in-flight turns to finish, reload only
+        between turns, abort and resubmit) we abort and resubmit: the reload lands at once, so
+        a long turn never delays a publish (no added staleness) and no wait can stall on a
+        turn that does not end; the price is recomputing the partial turns, which on this
+        loop is a few tokens per turn (reloads come once per RL step). Each resubmitted turn
+        runs whole on the new version from its prompt (same id, same seed) and is recorded
+        with that version; its caller only sees a longer turn.
+        """
+        def swap(engine) -> int:
+            live = list(self._live.items())
+            if live:
+                engine.abort_request([rid for rid, _ in live])
+                self._live.clear()
+            reload_weights(engine, tensors)  # no request left: the prefix cache is dropped
+            self.policy_version = version
+            for _, (request, fut, _) in live:
+                self._add(request, fut)
+            return len(live)
+        return self.call(swap)
+
     def num_inflight(self) -> int:
         with self._lock:
             return len(self._live) + len(self._pending)
@@ -131,8 +155,6 @@ class EngineLoop:
                     fut.set_exception(RuntimeError(f"engine on {self.worker} failed: {exc!r}"))
 
     def _loop(self) -> None:
-        from vllm import SamplingParams, TokensPrompt
-
         while True:
             with self._lock:
                 while self._running and not (self._pending or self._aborts or self._calls
@@ -149,21 +171,7 @@ class EngineLoop:
                 except BaseException as exc:  # surfaced to the caller, never kills the loop
                     fut.set_exception(exc)
             for request, fut in pending:
-                if request.min_policy_version > self.policy_version:
-                    fut.set_result(self._empty(request, "stale"))
-                    continue
-                params = SamplingParams(max_tokens=request.max_tokens,
-                                        temperature=request.temperature, top_p=request.top_p,
-                                        seed=request.seed, logprobs=0, detokenize=False,
-                                        stop_token_ids=request.stop_token_ids or None)
-                try:
-                    self.engine.add_request(request.request_id,
-                                            TokensPrompt(prompt_token_ids=request.prompt_ids),
-                                            params)
-                except Exception as exc:  # e.g. prompt longer than max_model_len
-                    fut.set_exception(ValueError(f"turn {request.request_id} rejected: {exc}"))
-                    continue
-                self._live[request.request_id] = (request, fut, time.monotonic())
+                self._add(request, fut)
             live_aborts = [rid for rid in aborts if rid in self._live]
             if live_aborts:
                 self.engine.abort_request(live_aborts)
@@ -176,6 +184,24 @@ class EngineLoop:
                     if out.finished and out.request_id in self._live:
                         request, fut, _ = self._live.pop(out.request_id)
                         fut.set_result(self._result(request, out))
+
+    def _add(self, request: TurnRequest, fut: Future) -> None:
+        from vllm import SamplingParams, TokensPrompt
+
+        if request.min_policy_version > self.policy_version:
+            fut.set_result(self._empty(request, "stale"))
+            return
+        params = SamplingParams(max_tokens=request.max_tokens,
+                                temperature=request.temperature, top_p=request.top_p,
+                                seed=request.seed, logprobs=0, detokenize=False,
+                                stop_token_ids=request.stop_token_ids or None)
+        try:
+            self.engine.add_request(request.request_id,
+                                    TokensPrompt(prompt_token_ids=request.prompt_ids), params)
+        except Exception as exc:  # e.g. prompt longer than max_model_len
+            fut.set_exception(ValueError(f"turn {request.request_id} rejected: {exc}"))
+            return
+        self._live[request.request_id] = (request, fut, time.monotonic())
 
     def _empty(self, request: TurnRequest, reason: str) -> TurnResult:
         return TurnResult(request.request_id, request.trajectory_id, [], [], reason,
@@ -200,10 +226,16 @@ class EngineLoop:
 
 
 def reload_weights(engine, tensors: dict[str, torch.Tensor]) -> None:
-    """In-place reload (no restart), then drop the prefix cache: its KV came from old weights."""
+    """In-place reload (no restart), then drop the prefix cache: its KV came from old weights.
+
+    The engine must hold no request (vLLM refuses to reset a prefix cache that running
+    requests use, and a turn would mix KV of two versions): callers abort them first
+    (EngineLoop.reload, the co-serving executor's rollout reload). RuntimeError otherwise."""
     engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors.items())})
     engine.collective_rpc(_repack_output_heads)
-    engine.reset_prefix_cache()
+    if engine.reset_prefix_cache() is False:
+        raise RuntimeError("weights reloaded but vLLM kept its prefix cache: requests were "
+                           "still running (abort them before a reload)")
 
 
 def _repack_output_heads(worker_self) -> int:

@@ -175,7 +175,7 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
     model of a co-serving executor. RuntimeError if the worker has neither."""
     from executors.coserving.plugin import coserving_plugin
     from executors.workers.rollout_worker import PLUGIN
-    from executors.engine.vllm_engine import read_weight, reload_weights
+    from executors.engine.vllm_engine import read_weight
 
     worker = get_worker()
     coserving = coserving_plugin(worker)
@@ -191,10 +191,7 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
         raise RuntimeError(f"worker {worker.name} has no rollout engine to load weights into")
 
     def load_rollout(version: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        def swap(engine) -> None:  # on the loop thread: no turn starts on half-loaded weights
-            reload_weights(engine, tensors)
-            plugin.loop.policy_version = version
-        plugin.loop.call(swap)
+        plugin.loop.reload(tensors, version)  # loop thread: in-flight turns rerun on `version`
         plugin.run, plugin.weights_digest = run, digest()
         embed = "model.embed_tokens.weight"
         matches = None
