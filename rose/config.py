@@ -51,6 +51,9 @@ class StackConfig(Strict):
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
     relay: Literal["auto", "mooncake", "filesystem"] = "auto"  # auto: what the stack started
+    # engine workers' device: "cuda" (the `gpu` extra) splits each GPU between a serving
+    # worker's two engines by memory fraction (executors/engine/device.py); never run on a GPU yet
+    device: Literal["cpu", "cuda"] = "cpu"
     # serving workers: co-serving mode and serving SLO (both None: derived from the serving
     # model's start-up profile, reported in each endpoint's /metrics)
     serving_mode: Literal["rose", "static_partition", "preemption", "prefix", "unaware"] = "rose"

@@ -23,7 +23,8 @@ def open_engine(cfg: CoServingConfig, which: str) -> tuple[object, object, Laten
     prefix = True if which == "serving" else cfg.wiring.prefix_cache
     engine, scheduler = build_budgeted_engine(
         model_dir, prefix_caching=prefix, max_model_len=cfg.max_model_len,
-        max_num_seqs=cfg.max_num_seqs, kv_blocks=cfg.kv_blocks, seed=cfg.seed)
+        max_num_seqs=cfg.max_num_seqs, kv_blocks=cfg.kv_blocks, seed=cfg.seed,
+        role=which)  # its share of the device (executors/engine/device.py); serving opens first
     settings = {"max_model_len": cfg.max_model_len, "chunk_tokens": cfg.chunk_tokens,
                 "max_num_seqs": cfg.max_num_seqs, "block_size": scheduler.block_size,
                 "repeats": cfg.profile_repeats, "sampling": which}

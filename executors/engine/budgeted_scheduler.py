@@ -131,30 +131,32 @@ class BudgetedScheduler(Scheduler):
         return decodes, prefill, boundary
 
 def build_budgeted_engine(model_dir, *, prefix_caching: bool, max_model_len: int, max_num_seqs: int,
-                          kv_blocks: int | None, seed: int = 0, block_size: int = 32):
+                          kv_blocks: int | None, seed: int = 0, block_size: int = 32,
+                          role: str = "serving", device=None):
     """An in-process (one-process mode) vLLM engine running BudgetedScheduler.
 
     max_num_batched_tokens = max_model_len, so a whole prompt can prefill in one step (the
     monolithic profile, serving); the executor's token_budget chunks rollout prefills.
-    kv_blocks: pool size override (None: what VLLM_CPU_KVCACHE_SPACE holds).
-    Returns (engine, scheduler).
+    kv_blocks: pool size override on CPU (None: what VLLM_CPU_KVCACHE_SPACE holds); on cuda the
+    pool is what the role's gpu_memory_utilization holds (executors/engine/device.py).
+    role: "serving" or "rollout" (its share of the device). Returns (engine, scheduler).
     """
-    import os
+    from executors.engine.device import DeviceSpec, apply_env, engine_setup
 
-    from executors.engine.vllm_engine import CPU_ENV
-
-    for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
+    device = device or DeviceSpec.from_env()
+    kwargs, env = engine_setup(role, device, model_dir=model_dir,
+                               max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
+                               block_size=block_size, prefix_caching=prefix_caching,
+                               kv_blocks=kv_blocks, max_num_batched_tokens=max_model_len,
+                               scheduler_cls=BudgetedScheduler)
+    apply_env(env)
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, enforce_eager=True,
-                      dtype="bfloat16", enable_prefix_caching=prefix_caching,
-                      max_model_len=max_model_len, max_num_seqs=max_num_seqs, seed=seed,
-                      block_size=block_size, max_num_batched_tokens=max_model_len,
-                      num_gpu_blocks_override=kv_blocks, scheduler_cls=BudgetedScheduler)
+    args = EngineArgs(**kwargs)
     engine = LLMEngine.from_engine_args(args)
-    keep_seeded_sampling_on_cpu(engine)
+    if device.kind == "cpu":
+        keep_seeded_sampling_on_cpu(engine)
     scheduler = engine.engine_core.engine_core.scheduler
     if not isinstance(scheduler, BudgetedScheduler):
         raise RuntimeError(f"vLLM did not take scheduler_cls: got {type(scheduler).__name__}")

@@ -6,7 +6,6 @@ continuously batched engine.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -16,15 +15,8 @@ from typing import Iterable
 
 import torch
 
+from executors.engine.device import DeviceSpec, apply_env, engine_setup
 from executors.turns import TurnRequest, TurnResult
-
-CPU_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: engine state reachable in-process
-    "VLLM_TARGET_DEVICE": "cpu",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "HF_HUB_OFFLINE": "1",
-}
-
 
 @dataclass
 class EngineSpec:
@@ -43,17 +35,18 @@ class EngineSpec:
                                     "(build it with `rose models build`)")
 
 
-def build_engine(spec: EngineSpec):
-    for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
+def build_engine(spec: EngineSpec, device: DeviceSpec | None = None):
+    """A rollout worker's one engine on this worker's device (DeviceSpec.from_env())."""
+    kwargs, env = engine_setup("dedicated", device or DeviceSpec.from_env(),
+                               model_dir=spec.model_dir, max_model_len=spec.max_model_len,
+                               max_num_seqs=spec.max_num_seqs, seed=spec.seed,
+                               block_size=spec.block_size, dtype=spec.dtype,
+                               prefix_caching=spec.enable_prefix_caching)
+    apply_env(env)
     from vllm import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    args = EngineArgs(model=str(spec.model_dir), skip_tokenizer_init=True, enforce_eager=True,
-                      dtype=spec.dtype, enable_prefix_caching=spec.enable_prefix_caching,
-                      max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-                      seed=spec.seed, block_size=spec.block_size)
-    return LLMEngine.from_engine_args(args)
+    return LLMEngine.from_engine_args(EngineArgs(**kwargs))
 
 
 class EngineLoop:

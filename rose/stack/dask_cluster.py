@@ -29,6 +29,7 @@ class WorkerSpec:
     kind: WorkerKind
     nthreads: int
     core: int | None = None  # CPU core vLLM's OpenMP threads bind to (engines would share core 0)
+    device: str = "cpu"  # "cuda": its engines split the GPU by memory fraction (engine/device.py)
 
     @property
     def resource(self) -> str:
@@ -37,31 +38,28 @@ class WorkerSpec:
 
 def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
                  trainer_threads: int = 1, rollout_threads: int = 2, serving_threads: int = 2,
-                 ncores: int | None = None) -> list[WorkerSpec]:
-    """trainer-i, rollout-i, serving-i; engine workers spread round-robin over the cores."""
+                 ncores: int | None = None, device: str = "cpu") -> list[WorkerSpec]:
+    """trainer-i, rollout-i, serving-i; engine workers spread round-robin over the cores
+    (on cuda they bind no core: each engine worker has a GPU)."""
     if trainers < 0 or rollout < 0 or serving < 0:
         raise StackError("worker counts must be >= 0")
     ncores = ncores or os.cpu_count() or 1
     specs = [WorkerSpec(f"trainer-{i}", "trainer", trainer_threads) for i in range(trainers)]
     engines = [(f"rollout-{i}", "rollout", rollout_threads) for i in range(rollout)]
     engines += [(f"serving-{i}", "serving", serving_threads) for i in range(serving)]
-    specs += [WorkerSpec(n, k, t, core=j % ncores) for j, (n, k, t) in enumerate(engines)]
+    specs += [WorkerSpec(n, k, t, core=j % ncores if device == "cpu" else None, device=device)
+              for j, (n, k, t) in enumerate(engines)]
     return specs
 
 
-def vllm_cpu_env(run_dir: Path, core: int | None) -> dict[str, str]:
-    """One-process vLLM engine on CPU, small KV cache, offline, bound to its own core."""
-    env = {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(Path(run_dir).resolve() / "vllm-cache"),
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "HF_HUB_OFFLINE": "1",
-    }
-    if core is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
-    return env
+def vllm_env(spec: WorkerSpec, run_dir: Path) -> dict[str, str]:
+    """One-process vLLM engines on the worker's device, offline; on CPU a small KV cache and
+    OpenMP bound to its own core, on cuda none of that (executors/engine/device.py)."""
+    from executors.engine.device import DeviceSpec, engine_env
+
+    device = DeviceSpec(spec.device)
+    return {**device.worker_env(),
+            **engine_env(device, spec.core, Path(run_dir) / "vllm-cache")}
 
 
 def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[str, str]:
@@ -70,7 +68,7 @@ def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[st
     pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     return {
         **base,
-        **vllm_cpu_env(run_dir, spec.core),
+        **vllm_env(spec, run_dir),
         "DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # engines/trainers may start subprocesses
         "PYTHONPATH": pythonpath,

@@ -105,7 +105,8 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
         if cfg.dask_scheduler:
             scheduler, workers = cfg.dask_scheduler, check_workers(cfg.dask_scheduler)
         else:
-            specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers)
+            specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers,
+                                 device=cfg.device)
             cluster = start_dask(run_dir, specs, base_env, scheduler_port)
             started.append(cluster)
             scheduler, workers = cluster.scheduler_address, cluster.workers
