@@ -79,6 +79,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--spec", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if not args.single:  # before anything runs: a trace's attribution travels with its results
+        if not args.trace.is_file():
+            ap.error(f"--trace {args.trace}: no such file")
+        if not args.trace.with_name("NOTICE.md").is_file():
+            ap.error(f"--trace {args.trace}: no NOTICE.md beside it; a trace's attribution (its "
+                     "license terms) must travel with every result derived from it")
     if args.quick:
         args.window_s = 120.0 if args.window_s == 600.0 else args.window_s
         args.configs = args.configs or ",".join(QUICK)

@@ -18,7 +18,6 @@ from rose.serve.replay import RequestRecord, replay, summarize, write_results
 from rose.serve.trace import (DEFAULT_TRACE, ReplayRequest, Scaling, Trace, busiest_bin,
                               load_trace, peak_window_start, plan, synthetic_prompt, trace_notice)
 
-pytestmark = pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason="trace not present")
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +174,10 @@ def test_notice_travels_with_results(tmp_path):
         trace_notice(bare)
 
 
-def test_repo_carries_a_copy_of_the_notice():
-    copy = Path(__file__).resolve().parents[1] / "docs" / "traces_NOTICE.md"
-    assert DEFAULT_TRACE.with_name("NOTICE.md").read_text().strip() in copy.read_text()
+def test_trace_and_notice_ship_in_the_repository():
+    repo = Path(__file__).resolve().parents[1]
+    assert DEFAULT_TRACE.is_relative_to(repo) and DEFAULT_TRACE.is_file()
+    assert "CC BY 4.0" in DEFAULT_TRACE.with_name("NOTICE.md").read_text()
 
 
 def test_cli_replays_against_an_endpoint(tmp_path):
@@ -211,3 +211,16 @@ def _tiny_model_dir(tmp_path: Path) -> Path:
     from fake_serving import fake_model_dir
 
     return fake_model_dir(tmp_path / "model", vocab_size=300, context=2048)
+
+
+def test_coserving_bench_refuses_a_trace_without_notice_before_running(tmp_path, capsys):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import coserving
+
+    bare = tmp_path / "trace.csv"
+    bare.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(SystemExit):
+        coserving.parse_args(["--trace", str(bare)])
+    assert "NOTICE.md" in capsys.readouterr().err
+    assert coserving.parse_args([]).trace == DEFAULT_TRACE

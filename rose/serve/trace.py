@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-DEFAULT_TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "azure2023_code.csv"
+# Shipped in the repository (traces/), with its NOTICE.md (CC BY 4.0 attribution) beside it.
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "azure2023_code.csv"
 
 
 @dataclass(frozen=True)
