@@ -74,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--slo-factor", type=float, default=2.0,
                     help="SLO = factor x serving-alone P99 when not given")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sweep", action="store_true",
+                    help="harvest across loads (bench/coserving_sweep.py); --quick: shorter loads")
+    ap.add_argument("--sweep-s", type=float, default=None, help="replay seconds per sweep load")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--single", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, default=None, help=argparse.SUPPRESS)
@@ -85,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not args.trace.with_name("NOTICE.md").is_file():
             ap.error(f"--trace {args.trace}: no NOTICE.md beside it; a trace's attribution (its "
                      "license terms) must travel with every result derived from it")
+    if args.sweep:
+        args.sweep_s = args.sweep_s or (12.0 if args.quick else 20.0)
     if args.quick:
         args.window_s = 120.0 if args.window_s == 600.0 else args.window_s
         args.configs = args.configs or ",".join(QUICK)
@@ -122,6 +127,8 @@ def run_single(mode: str, spec: dict) -> dict:
     from rose.serve.replay import executor_sender, replay
 
     args = argparse.Namespace(**{k: (Path(v) if k == "trace" else v) for k, v in spec.items()})
+    if args.sweep:
+        return _run_sweep_single(mode, spec, args)
     reqs, _ = workload(args)
     models = ModelsConfig()
     serving_dir, policy_dir = models.serving_path(), models.policy_path()
@@ -176,6 +183,92 @@ def run_single(mode: str, spec: dict) -> dict:
             # Over the arrivals' span (the burst included), the same length in every run.
             "rollout": stream.summary(t0, t0 + span) if mode != "serving_only" else None,
             "peaks": peaks, "executor": _slim(metrics)}
+
+
+def _run_sweep_single(mode: str, spec: dict, args) -> dict:
+    import asyncio
+
+    from coserving_sweep import drain, run_sweep_single
+    from rollout_stream import RolloutStream
+    from rose.config import ModelsConfig
+    from rose.serve.replay import executor_sender, replay
+
+    models = ModelsConfig()
+    serving_dir, policy_dir = models.serving_path(), models.policy_path()
+
+    def build(mode):
+        if mode == "dedicated":
+            from executors.engine.vllm_engine import EngineLoop, EngineSpec
+            w = EngineLoop(EngineSpec(policy_dir), worker="rollout-0", worker_kind="rollout")
+            return w, w.submit
+        from executors.coserving.executor import CoServingConfig, CoServingExecutor
+        cfg = CoServingConfig(serving_dir, policy_dir, mode=mode, kv_blocks=args.kv_blocks, seed=args.seed)
+        w = CoServingExecutor(cfg, worker="serving-0")
+        return w, w.submit_rollout
+
+    def run_load(worker, submit, reqs, span, rollout):
+        stream = RolloutStream(submit, _vocab(policy_dir), args.trajectories, obs_tokens=args.obs_tokens,
+                               turn_tokens=args.turn_tokens, max_turns=args.max_turns, seed=args.seed)
+
+        async def main():
+            stop = asyncio.Event()
+            task = asyncio.create_task(stream.run(stop)) if rollout else None
+            if mode == "dedicated":
+                await asyncio.sleep(args.warmup_s)
+            t0 = time.monotonic()
+            if reqs:
+                records = await replay(reqs, executor_sender(worker), _vocab(serving_dir), args.seed, prompt_low=3)
+            else:
+                records = []
+            await asyncio.sleep(max(0.0, t0 + span - time.monotonic()))
+            t1 = time.monotonic()
+            stop.set()
+            if task:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            if mode != "dedicated":
+                await drain(worker)
+            return records, t0, t1
+
+        records, t0, t1 = asyncio.run(main())
+        summary = None
+        if rollout:
+            summary = stream.summary(t0, t1)
+            ok = [st for st in stream.stats if t0 <= st.done_at <= t1 and st.ok]
+            summary["cached_tokens"] = int(sum(st.cached_tokens for st in ok))
+            summary["prompt_tokens"] = int(sum(st.prompt_tokens for st in ok))
+        return [[r.ttft_s, r.tpot_s, r.output_tokens, r.ok, r.late_s] for r in records], summary
+
+    return run_sweep_single(mode, spec, args, build, run_load)
+
+
+def sweep_main(args, console: Console) -> None:
+    import coserving_sweep as sw
+
+    spec = {k: v for k, v in vars(args).items() if k not in ("single", "spec", "result", "out")}
+    t_start = time.perf_counter()
+    runs = {"serving_only": run_config("serving_only", spec, console)}
+    spec["scales"] = runs["serving_only"]["scales"]
+    spec["slos"] = sw.slos_from(runs["serving_only"], args.slo_factor)
+    console.print(f"  calibration: busy {runs['serving_only']['calibration']['busy_fraction']:.0%} at "
+                  f"{1 / sw.BASE_SCALE:g}x; rate scales " + ", ".join(
+                      f"{k}: {1 / v:.1f}x" if k != "bursty" else f"bursty: {v:.1f} req/s"
+                      for k, v in spec["scales"].items()))
+    for name, (ttft, tpot) in spec["slos"].items():
+        console.print(f"  SLO {name}: TTFT {ttft * 1e3:.0f} ms, TPOT {tpot * 1e3:.0f} ms "
+                      f"({args.slo_factor:g} x serving-alone P99)")
+    modes = args.configs.split(",") if args.configs else list(sw.SWEEP_CONFIGS)
+    for mode in [m for m in sw.SWEEP_CONFIGS if m in modes and m != "serving_only"]:
+        runs[mode] = run_config(mode, spec, console)
+    doc = sw.report(runs, spec["slos"], args, console)
+    doc.update(bench="coserving_sweep", quick=args.quick, sweep_s=args.sweep_s, slo_factor=args.slo_factor,
+               rollout_stream={k: spec[k] for k in ("trajectories", "obs_tokens", "turn_tokens", "max_turns")},
+               total_s=time.perf_counter() - t_start, trace_notice=trace_notice(args.trace),
+               machine={"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+               runs={m: {k: v for k, v in r.items() if k != "loads"} for m, r in runs.items()})
+    out = args.out or RESULTS / ("coserving_sweep_quick.json" if args.quick else "coserving_sweep.json")
+    sw.dump(out, doc)
+    console.print(f"total {doc['total_s'] / 60:.1f} min; wrote {out}")
 
 
 async def _sample(ex, peaks: dict, stop) -> None:
@@ -244,6 +337,8 @@ def main(argv=None) -> None:
     for path in (ModelsConfig().serving_path(), ModelsConfig().policy_path()):
         if not (path / "config.json").is_file():  # any build will do: the bench times engines
             raise SystemExit(f"no model in {path}: run `rose models build` (ROSE_DATA_DIR)")
+    if args.sweep:
+        return sweep_main(args, console)
     reqs, desc = workload(args)
     modes = args.configs.split(",") if args.configs else [m for m, _, _ in CONFIGS]
     unknown = set(modes) - {m for m, _, _ in CONFIGS}
