@@ -52,3 +52,13 @@ def test_bad_use_is_rejected():
     d.on_admit("a", now=0.0)
     with pytest.raises(ValueError, match="already"):
         d.on_admit("a", now=1.0)
+
+
+def test_a_started_turn_starved_by_serving_slack_is_kept_not_thrown_away():
+    from executors.policies.stall import keep_stalled
+
+    # started, denied for serving slack 0.5 s ago (stall window 2 s): kept, up to 4 times
+    assert keep_stalled(True, 0, 0.5, 2.0) and keep_stalled(True, 3, 0.5, 2.0)
+    assert not keep_stalled(True, 4, 0.5, 2.0)  # then aborted: rerouted
+    assert not keep_stalled(False, 0, 0.5, 2.0)  # not started: nothing lost by rerouting it
+    assert not keep_stalled(True, 0, 3.0, 2.0)  # no slack denial in the window: stuck on KV

@@ -18,11 +18,12 @@ from executors.engine.submit import add_tokens
 from executors.policies.kv_memory import Action, KVMemoryPolicy, MemoryState
 from executors.policies.latency_profile import LatencyProfile
 from executors.policies.step_plan import StepPlan, blocks_wanted, plan_steps
-from executors.policies.stall import StallDetector
+from executors.policies.stall import StallDetector, keep_stalled
 from executors.turns import TurnRequest
 
 
 BLOCKED_RETRY_S = 0.25  # an empty step's room is retried after this even if it did not grow
+STALL_KEEPS = 4  # a started turn idle only because serving had no slack is kept this many times
 
 
 class RolloutSide:
@@ -38,6 +39,8 @@ class RolloutSide:
         self.blocked_room: int | None = None  # KV room when a step scheduled nothing
         self.blocked_until = 0.0  # ... retried anyway after this (monotonic s): a safety net
         self.lease_blocks: dict[str, list[int]] = {}  # trajectory -> cached block ids
+        self.slack_denied_at = -math.inf  # last step admission denied for serving slack
+        self.stall_keeps: dict[str, int] = {}  # started turns kept past a stall, times kept
         self.counters = counters if counters is not None else new_counters()
 
     def pages(self, blocks: int) -> int:
@@ -192,6 +195,7 @@ class RolloutSide:
     def _finish(self, rid: str, reason: str, now: float, released: dict[str, list[int]]) -> None:
         t = self.live.pop(rid)
         self.stall.on_finish(rid)
+        self.stall_keeps.pop(rid, None)
         if self.policy is not None:
             self.policy.on_rollout_free(rid)
         if reason == "abort":
@@ -226,6 +230,7 @@ class RolloutSide:
         for rid in rids:
             t = self.live.pop(rid)
             self.stall.on_finish(rid)
+            self.stall_keeps.pop(rid, None)
             if self.policy is not None:
                 self.policy.on_rollout_free(rid)
             self.counters[counter] += 1
@@ -250,9 +255,23 @@ class RolloutSide:
             self.counters["lease_blocks_evicted"] += self.scheduler.evict_cached(ids)
 
     def check_stalls(self, now: float) -> list:
-        reports = self.stall.check(now)
-        self.abort([r.request_id for r in reports], "stall")
-        return reports
+        """Abort stalled turns, except a started turn idle only because serving had no slack
+        (admission denied it within the stall window): its KV is kept and it resumes when the
+        burst passes (preempted in place, not thrown away), up to STALL_KEEPS times. A turn
+        not started yet, or stuck on KV, is aborted (rerouted from its prompt)."""
+        reports, aborted = self.stall.check(now), []
+        for r in reports:
+            t = self.live.get(r.request_id)
+            kept = self.stall_keeps.get(r.request_id, 0)
+            if t is not None and keep_stalled(t.first_progress is not None, kept, now - self.slack_denied_at,
+                                              self.stall.timeout_s, STALL_KEEPS):
+                self.stall_keeps[r.request_id] = kept + 1
+                self.stall.on_admit(r.request_id, now, r.trajectory_id)
+                self.counters["stall_kept"] += 1
+            else:
+                aborted.append(r.request_id)
+        self.abort(aborted, "stall")
+        return [r for r in reports if r.request_id in aborted]
 
     def drop_all_leases(self) -> None:
         """Weights changed: cached KV came from the old policy."""

@@ -21,7 +21,7 @@ def new_counters() -> dict:
     """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
     keys = ("finished", "tokens", "steps", "planned_steps", *ABORTED.values(), "stale",
             "leases_expired", "lease_blocks_evicted", "prefixes_dropped", "leases_reclaimed",
-            "cached_tokens", "scheduled_tokens", "empty_steps")
+            "cached_tokens", "scheduled_tokens", "empty_steps", "stall_kept")
     c: dict = dict.fromkeys(keys, 0)
     c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
     return c

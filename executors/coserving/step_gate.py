@@ -68,6 +68,8 @@ class StepGate:
                 return plan, cap
             reason = d.reason
         denied[reason] = denied.get(reason, 0) + 1
+        if reason in ("ttft_slack", "tpot_slack"):  # serving's burst, not KV: stalls may wait
+            r.slack_denied_at = now
         return None
 
     def _would_admit(self, now: float) -> bool:

@@ -65,3 +65,12 @@ class StallDetector:
         for rid, _ in stalled:
             del self._watch[rid]
         return [StallReport(rid, w.trajectory_id, now - w.last_progress) for rid, w in stalled]
+
+
+def keep_stalled(started: bool, times_kept: int, since_slack_denial_s: float, timeout_s: float,
+                 max_keeps: int = 4) -> bool:
+    """Whether a stalled rollout turn is kept (its KV held; it resumes when serving's burst
+    passes) instead of aborted: only a turn that has started (aborting it throws its work away),
+    that admission denied for serving slack within the stall window (not stuck on KV, which
+    would never clear), and that was kept fewer than max_keeps times already."""
+    return started and times_kept < max_keeps and since_slack_denial_s < timeout_s
