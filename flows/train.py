@@ -24,6 +24,7 @@ from executors.workers.rollout_worker import RolloutWorkerPlugin
 from executors.workers.trainer import TrainerPlugin, local_trainer
 from flows.rl_step import rl_step
 from rose.config import RunConfig
+from rose.stack.serving import start_serving
 from storage.atomic import write_atomic
 from tasks.publish import publish_and_sync
 
@@ -54,10 +55,27 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
     kinds = workers_by_kind(client)
     require(kinds, "trainer"), require(kinds, "rollout")
     client.register_plugin(RolloutWorkerPlugin(cfg.models.policy_path()), name="rose-rollout")
+    start_serving(client, cfg.models, cfg.stack)  # serving workers: already up unless on a new cluster
     trainer = TrainerPlugin(cfg)
     client.register_plugin(trainer, name=trainer.name)
     return client.submit(lambda run: local_trainer(run).version, cfg.run_id, pure=False,
                          **ON_TRAINER).result()
+
+
+def detach_serving(address: str) -> None:
+    """The run is over: serving workers stop lending their rollout side (serving goes on)."""
+    from executors.coserving.plugin import detach_coserving
+    from rose.stack.serving import serving_workers
+
+    with Client(address) as client:
+        names = serving_workers(client)
+        if names:
+            client.run(detach_coserving, workers=[client_address(client, n) for n in names])
+
+
+def client_address(client: Client, name: str) -> str:
+    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                if str(w["name"]) == name)
 
 
 def save_run_config(cfg: RunConfig) -> Path:
@@ -107,7 +125,10 @@ def train(cfg: RunConfig = RunConfig()) -> list[dict]:
           f"steps {version + 1}..{cfg.steps} to go")
     step_flow = rl_step.with_options(task_runner=DaskTaskRunner(address=address))
     pin_step_identity(version + 1)
-    summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
+    try:
+        summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
+    finally:
+        detach_serving(address)
     publish_run_artifact(cfg.run_id, summaries)
     emit("run_end", run=cfg.run_id, summaries=summaries)
     return summaries

@@ -65,6 +65,7 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
                                                      "server, e.g. http://host:4200/api."),
        config: Optional[Path] = ConfigOpt) -> None:
     """Start the local stack (Prefect server, Mooncake, Dask scheduler + workers), or reuse it."""
+    from rose.launch import ensure_models, ensure_serving
     from rose.stack.local_stack import dead_parts, read_stack, start_stack
     from rose.stack.status import print_stack
 
@@ -75,9 +76,12 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
     reused = previous is not None and not dead
     if dead:
         err_console.print(f"[yellow]previous stack degraded ({', '.join(dead)}): restarting it[/]")
+    if cfg.stack.serving_workers:  # serving workers load the serving and policy models
+        ensure_models(cfg, console)
     with console.status("starting the stack (Prefect server takes ~10 s)..."):
         handle = start_stack(cfg.stack, stack_dir(), prefect_port=prefect_port,
                              scheduler_port=scheduler_port)
+    ensure_serving(handle, cfg, console)
     console.print("[green]stack already running, reused[/]" if reused else "[green]stack up[/]")
     print_stack(handle, console)
 
@@ -204,10 +208,32 @@ serve_app = typer.Typer(help="Serving side: trace replay against serving endpoin
 app.add_typer(serve_app, name="serve")
 
 
+def _stack_endpoints() -> list[str]:
+    from rose.stack.local_stack import read_stack
+
+    handle = read_stack(stack_dir())
+    if handle is None:
+        raise StackError(f"no stack running in {stack_dir()} (start one with `rose up "
+                         "--serving-workers 1`)")
+    return [handle.endpoints[n] for n in sorted(handle.endpoints)]
+
+
+@serve_app.command("endpoints")
+@clear_errors
+def serve_endpoints() -> None:
+    """The running stack's serving endpoints (OpenAI-compatible), one URL per line."""
+    urls = _stack_endpoints()
+    if not urls:
+        raise StackError("the stack has no serving endpoint (start it with --serving-workers N)")
+    for url in urls:
+        print(url)
+
+
 @serve_app.command("replay")
 @clear_errors
 def serve_replay(
-        endpoint: list[str] = typer.Option(..., help="Endpoint base URL (repeat for several)."),
+        endpoint: Optional[list[str]] = typer.Option(None, help="Endpoint base URL (repeat for "
+                                                     "several; default: the stack's endpoints)."),
         trace: Path = typer.Option(None, help="Trace CSV (default: the Azure 2023 code trace)."),
         start: Optional[float] = typer.Option(None, help="Window start, trace seconds."),
         duration: float = typer.Option(600.0, help="Window length, trace seconds."),
@@ -227,7 +253,7 @@ def serve_replay(
     from rose.serve.replay_run import run_replay
     from rose.serve.trace import DEFAULT_TRACE
 
-    run_replay(endpoint, trace or DEFAULT_TRACE, out, start, duration, around_peak, time_scale,
+    run_replay(endpoint or _stack_endpoints(), trace or DEFAULT_TRACE, out, start, duration, around_peak, time_scale,
                length_scale, output_scale, sample, seed, slo_ttft, slo_tpot, vocab_size,
                max_model_len, console)
 

@@ -35,7 +35,28 @@ def ensure_stack(cfg: RunConfig, console: Console):
                             "Dask scheduler and workers (~30 s)"):
             handle = start_stack(cfg.stack, stack_dir())
     apply_env(stack_env(handle))
+    ensure_serving(handle, cfg, console)
     return handle
+
+
+def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
+    """Serving workers co-serve from the start: their engines and endpoints come up with the
+    stack (a no-op when they already run); the endpoint URLs go into the stack file."""
+    from distributed import Client
+
+    from rose.stack.local_stack import write_stack
+    from rose.stack.serving import serving_workers, start_serving
+
+    with Client(handle.dask_scheduler, timeout=30) as client:
+        if not serving_workers(client):
+            return {}
+        with console.status("serving workers: building the serving + rollout engines, "
+                            "profiling them, opening the OpenAI endpoints"):
+            endpoints = start_serving(client, cfg.models, cfg.stack)
+    if endpoints != handle.endpoints:
+        handle.endpoints = endpoints
+        write_stack(handle)
+    return endpoints
 
 
 def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True) -> list[dict]:

@@ -128,6 +128,14 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
     def start_step(self) -> None:
         self._call(lambda: self._do_start_step())
 
+    def rollout_in_flight(self) -> list[str]:
+        """Request ids of the rollout turns the executor holds now."""
+        return self._call(lambda: list(self.rollout.live) if self.rollout is not None else [])
+
+    def served_since(self, t: float) -> list:
+        """Serving requests finished since monotonic time t (ServedRequest records)."""
+        return self._call(lambda: self.serving.log.since(t))
+
     def admitting(self) -> bool:
         return self._admitting
 

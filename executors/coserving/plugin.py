@@ -1,10 +1,18 @@
 """The co-serving executor inside a Dask worker: a WorkerPlugin plus the functions the
-scheduler submits to serving workers, pinned by worker name
-(executors/workers/rollout_worker.generate_turns dispatches here on workers that hold this plugin,
-so the scheduler submits one function everywhere; weights load through executors/workers/weight_sync.py).
+scheduler submits to serving workers, pinned by worker name.
+
+A serving worker is a co-serving worker from the start: the plugin is registered when the
+stack comes up (`rose up`, rose/stack/serving.py), builds the serving and rollout engines and
+opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains.
+A training run borrows the rollout side (weights pulled by executors/workers/weight_sync.py,
+turns routed by executors/scheduling/) and detaches it when it ends; serving never stops.
+executors/workers/rollout_worker.generate_turns dispatches here on workers holding this
+plugin, so the scheduler submits one function everywhere.
 """
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from distributed import WorkerPlugin, get_worker
@@ -12,18 +20,24 @@ from distributed import WorkerPlugin, get_worker
 from executors.turns import TurnRequest, TurnResult
 
 PLUGIN = "rose-coserving"
+PORT_ENV = "ROSE_ENDPOINT_PORT"  # set per serving worker by the stack: a URL stable over restarts
 
 
 class CoServingPlugin(WorkerPlugin):
     idempotent = True  # a second register must not rebuild two engines
     name = PLUGIN
 
-    def __init__(self, serving_model_dir: str | Path, rollout_model_dir: str | Path, **config) -> None:
+    def __init__(self, serving_model_dir: str | Path, rollout_model_dir: str | Path,
+                 endpoint: bool = True, **config) -> None:
         self.serving_model_dir, self.rollout_model_dir = str(serving_model_dir), str(rollout_model_dir)
+        self.endpoint = endpoint
         self.config = dict(config)  # CoServingConfig fields (mode, slo, kv_blocks, ...)
         self.executor = None
+        self.endpoint_url: str | None = None
         self.weights_digest = ""
-        self.run: str | None = None
+        self.run: str | None = None  # the training run borrowing the rollout side, if any
+        self.step_started_at = time.monotonic()
+        self.admitted_at_step = self.aborted_at_step = 0
 
     def setup(self, worker) -> None:
         if "serving_gpu" not in worker.state.total_resources:
@@ -32,16 +46,68 @@ class CoServingPlugin(WorkerPlugin):
 
         cfg = CoServingConfig(Path(self.serving_model_dir), Path(self.rollout_model_dir), **self.config)
         self.executor = CoServingExecutor(cfg, worker=worker.name)
+        if self.endpoint:
+            from executors.coserving.endpoint.app import start_endpoint
+
+            try:
+                ep = start_endpoint(self.executor, cfg.serving_model_dir, worker=worker.name,
+                                    port=int(os.environ.get(PORT_ENV, "0")))
+            except BaseException:
+                self.executor.close()
+                self.executor = None
+                raise
+            self.endpoint_url = ep.url
 
     def teardown(self, worker) -> None:
-        if self.executor is not None:
-            self.executor.close()
-            self.executor = None
+        if self.executor is None:
+            return
+        self.detach()
+        if self.endpoint_url is not None:
+            from executors.coserving.endpoint.app import stop_endpoint
+
+            stop_endpoint(worker.name)  # drains in-flight requests before it returns
+            self.endpoint_url = None
+        self.executor.close()
+        self.executor = None
 
     def abort(self, request_ids: list[str]) -> None:
         """Out-of-band abort of rollout turns (executors/scheduling/scheduler.abort_turns)."""
         if self.executor is not None:
             self.executor.abort_rollout(list(request_ids))
+
+    def detach(self) -> int:
+        """The borrowing run is over (ended, failed, or the stack goes down): abort its rollout
+        turns still here (the scheduler reroutes them if it still runs); serving is untouched."""
+        live = self.executor.rollout_in_flight() if self.executor is not None else []
+        if live:
+            self.executor.abort_rollout(live)
+        self.run = None
+        return len(live)
+
+    def start_step(self) -> None:
+        """A new RL step: rollout KV budget from recent serving usage, freeze lifted, and the
+        window of the step's serving report opens."""
+        self.executor.start_step()
+        m = self.executor.metrics(fresh=True)["rollout"]
+        self.step_started_at = time.monotonic()
+        self.admitted_at_step, self.aborted_at_step = m["admitted"], _aborted(m)
+
+    def step_report(self) -> dict:
+        """Serving over the step so far (requests, P99s, SLO attainment), and the rollout turns
+        the executor admitted and aborted in it."""
+        from executors.coserving.serving_window import window_report
+
+        ex = self.executor
+        m = ex.metrics(fresh=True)
+        requests = ex.served_since(self.step_started_at)
+        return {"worker": get_worker().name, "endpoint": self.endpoint_url,
+                **window_report(requests, m["slo"]["ttft_s"], m["slo"]["tpot_s"]),
+                "rollout_admitted": m["rollout"]["admitted"] - self.admitted_at_step,
+                "rollout_aborted": _aborted(m["rollout"]) - self.aborted_at_step}
+
+
+def _aborted(rollout_metrics: dict) -> int:
+    return sum(v for k, v in rollout_metrics.items() if k.startswith("aborted_"))
 
 
 def coserving_plugin(worker=None) -> CoServingPlugin | None:
@@ -78,5 +144,32 @@ def coserving_state() -> dict:
             "mode": m["mode"], "memory_state": m["kv"].get("state", "none"),
             "serving_in_flight": m["serving"]["in_flight"],
             "serving_queued": m["serving"]["queued_prefills"],
-            "rollout_in_flight": m["rollout"]["in_flight"], "rollout_up": m["rollout"]["up"]}
+            "rollout_in_flight": m["rollout"]["in_flight"], "rollout_up": m["rollout"]["up"],
+            "endpoint": plugin.endpoint_url}
 
+
+def serving_endpoint() -> str | None:
+    """Runs on any worker: this worker's serving endpoint URL, None where it has none."""
+    plugin = coserving_plugin()
+    return plugin.endpoint_url if plugin is not None else None
+
+
+def start_coserving_step() -> bool:
+    """Runs on a serving worker: open a new RL step. False where there is no executor."""
+    plugin = coserving_plugin()
+    if plugin is None:
+        return False
+    plugin.start_step()
+    return True
+
+
+def coserving_step_report() -> dict | None:
+    """Runs on a serving worker: its step report (CoServingPlugin.step_report), else None."""
+    plugin = coserving_plugin()
+    return plugin.step_report() if plugin is not None else None
+
+
+def detach_coserving() -> int:
+    """Runs on a serving worker: detach the rollout side from the run; turns aborted."""
+    plugin = coserving_plugin()
+    return plugin.detach() if plugin is not None else 0

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
 
+from executors.coserving.serving_window import ServedRequest, ServingLog
 from executors.engine.submit import add_tokens
 from executors.policies.slo_admission import ServingDecode, ServingPrefill
 
@@ -59,6 +60,7 @@ class ServingSide:
         self.finished = self.tokens = self.steps = 0
         self.step_s = 0.0
         self.callback_errors = 0
+        self.log = ServingLog()  # finished requests, for per-step SLO reports
 
     def validate(self, prompt_ids: list[int], max_tokens: int, temperature: float) -> None:
         """Reject a bad request on the caller's thread (the endpoint turns this into a 4xx)."""
@@ -120,8 +122,12 @@ class ServingSide:
         r = self.live.pop(rid)
         self.finished += 1
         reason = reason if reason in ("stop", "length") else "abort"
-        r.fut.set_result(ServingResult(rid, r.ids, r.arrival, r.times[0] if r.times else None,
-                                       r.times, reason, r.prompt_len, r.cached))
+        result = ServingResult(rid, r.ids, r.arrival, r.times[0] if r.times else None,
+                               r.times, reason, r.prompt_len, r.cached)
+        ttft = result.ttft_s if not math.isnan(result.ttft_s) else math.inf
+        self.log.add(ServedRequest(time.monotonic(), ttft, result.tpot_s, len(r.ids),
+                                   reason != "abort"))
+        r.fut.set_result(result)
 
     def abort(self, rids: list[str]) -> None:
         rids = [rid for rid in rids if rid in self.live]

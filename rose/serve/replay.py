@@ -42,8 +42,9 @@ Sender = Callable[[ReplayRequest, list[int], RequestRecord], Awaitable[None]]
 
 
 async def replay(requests: list[ReplayRequest], send: Sender, vocab_size: int, seed: int = 0,
-                 prompt_low: int = 0) -> list[RequestRecord]:
-    """Send every request at its send_at_s (open loop); returns one record per request."""
+                 prompt_low: int = 0, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+    """Send every request at its send_at_s (open loop); returns one record per request sent.
+    Once `stop()` is true no new request is sent; those in flight finish and are recorded."""
     prompts = [synthetic_prompt(r, vocab_size, seed, prompt_low) for r in requests]
     records = [RequestRecord(r.index, r.trace_arrival_s, r.send_at_s, 0.0, r.prompt_len,
                              r.max_tokens) for r in requests]
@@ -52,12 +53,15 @@ async def replay(requests: list[ReplayRequest], send: Sender, vocab_size: int, s
     tasks = []
     for req, prompt, rec in zip(requests, prompts, records):
         delay = t0 + req.send_at_s - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        while delay > 0 and not (stop and stop()):
+            await asyncio.sleep(min(delay, 0.25))
+            delay = t0 + req.send_at_s - loop.time()
+        if stop and stop():
+            break
         rec.late_s = max(0.0, loop.time() - t0 - req.send_at_s)
         tasks.append(asyncio.create_task(_guarded(send, req, prompt, rec)))
     await asyncio.gather(*tasks)
-    return records
+    return records[:len(tasks)]
 
 
 async def _guarded(send: Sender, req: ReplayRequest, prompt: list[int], rec: RequestRecord):

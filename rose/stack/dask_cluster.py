@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from executors.coserving.plugin import PORT_ENV
 from rose.stack.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
@@ -75,6 +76,8 @@ def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[st
         "ROSE_DATA_DIR": str(data_dir()),
         "ROSE_WORKER_KIND": spec.kind,
         "ROSE_WORKER_NAME": spec.name,
+        # the serving endpoint's port, fixed for the stack's life: a restarted worker keeps its URL
+        **({PORT_ENV: str(pick_port(None))} if spec.kind == "serving" else {}),
     }
 
 

@@ -43,6 +43,7 @@ class StackHandle:
     workers: dict[str, str]  # name -> kind (trainer/rollout/serving)
     prefect_home: str = ""
     processes: list[ProcessRecord] = field(default_factory=list)  # only what this stack started
+    endpoints: dict[str, str] = field(default_factory=dict)  # serving worker -> OpenAI endpoint URL
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -121,8 +122,14 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
                          mooncake.master_addr if mooncake else None,
                          mooncake.metadata_url if mooncake else None, relay, workers,
                          str(home), procs)
-    write_atomic(run_dir / STACK_FILE, handle.to_json())
+    write_stack(handle)
     return handle
+
+
+def write_stack(handle: StackHandle) -> None:
+    """(Re)write the stack file atomically: a reader never sees half of it."""
+    run_dir = Path(handle.run_dir)
+    write_atomic(run_dir / STACK_FILE, handle.to_json())
 
 
 def _processes(service) -> list:

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rose.stack.local_stack import StackHandle
+from rose.stack.process import http_ok
 
 
 def worker_rows(scheduler: str, timeout: float = 10.0) -> list[dict]:
@@ -41,6 +42,9 @@ def print_stack(handle: StackHandle, console: Console) -> None:
         row("Mooncake metadata", handle.mooncake_metadata_url, "mooncake-metadata")
     else:
         services.add_row("relay", str(handle.relay_dir()), "-", "[yellow]filesystem[/]")
+    for name, url in sorted(handle.endpoints.items()):
+        services.add_row(f"serving endpoint ({name})", url, "-",
+                         "[green]up[/]" if http_ok(f"{url}/health") else "[red]down[/]")
     console.print(services)
 
     workers = Table(title="Dask workers (each stands for one GPU)", title_justify="left")

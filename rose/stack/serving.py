@@ -1,0 +1,46 @@
+"""Serving workers come up co-serving: the co-serving plugin registered on the stack's Dask
+scheduler builds, on each worker of kind `serving`, the serving and rollout engines and opens
+the worker's OpenAI-compatible endpoint (executors/coserving/plugin.py).
+
+Registered once per scheduler (`rose up`, and again, idempotently, by `rose train`, so a
+cluster scheduler given by address gets it too); Dask re-runs it on a worker that restarts or
+joins later. The endpoints' URLs are recorded in the stack file for `rose status` and
+`rose serve endpoints`.
+"""
+from __future__ import annotations
+
+from distributed import Client
+
+from executors.coserving.plugin import CoServingPlugin, serving_endpoint
+from executors.policies.slo_admission import SLOConfig
+from rose.config import ModelsConfig, StackConfig
+
+
+def coserving_plugin(models: ModelsConfig, stack: StackConfig) -> CoServingPlugin:
+    """The plugin every serving worker of this stack runs: its models, mode and SLO."""
+    slo = None
+    if stack.serving_slo_ttft_s is not None and stack.serving_slo_tpot_s is not None:
+        slo = SLOConfig(ttft_s=stack.serving_slo_ttft_s, tpot_s=stack.serving_slo_tpot_s)
+    return CoServingPlugin(models.serving_path(), models.policy_path(), mode=stack.serving_mode,
+                           slo=slo)
+
+
+def serving_workers(client: Client) -> list[str]:
+    info = client.scheduler_info(n_workers=-1)["workers"].values()
+    return sorted(str(w["name"]) for w in info if "serving_gpu" in (w.get("resources") or {}))
+
+
+def start_serving(client: Client, models: ModelsConfig, stack: StackConfig) -> dict[str, str]:
+    """Register the co-serving plugin (a no-op when it already runs); serving worker -> URL."""
+    if not serving_workers(client):
+        return {}
+    client.register_plugin(coserving_plugin(models, stack), name=CoServingPlugin.name)
+    return endpoints(client)
+
+
+def endpoints(client: Client) -> dict[str, str]:
+    """Serving worker name -> endpoint URL, for the workers whose endpoint is up."""
+    names = {addr: str(w["name"]) for addr, w in
+             client.scheduler_info(n_workers=-1)["workers"].items()}
+    return {names[addr]: url for addr, url in client.run(serving_endpoint).items()
+            if url and addr in names}
