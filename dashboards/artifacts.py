@@ -53,6 +53,16 @@ def step_rows(summary: dict) -> list[dict]:
         ("rerouted turns", _fmt(s.get("rerouted_turns"))),
         ("policy version", _fmt(s.get("policy_version"))),
     ]
+    for kind, k in sorted((s.get("by_kind") or {}).items()):
+        rows.append((f"{kind} workers: turns / tokens / share",
+                     f"{k['turns']:,} / {k['tokens']:,} / {k['share']:.0%}"))
+    for name, w in sorted((s.get("serving") or {}).items()):
+        p99 = "/".join(_fmt(None if w.get(q) is None else 1e3 * w[q], " ms")
+                       for q in ("ttft_p99_s", "tpot_p99_s"))
+        att = NA if w.get("slo_attainment") is None else f"{w['slo_attainment']:.1%}"
+        rows.append((f"{name}: requests, TTFT/TPOT p99, SLO met, rollout admitted/aborted",
+                     f"{w['requests']:,}, {p99}, {att}, "
+                     f"{w['rollout_admitted']:,}/{w['rollout_aborted']:,}"))
     return [{"metric": m, "value": v} for m, v in rows]
 
 

@@ -15,16 +15,37 @@ PHASES = ("rollout", "reward", "train", "publish")
 
 
 def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
+    """One row per step; with serving workers, also what they served and lent."""
+    serving = any(s.get("serving_workers") for s in summaries)
     table = Table(title=title, header_style="bold cyan")
-    for col in ("step", "reward", "success", "tokens", "cache hit", "rollout s", "reward s",
-                "train s", "publish s", "step s", "tokens/s"):
+    cols = ["step", "reward", "success", "tokens", "cache hit", "rollout s", "reward s",
+            "train s", "publish s", "step s", "tokens/s"]
+    if serving:
+        cols += ["borrowed", "serving req", "TTFT p99", "TPOT p99", "SLO met"]
+    for col in cols:
         table.add_column(col, justify="right")
     for s in summaries:
-        table.add_row(str(s["step"]), f"{s['reward']:.3f}", f"{s['success_rate']:.0%}",
-                      f"{s['tokens']:,}", f"{s['prefix_cache_hit_rate']:.0%}",
-                      f"{s['rollout_s']:.1f}", f"{s['reward_s']:.1f}", f"{s['train_s']:.1f}",
-                      f"{s['publish_s']:.1f}", f"{s['step_s']:.1f}", f"{s['tokens_per_s']:,.0f}")
+        row = [str(s["step"]), f"{s['reward']:.3f}", f"{s['success_rate']:.0%}",
+               f"{s['tokens']:,}", f"{s['prefix_cache_hit_rate']:.0%}",
+               f"{s['rollout_s']:.1f}", f"{s['reward_s']:.1f}", f"{s['train_s']:.1f}",
+               f"{s['publish_s']:.1f}", f"{s['step_s']:.1f}", f"{s['tokens_per_s']:,.0f}"]
+        if serving:
+            row += serving_cells(s)
+        table.add_row(*row)
     return table
+
+
+def serving_cells(s: dict) -> list[str]:
+    """borrowed token share, serving requests, worst worker's P99s, pooled SLO attainment."""
+    workers = list((s.get("serving") or {}).values())
+
+    def worst(key: str) -> str:
+        vals = [w[key] for w in workers if w.get(key) is not None]
+        return f"{1e3 * max(vals):.0f} ms" if vals else "n/a"
+
+    att = s.get("slo_attainment")
+    return [f"{s.get('borrowed_share', 0.0):.0%}", f"{s.get('serving_requests', 0):,}",
+            worst("ttft_p99_s"), worst("tpot_p99_s"), "n/a" if att is None else f"{att:.1%}"]
 
 
 class LiveProgress:

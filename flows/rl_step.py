@@ -75,6 +75,9 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "engine_rollout_s": rolled["rollout_s"], "engine_train_s": trained.get("train_s", 0.0),
         "serving_workers": rolled.get("serving_workers", cfg.stack.serving_workers),
         "slo_attainment": rolled.get("slo_attainment"),
+        "serving_requests": rolled.get("serving_requests", 0),
+        "serving": rolled.get("serving", {}), "by_kind": rolled.get("by_kind", {}),
+        "borrowed_share": rolled.get("by_kind", {}).get("serving", {}).get("share", 0.0),
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
     }
     publish_step_artifacts(cfg.run_id, summary)

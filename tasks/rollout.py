@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -17,6 +18,7 @@ from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.scheduler import RolloutScheduler
+from executors.coserving.plugin import coserving_step_report, start_coserving_step
 from executors.workers.weight_sync import sync_weights
 from rose.config import RunConfig
 from storage.atomic import write_atomic
@@ -24,6 +26,8 @@ from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
 from tasks.caching import STEP_CACHE
 from tasks.placement import require, workers_by_kind
+
+log = logging.getLogger(__name__)
 
 
 def env_seed(run_seed: int, step: int, group: int) -> int:
@@ -93,18 +97,6 @@ def resync_from_relay(client, cfg: RunConfig, version: int):
     return resync
 
 
-def start_coserving_step() -> bool:
-    """On a serving worker: a new RL step for its co-serving executor (rollout KV budget from
-    recent serving usage; the emergency-cut freeze lifts). False where there is none."""
-    from executors.coserving.plugin import coserving_plugin
-
-    plugin = coserving_plugin()
-    if plugin is None:
-        return False
-    plugin.executor.start_step()
-    return True
-
-
 FAULT_FILE = "fault_kill.json"  # in the run dir: what the injected kill hit (tests read it)
 
 
@@ -157,7 +149,30 @@ def summarize(report, policy_version: int) -> dict:
         "worker_events": report.events,
         "scheduler_queued_s": sum(r["queued_s"] for r in rows),
         "rollout_s": report.seconds, "batches": report.batches,
+        "by_kind": share_by_kind(rows),
     }
+
+
+def share_by_kind(rows: list[dict]) -> dict[str, dict]:
+    """Turns and tokens (prompt + response) per worker kind, and each kind's token share."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        k = out.setdefault(r["worker_kind"], {"turns": 0, "tokens": 0})
+        k["turns"] += 1
+        k["tokens"] += r["num_prompt_tokens"] + len(r["response_ids"])
+    total = sum(k["tokens"] for k in out.values()) or 1
+    for k in out.values():
+        k["share"] = k["tokens"] / total
+    return out
+
+
+def serving_summary(reports: list[dict]) -> dict:
+    """Per serving worker over the step, and the SLO attainment over all their requests."""
+    workers = {r["worker"]: r for r in reports if r}
+    requests = sum(r["requests"] for r in workers.values())
+    met = sum(r["slo_met"] for r in workers.values())
+    return {"serving": workers, "serving_requests": requests,
+            "slo_attainment": met / requests if requests else None}
 
 
 # Persisted and keyed by run/step/policy version: a resumed step reuses its trajectories.
@@ -185,10 +200,20 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             after = cfg.fault_injection.get("kill_rollout_worker_after_turns", 4)
             on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
         report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
-        del step_starts
+        # a serving worker that is gone (or still starting) reports nothing: never block on it
+        reports = []
+        for name, started in zip(serving, step_starts):
+            try:
+                if started.result(timeout=30):
+                    reports.append(client.submit(coserving_step_report, workers=[name],
+                                                 allow_other_workers=False,
+                                                 pure=False).result(timeout=30))
+            except Exception as e:  # noqa: BLE001 - the step's trajectories matter more
+                log.warning("no serving report from %s: %s", name, e)
     if fault:  # tests: what the scheduler saw after the injected kill
         fault["worker_events"] = report.events
         (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
-    return {**summarize(report, policy_version), "path": str(path), "fault": fault}
+    return {**summarize(report, policy_version), **serving_summary(reports),
+            "serving_workers": len(serving), "path": str(path), "fault": fault}
