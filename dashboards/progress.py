@@ -18,20 +18,48 @@ def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
     """One row per step; with serving workers, also what they served and lent."""
     serving = any(s.get("serving_workers") for s in summaries)
     table = Table(title=title, header_style="bold cyan")
-    cols = ["step", "reward", "success", "tokens", "cache hit", "rollout s", "reward s",
-            "train s", "publish s", "step s", "tokens/s"]
+    # with serving columns the short phases (reward, publish) and the cache hit give way
+    cols = [c for c in ("step", "reward", "success", "tokens", "cache hit", "rollout s",
+                        "reward s", "train s", "publish s", "step s", "tokens/s")
+            if not serving or c not in ("cache hit", "reward s", "publish s")]
     if serving:
         cols += ["borrowed", "serving req", "TTFT p99", "TPOT p99", "SLO met"]
     for col in cols:
         table.add_column(col, justify="right")
     for s in summaries:
-        row = [str(s["step"]), f"{s['reward']:.3f}", f"{s['success_rate']:.0%}",
-               f"{s['tokens']:,}", f"{s['prefix_cache_hit_rate']:.0%}",
-               f"{s['rollout_s']:.1f}", f"{s['reward_s']:.1f}", f"{s['train_s']:.1f}",
-               f"{s['publish_s']:.1f}", f"{s['step_s']:.1f}", f"{s['tokens_per_s']:,.0f}"]
+        cells = {"step": str(s["step"]), "reward": f"{s['reward']:.3f}",
+                 "success": f"{s['success_rate']:.0%}", "tokens": f"{s['tokens']:,}",
+                 "cache hit": f"{s['prefix_cache_hit_rate']:.0%}",
+                 "rollout s": f"{s['rollout_s']:.1f}", "reward s": f"{s['reward_s']:.1f}",
+                 "train s": f"{s['train_s']:.1f}", "publish s": f"{s['publish_s']:.1f}",
+                 "step s": f"{s['step_s']:.1f}", "tokens/s": f"{s['tokens_per_s']:,.0f}"}
+        row = [cells[c] for c in cols if c in cells]  # the serving columns follow
         if serving:
             row += serving_cells(s)
         table.add_row(*row)
+    return table
+
+
+def serving_users_table(users, summaries: list[dict]) -> Table:
+    """The run seen by the serving users (a rose.serve.background.BackgroundReplay), against
+    the serving workers' own SLO, and the share of rollout tokens their GPUs produced."""
+    slo = next((w for s in summaries for w in (s.get("serving") or {}).values()), None)
+    r = users.summary_at(slo["slo_ttft_s"], slo["slo_tpot_s"]) if slo else users.summary
+    tokens = [k for s in summaries for k in (s.get("by_kind") or {}).items()]
+    total = sum(v["tokens"] for _, v in tokens) or 1
+    borrowed = sum(v["tokens"] for k, v in tokens if k == "serving") / total
+    table = Table(title="Serving users while the run trained (HTTP replay of the code trace)",
+                  header_style="bold cyan")
+    ms = lambda v: "n/a" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
+    cols = {"requests": f"{r['requests']:,}", "failed": str(r["errors"]),
+            "TTFT p50/p99": f"{ms(r['ttft_p50_s'])} / {ms(r['ttft_p99_s'])}",
+            "TPOT p50/p99": f"{ms(r['tpot_p50_s'])} / {ms(r['tpot_p99_s'])}",
+            "SLO (TTFT/TPOT)": f"{ms(slo['slo_ttft_s'])} / {ms(slo['slo_tpot_s'])}" if slo else "n/a",
+            "SLO met": f"{r['slo_attainment']:.1%}" if r.get("slo_attainment") is not None else "n/a",
+            "borrowed rollout tokens": f"{borrowed:.0%}"}
+    for col in cols:
+        table.add_column(col, justify="right")
+    table.add_row(*cols.values())
     return table
 
 

@@ -22,6 +22,7 @@ from storage.trajectories.dataset import PART, TrajectoryStore
 from tasks.publish import publish
 from tasks.reward import reward
 from tasks.rollout import rollout
+from tasks.serving import serving_report
 from tasks.train import train
 
 ON_TRAINER = {"resources": {"train_gpu": 1}}  # drivers and trainer state live on the trainer
@@ -57,6 +58,8 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
     rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states)
     trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states)
     published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states)
+    with dask.annotate(**ON_TRAINER):  # serving over the whole step, weight pull included
+        served = serving_report.submit().result()
     step_s = time.perf_counter() - t0
     tokens = rolled["input_tokens"] + rolled["output_tokens"]
     # A reused rollout took its time in an earlier attempt: count it, or throughput looks inflated.
@@ -72,11 +75,12 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "informative": rewarded["informative_trajectories"],
         "publish_bytes": published["bytes"], "policy_version": published["version"],
         "arrow_path": rolled["path"], "rerouted_turns": rolled["rerouted_turns"],
+        "interrupted_turns": rolled.get("interrupted_turns", {}),
         "engine_rollout_s": rolled["rollout_s"], "engine_train_s": trained.get("train_s", 0.0),
-        "serving_workers": rolled.get("serving_workers", cfg.stack.serving_workers),
-        "slo_attainment": rolled.get("slo_attainment"),
-        "serving_requests": rolled.get("serving_requests", 0),
-        "serving": rolled.get("serving", {}), "by_kind": rolled.get("by_kind", {}),
+        "serving_workers": served.get("serving_workers", 0),
+        "slo_attainment": served.get("slo_attainment"),
+        "serving_requests": served.get("serving_requests", 0),
+        "serving": served.get("serving", {}), "by_kind": rolled.get("by_kind", {}),
         "borrowed_share": rolled.get("by_kind", {}).get("serving", {}).get("share", 0.0),
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
     }

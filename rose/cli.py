@@ -143,13 +143,19 @@ def train(steps: Optional[int] = typer.Option(None, help="RL steps to reach (def
 @app.command()
 @clear_errors
 def demo(steps: int = typer.Option(5, help="RL steps."),
+         serving_workers: int = typer.Option(1, help="Serving workers lent to the run."),
+         traffic_sample: float = typer.Option(0.25, help="Fraction of the code trace's requests "
+                                              "replayed to the serving endpoints (0: none)."),
          config: Optional[Path] = ConfigOpt) -> None:
-    """Build the tiny models if needed, start the stack, train a few steps, print the summary."""
+    """Build the tiny models, start the stack (a rollout and a serving worker), train a few steps
+    while a replay of the code trace drives the serving endpoint; print both sides."""
     from rose.launch import default_run_id, run_training
+    from rose.serve.background import BackgroundTraffic
 
-    cfg = load_run_config(config, {"steps": steps})
+    cfg = load_run_config(config, {"steps": steps, "stack": {"serving_workers": serving_workers}})
     cfg.run_id = default_run_id("demo")
-    run_training(cfg, console)
+    traffic = BackgroundTraffic(sample=traffic_sample) if traffic_sample > 0 else None
+    run_training(cfg, console, traffic=traffic)
 
 
 @app.command()

@@ -59,22 +59,33 @@ def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
     return endpoints
 
 
-def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True) -> list[dict]:
+def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True,
+                 traffic=None) -> list[dict]:
+    """Models, stack, then the run. With `traffic` (rose.serve.background.BackgroundTraffic) and
+    serving workers, a background replay drives their endpoints while the run trains."""
     console = console or Console()
     ensure_models(cfg, console)
     handle = ensure_stack(cfg, console)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live view is the log here
-    from dashboards.progress import live_progress, step_table
-    from flows.train import train
+    from contextlib import nullcontext
 
-    if live:
-        with live_progress(console):
+    from dashboards.progress import live_progress, serving_users_table, step_table
+    from flows.train import train
+    from rose.serve.background import BackgroundReplay
+
+    users = BackgroundReplay(list(handle.endpoints.values()), traffic) \
+        if traffic is not None and handle.endpoints else None
+    with users or nullcontext():
+        if live:
+            with live_progress(console):
+                summaries = train(cfg)
+            if not console.is_terminal:  # a redirected Live ends its last frame without a newline
+                console.print()
+        else:
             summaries = train(cfg)
-        if not console.is_terminal:  # a redirected Live ends its last frame without a newline
-            console.print()
-    else:
-        summaries = train(cfg)
-        console.print(step_table(summaries))
+            console.print(step_table(summaries))
+    if users is not None:
+        console.print(serving_users_table(users, summaries))
     data = cfg.trajectories_dir() / f"run={cfg.run_id}"
     console.print(f"[bold]trajectories[/] (Arrow/Parquet): {data}")
     console.print(f"[bold]query them[/]: rose query \"SELECT step, avg(trajectory_reward) "

@@ -18,7 +18,7 @@ from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.scheduler import RolloutScheduler
-from executors.coserving.plugin import coserving_step_report, start_coserving_step
+from executors.coserving.plugin import start_coserving_step
 from executors.workers.weight_sync import sync_weights
 from rose.config import RunConfig
 from storage.atomic import write_atomic
@@ -143,7 +143,8 @@ def summarize(report, policy_version: int) -> dict:
         "cached_tokens": sum(r["num_cached_tokens"] for r in rows),
         "prefix_cache_hit_rate": sum(r["num_cached_tokens"] for r in rows) / max(1, prompt_tokens),
         "invalid_turns": sum(r["status"] == "invalid_action" for r in rows),
-        "rerouted_turns": report.rerouted_turns, "dead_workers": report.dead_workers,
+        "rerouted_turns": report.rerouted_turns, "interrupted_turns": report.interrupted,
+        "dead_workers": report.dead_workers,
         "excluded_workers": report.excluded_workers, "rejoined_workers": report.rejoined_workers,
         "aborted_turns": report.aborted_turns, "sampling": report.sampling,
         "worker_events": report.events,
@@ -164,15 +165,6 @@ def share_by_kind(rows: list[dict]) -> dict[str, dict]:
     for k in out.values():
         k["share"] = k["tokens"] / total
     return out
-
-
-def serving_summary(reports: list[dict]) -> dict:
-    """Per serving worker over the step, and the SLO attainment over all their requests."""
-    workers = {r["worker"]: r for r in reports if r}
-    requests = sum(r["requests"] for r in workers.values())
-    met = sum(r["slo_met"] for r in workers.values())
-    return {"serving": workers, "serving_requests": requests,
-            "slo_attainment": met / requests if requests else None}
 
 
 # Persisted and keyed by run/step/policy version: a resumed step reuses its trajectories.
@@ -200,20 +192,15 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             after = cfg.fault_injection.get("kill_rollout_worker_after_turns", 4)
             on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
         report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
-        # a serving worker that is gone (or still starting) reports nothing: never block on it
-        reports = []
+        # a serving worker gone or still starting opens no window: never block the step on it
         for name, started in zip(serving, step_starts):
             try:
-                if started.result(timeout=30):
-                    reports.append(client.submit(coserving_step_report, workers=[name],
-                                                 allow_other_workers=False,
-                                                 pure=False).result(timeout=30))
+                started.result(timeout=30)
             except Exception as e:  # noqa: BLE001 - the step's trajectories matter more
-                log.warning("no serving report from %s: %s", name, e)
+                log.warning("serving worker %s did not start the step: %s", name, e)
     if fault:  # tests: what the scheduler saw after the injected kill
         fault["worker_events"] = report.events
         (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
-    return {**summarize(report, policy_version), **serving_summary(reports),
-            "serving_workers": len(serving), "path": str(path), "fault": fault}
+    return {**summarize(report, policy_version), "path": str(path), "fault": fault}

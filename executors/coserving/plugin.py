@@ -148,9 +148,10 @@ def coserving_state() -> dict:
             "endpoint": plugin.endpoint_url}
 
 
-def serving_endpoint() -> str | None:
-    """Runs on any worker: this worker's serving endpoint URL, None where it has none."""
-    plugin = coserving_plugin()
+def serving_endpoint(dask_worker=None) -> str | None:
+    """Runs on any worker (Client.run passes `dask_worker`: there is no task context there):
+    this worker's serving endpoint URL, None where it has none."""
+    plugin = coserving_plugin(dask_worker)
     return plugin.endpoint_url if plugin is not None else None
 
 
@@ -169,7 +170,7 @@ def coserving_step_report() -> dict | None:
     return plugin.step_report() if plugin is not None else None
 
 
-def detach_coserving() -> int:
-    """Runs on a serving worker: detach the rollout side from the run; turns aborted."""
-    plugin = coserving_plugin()
+def detach_coserving(dask_worker=None) -> int:
+    """Runs on a serving worker (by Client.run): detach the rollout side from the run."""
+    plugin = coserving_plugin(dask_worker)
     return plugin.detach() if plugin is not None else 0

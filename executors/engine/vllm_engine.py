@@ -211,7 +211,8 @@ class EngineLoop:
             queued = max(0.0, stats.scheduled_ts - stats.queued_ts)
             prefill = max(0.0, stats.first_token_ts - stats.scheduled_ts)
             decode = max(0.0, stats.last_token_ts - stats.first_token_ts)
-        reason = "stop" if completion.finish_reason == "stop" else "length"
+        # an engine-side abort keeps its own status: the scheduler reroutes it, never trains on it
+        reason = completion.finish_reason if completion.finish_reason in ("stop", "abort") else "length"
         return TurnResult(request.request_id, request.trajectory_id, ids, logprobs, reason,
                           self.worker, self.worker_kind, self.policy_version,
                           len(request.prompt_ids), int(out.num_cached_tokens or 0),

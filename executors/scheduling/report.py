@@ -20,6 +20,7 @@ class RolloutReport:
     rejoined_workers: list[str] = field(default_factory=list)
     batches: int = 0
     aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
+    interrupted: dict[str, int] = field(default_factory=dict)  # worker -> turns it aborted (rerouted)
     sampling: dict = field(default_factory=dict)
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (unix time, what, worker)
 

@@ -162,6 +162,7 @@ class RolloutScheduler:
             if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
                 self.router.on_turn_aborted(tid, worker)
                 self.pool.on_abort(worker)
+                self.report.interrupted[worker] = self.report.interrupted.get(worker, 0) + 1
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)

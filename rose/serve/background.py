@@ -1,0 +1,95 @@
+"""Serving users while a run trains: an open-loop HTTP replay of the trace against the stack's
+serving endpoints, in a background thread, until the run ends (`rose demo`, the e2e test).
+
+Scaled as bench/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
+`sample`, because on this 2-core machine the replay, the trainer and every worker's engines
+share the cores. The replay runs the trace from its start for at most `window_s` trace seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from rose.serve.replay import RequestRecord, http_sender, replay, summarize
+from rose.serve.replay_run import endpoint_model
+from rose.serve.trace import DEFAULT_TRACE, Scaling, load_trace, plan
+
+
+@dataclass(frozen=True)
+class BackgroundTraffic:
+    time_scale: float = 0.125
+    length_scale: float = 1 / 16
+    output_scale: float = 1.0
+    sample: float = 0.25
+    window_s: float = 3600.0  # trace seconds replayed at most (x time_scale of wall time)
+    seed: int = 0
+    trace: Path = DEFAULT_TRACE
+
+    def __post_init__(self) -> None:
+        for name in ("time_scale", "length_scale", "output_scale", "window_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"background traffic {name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.sample <= 1:
+            raise ValueError(f"background traffic sample must be in (0, 1], got {self.sample}")
+
+
+class BackgroundReplay:
+    """`with BackgroundReplay(endpoints) as traffic: train(...)`; then `traffic.summary`."""
+
+    def __init__(self, endpoints: list[str], traffic: BackgroundTraffic = BackgroundTraffic()) -> None:
+        if not endpoints:
+            raise ValueError("background replay needs at least one serving endpoint")
+        self.endpoints, self.traffic = list(endpoints), traffic
+        self.model = endpoint_model(self.endpoints[0])  # fails now, loudly, if none answers
+        self.records: list[RequestRecord] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rose-serving-replay", daemon=True)
+
+    def _plan(self):
+        t, trace = self.traffic, load_trace(self.traffic.trace)
+        window = trace.window(0.0, min(t.window_s, trace.span_s))
+        context = int(self.model.get("max_model_len") or 2048)
+        return plan(window, Scaling(t.time_scale, t.length_scale, t.output_scale, t.sample,
+                                    context, t.seed), start_s=0.0)
+
+    def _run(self) -> None:
+        async def go():
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
+                                         limits=limits) as client:
+                return await replay(self._plan(), http_sender(self.endpoints, self.model["id"], client),
+                                    int(self.model["vocab_size"]), self.traffic.seed,
+                                    stop=self._stop.is_set)
+
+        try:
+            self.records = asyncio.run(go())
+        except BaseException as e:  # noqa: BLE001 - reported by stop(), never kills the run
+            self.error = e
+
+    def __enter__(self) -> "BackgroundReplay":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 120.0) -> dict:
+        """No new request; wait for those in flight; the replay's summary (summarize())."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self.error is not None:
+            raise RuntimeError(f"the background serving replay failed: {self.error}") from self.error
+        return self.summary
+
+    @property
+    def summary(self) -> dict:
+        return summarize(self.records)
+
+    def summary_at(self, ttft_slo_s: float, tpot_slo_s: float) -> dict:
+        """The summary with attainment against the serving workers' own SLO."""
+        return summarize(self.records, ttft_slo_s, tpot_slo_s)
