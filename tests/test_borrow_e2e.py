@@ -1,0 +1,99 @@
+"""A serving worker keeps serving its users while `rose train` borrows it (the real stack).
+
+Slow (a few minutes): `rose up` with 1 rollout + 1 serving worker, an HTTP replay of the code
+trace against the serving endpoint for the whole run, 2 RL steps in-process. Checks: turns ran
+on both workers, no serving request failed, every trajectory is whole, the serving worker's
+rollout engine holds the published weights after the pull, the summary carries serving SLOs.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import pytest
+
+from tests.stack_fixtures import cli_stack_env, new_data_dir, prefect_for, rose_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def serving_stack(tmp_path_factory):
+    data = new_data_dir(tmp_path_factory, "rose-borrow")
+    with cli_stack_env(data) as env:
+        up = rose_cli(["up", "--rollout-workers", "1", "--serving-workers", "1"], env, timeout=900)
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield data, env
+
+
+def test_stack_lists_its_serving_endpoint(serving_stack):
+    data, env = serving_stack
+    listed = rose_cli(["serve", "endpoints"], env)
+    assert listed.returncode == 0, listed.stderr
+    [url] = listed.stdout.split()
+    stack = json.loads((data / "stack" / "stack.json").read_text())
+    assert stack["endpoints"] == {"serving-0": url}
+    assert url in rose_cli(["status"], env).stdout
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    bad = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi",
+                                                    "max_tokens": -3}, timeout=10)
+    assert 400 <= bad.status_code < 500 and "max_tokens" in bad.text  # and the engine lives on:
+    ok = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi",
+                                                   "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
+    from distributed import Client
+
+    from executors.coserving.plugin import coserving_state
+    from executors.workers.rollout_worker import weights_digest
+    from executors.workers.trainer import local_trainer
+    from executors.workers.weight_sync import wait_versions
+    from flows.train import train
+    from rose.config import RolloutConfig, RunConfig
+    from rose.grpo import assemble_trajectory
+    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from rose.stack.local_stack import apply_env, read_stack, stack_env
+    from storage.trajectories.dataset import TrajectoryStore
+
+    data, _ = serving_stack
+    handle = read_stack(data / "stack")
+    apply_env(stack_env(handle))
+    run = f"borrow-{uuid.uuid4().hex[:8]}"
+    cfg = RunConfig(run_id=run, steps=2, rollout=RolloutConfig(groups=8, group_size=4, max_turns=4))
+    # 32 trajectories, twice what the rollout worker takes at once: the rest is borrowed
+    cfg.stack.serving_workers = 1
+    with prefect_for(handle), BackgroundReplay(list(handle.endpoints.values()),
+                                               BackgroundTraffic(sample=0.25)) as users:
+        summaries = train(cfg)
+    served = users.summary
+    assert served["requests"] > 0 and served["errors"] == 0, served
+
+    rows = [r for s in (1, 2)
+            for r in TrajectoryStore(cfg.trajectories_dir()).read_step(run, s).to_pylist()]
+    assert {r["worker"] for r in rows} == {"rollout-0", "serving-0"}
+    for tid in {(r["step"], r["trajectory"]) for r in rows}:
+        turns = sorted((r for r in rows if (r["step"], r["trajectory"]) == tid),
+                       key=lambda r: r["turn"])
+        assert [r["turn"] for r in turns] == list(range(len(turns)))  # none lost or doubled
+        assert turns[-1]["done"] and not any(r["done"] for r in turns[:-1])
+        assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in turns])
+
+    for s in summaries:
+        assert s["serving_workers"] == 1 and "serving-0" in s["serving"]
+        report = s["serving"]["serving-0"]
+        assert report["failed"] == 0 and report["slo_ttft_s"] > 0 and report["slo_tpot_s"] > 0
+    assert sum(s["serving_requests"] for s in summaries) > 0
+    assert any(s["slo_attainment"] is not None for s in summaries)
+    assert sum(s["by_kind"].get("serving", {}).get("turns", 0) for s in summaries) > 0
+
+    with Client(handle.dask_scheduler) as client:
+        wait_versions(client, ["serving-0"], run, 2, timeout=300)
+        state = client.submit(coserving_state, workers=["serving-0"], pure=False).result()
+        published = client.submit(lambda: weights_digest(local_trainer(run).weights_bf16()),
+                                  resources={"train_gpu": 1}, pure=False).result()
+    assert state["version"] == 2 and state["digest"] == published
+    assert state["rollout_in_flight"] == 0  # the run ended: its rollout side detached
