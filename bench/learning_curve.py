@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "bench" / "results"
-EVAL_SEED = 10**6
+
+from bench.heldout import HeldOut  # noqa: E402
 
 
 def parse_set(items: list[str]) -> dict:
@@ -43,45 +44,26 @@ def parse_set(items: list[str]) -> dict:
 
 def curve(overrides: dict, steps: int, eval_every: int, eval_maps: int, policy: Path) -> dict:
     import pyarrow as pa
-    from transformers import AutoTokenizer
 
-    from envs.registry import make_env
-    from executors.scheduling.episode import Episode
     from executors.workers.trainer import Trainer
-    from executors.engine.vllm_engine import EngineLoop, EngineSpec, reload_weights
     from rose.config import RunConfig
-    from rose.models.chat import ChatTokens
     from tasks.reward import advantages_by_trajectory
     from tasks.rollout import env_seed
 
     cfg = RunConfig.model_validate({**overrides, "run_id": "learning-curve",
                                     "models": {"policy_dir": str(policy)}})
     r = cfg.rollout
-    chat = ChatTokens(AutoTokenizer.from_pretrained(policy))
-    loop = EngineLoop(EngineSpec(policy, max_model_len=2048, seed=cfg.seed), "bench", "rollout")
+    held = HeldOut(cfg, eval_maps)
     trainer = Trainer(cfg)  # the run dir is a fresh temp data dir: no checkpoint to resume
-
-    def play(step: int, groups: int, size: int, seed_of) -> list[Episode]:
-        episodes = [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=f"s{step}-g{g}-t{i}",
-                            env=make_env(r.env, max_turns=r.max_turns), env_seed=seed_of(g),
-                            chat=chat, max_turns=r.max_turns, max_tokens=r.max_tokens_per_turn,
-                            temperature=r.temperature, top_p=r.top_p, min_policy_version=0)
-                    for g in range(groups) for i in range(size)]
-        live = episodes
-        while live:  # one turn of every live trajectory per round, batched by the engine
-            for ep, fut in [(ep, loop.submit(ep.request())) for ep in live]:
-                ep.apply(fut.result())
-            live = [ep for ep in live if not ep.done]
-        return episodes
 
     def success(episodes) -> float:
         return sum(ep.succeeded for ep in episodes) / len(episodes)
 
-    points = [{"step": 0, "eval_success": success(play(0, eval_maps, 1, lambda g: EVAL_SEED + g))}]
+    points = [{"step": 0, "eval_success": held.success()}]
     try:
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
-            episodes = play(step, r.groups, r.group_size, lambda g: env_seed(cfg.seed, step, g))
+            episodes = held.play(step, r.groups, r.group_size, lambda g: env_seed(cfg.seed, step, g))
             rows = [row for ep in episodes for row in ep.rows]
             adv = advantages_by_trajectory(rows)
             table = pa.Table.from_pylist([{"trajectory": row["trajectory"], "turn": row["turn"],
@@ -89,17 +71,16 @@ def curve(overrides: dict, steps: int, eval_every: int, eval_maps: int, policy: 
                                            "response_ids": row["response_ids"],
                                            "advantage": adv[row["trajectory"]]} for row in rows])
             stats = trainer.train_step(table)
-            weights = trainer.weights_bf16()
-            loop.call(lambda engine: reload_weights(engine, weights))
+            held.load(trainer.weights_bf16())
             point = {"step": step, "train_success": success(episodes),
                      "grad_norm": stats.get("grad_norm", 0.0), "step_s": time.perf_counter() - t0}
             if step % eval_every == 0 or step == steps:
-                point["eval_success"] = success(play(0, eval_maps, 1, lambda g: EVAL_SEED + g))
+                point["eval_success"] = held.success()
             points.append(point)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                               for k, v in point.items()}), flush=True)
     finally:
-        loop.close()
+        held.loop.close()
     return {"overrides": overrides, "config": json.loads(cfg.model_dump_json()), "points": points}
 
 

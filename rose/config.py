@@ -79,6 +79,7 @@ class RolloutConfig(Strict):
     # elastic rollout scheduler (executors/scheduling/scheduler.py)
     routing: Literal["turnwise_affinity", "turnwise", "pinned"] = "turnwise_affinity"
     serving_max_turns_per_worker: int = Field(16, ge=1)  # rollout turns queued on a serving GPU
+    borrow_serving: bool = True  # False: serving workers only serve; turns stay on rollout GPUs
     heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness
     turn_timeout_s: float = Field(120.0, gt=0)  # a worker silent this long on a batch is excluded
     # DAPO dynamic sampling: launch groups until `groups` of them have reward variance, abort the

@@ -176,8 +176,9 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     with worker_client() as client:
         kinds = workers_by_kind(client)
         require(kinds, "rollout")
-        workers = {n: k for n, k in kinds.items() if k in ("rollout", "serving")}
-        serving = [n for n, k in workers.items() if k == "serving"]
+        lent = ("rollout", "serving") if r.borrow_serving else ("rollout",)
+        workers = {n: k for n, k in kinds.items() if k in lent}
+        serving = [n for n, k in kinds.items() if k == "serving"]  # lent or not: step window
         # not awaited (an executor still starting must not hold up the rollout); held till the end
         step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
                                      pure=False) for n in serving]

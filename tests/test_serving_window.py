@@ -93,3 +93,20 @@ def test_serving_users_table_scores_the_replay_against_the_workers_slo():
     got = cells(serving_users_table(Users(), [STEP]))
     assert got["requests"] == ["3"] and got["SLO met"] == ["66.7%"]
     assert got["borrowed rollout tokens"] == ["25%"]
+
+
+def test_background_plan_plays_the_trace_again_when_the_run_outlasts_it():
+    from rose.serve.background import BackgroundReplay
+    from rose.serve.trace import load_trace
+
+    span = load_trace().span_s
+    users = BackgroundReplay.__new__(BackgroundReplay)  # the plan only: no endpoint here
+    users.model = {"max_model_len": 2048}
+    users.traffic = BackgroundTraffic(window_s=span)
+    once = users._plan()
+    users.traffic = BackgroundTraffic(window_s=2.5 * span)
+    looped = users._plan()
+    sends = [r.send_at_s for r in looped]
+    assert sends == sorted(sends) and [r.index for r in looped] == list(range(len(looped)))
+    assert 2 * len(once) < len(looped) < 3 * len(once)
+    assert looped[len(once)].send_at_s > once[-1].send_at_s  # the second pass follows the first

@@ -3,20 +3,22 @@ serving endpoints, in a background thread, until the run ends (`rose demo`, the 
 
 Scaled as bench/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
 `sample`, because on this 2-core machine the replay, the trainer and every worker's engines
-share the cores. The replay runs the trace from its start for at most `window_s` trace seconds.
+share the cores. The replay runs the trace from its start; a `window_s` longer than the trace
+plays it again, back to back, so a long run never runs out of users.
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
 from rose.serve.replay import RequestRecord, http_sender, replay, summarize
 from rose.serve.replay_run import endpoint_model
-from rose.serve.trace import DEFAULT_TRACE, Scaling, load_trace, plan
+from rose.serve.trace import DEFAULT_TRACE, ReplayRequest, Scaling, load_trace, plan
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,17 @@ class BackgroundReplay:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rose-serving-replay", daemon=True)
 
-    def _plan(self):
+    def _plan(self) -> list[ReplayRequest]:
         t, trace = self.traffic, load_trace(self.traffic.trace)
-        window = trace.window(0.0, min(t.window_s, trace.span_s))
         context = int(self.model.get("max_model_len") or 2048)
-        return plan(window, Scaling(t.time_scale, t.length_scale, t.output_scale, t.sample,
-                                    context, t.seed), start_s=0.0)
+        once = plan(trace, Scaling(t.time_scale, t.length_scale, t.output_scale, t.sample,
+                                   context, t.seed), start_s=0.0)
+        period = trace.span_s * t.time_scale + 1.0  # replay seconds of one pass, and a breath
+        out: list[ReplayRequest] = []
+        for k in range(math.ceil(t.window_s / max(trace.span_s, 1.0))):
+            out += [replace(r, index=len(out) + i, send_at_s=r.send_at_s + k * period)
+                    for i, r in enumerate(once) if r.trace_arrival_s + k * trace.span_s < t.window_s]
+        return out
 
     def _run(self) -> None:
         async def go():
