@@ -40,9 +40,10 @@ def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
     return table
 
 
-def serving_users_table(users, summaries: list[dict]) -> Table:
+def serving_users_table(users, summaries: list[dict]) -> tuple[Table, dict]:
     """The run seen by the serving users (a rose.serve.background.BackgroundReplay), against
-    the serving workers' own SLO, and the share of rollout tokens their GPUs produced."""
+    the serving workers' own SLO, and the share of rollout tokens their GPUs produced; the
+    table and its figures."""
     slo = next((w for s in summaries for w in (s.get("serving") or {}).values()), None)
     r = users.summary_at(slo["slo_ttft_s"], slo["slo_tpot_s"]) if slo else users.summary
     tokens = [k for s in summaries for k in (s.get("by_kind") or {}).items()]
@@ -60,7 +61,7 @@ def serving_users_table(users, summaries: list[dict]) -> Table:
     for col in cols:
         table.add_column(col, justify="right")
     table.add_row(*cols.values())
-    return table
+    return table, {**r, "borrowed_share": borrowed}
 
 
 def serving_cells(s: dict) -> list[str]:

@@ -5,12 +5,14 @@ shows up in the Prefect UI while a rich live view shows the phases here.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from rich.console import Console
 
 from rose.config import RunConfig, stack_dir
+from storage.atomic import write_atomic
 
 
 def ensure_models(cfg: RunConfig, console: Console) -> None:
@@ -84,10 +86,15 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
         else:
             summaries = train(cfg)
             console.print(step_table(summaries))
+    served = None
     if users is not None:
-        console.print(serving_users_table(users, summaries))
+        table, served = serving_users_table(users, summaries)
+        console.print(table)
+    write_atomic(cfg.run_dir() / "summary.json", json.dumps(
+        {"run": cfg.run_id, "steps": summaries, "serving_users": served}, indent=1, default=str))
     data = cfg.trajectories_dir() / f"run={cfg.run_id}"
     console.print(f"[bold]trajectories[/] (Arrow/Parquet): {data}")
+    console.print(f"[bold]summary[/] (steps, serving users): {cfg.run_dir() / 'summary.json'}")
     console.print(f"[bold]query them[/]: rose query \"SELECT step, avg(trajectory_reward) "
                   f"FROM turns WHERE run='{cfg.run_id}' GROUP BY step ORDER BY step\"")
     console.print(f"[bold]Prefect UI[/]: {handle.prefect_ui_url}  (flow runs: rl_step, train)")

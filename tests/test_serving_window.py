@@ -90,7 +90,9 @@ def test_serving_users_table_scores_the_replay_against_the_workers_slo():
             from rose.serve.replay import summarize
             return summarize(self.records, ttft, tpot)
 
-    got = cells(serving_users_table(Users(), [STEP]))
+    table, figures = serving_users_table(Users(), [STEP])
+    got = cells(table)
+    assert figures["slo_attainment"] == pytest.approx(2 / 3)
     assert got["requests"] == ["3"] and got["SLO met"] == ["66.7%"]
     assert got["borrowed rollout tokens"] == ["25%"]
 
