@@ -4,10 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import signal
 import statistics
-import time
 from typing import Callable
 
 from distributed import worker_client
@@ -97,38 +94,6 @@ def resync_from_relay(client, cfg: RunConfig, version: int):
     return resync
 
 
-FAULT_FILE = "fault_kill.json"  # in the run dir: what the injected kill hit (tests read it)
-
-
-def kill_worker_hook(client, cfg: RunConfig, scheduler: RolloutScheduler, after_turns: int,
-                     fault: dict):
-    """Tests only: SIGKILL the last rollout worker's PROCESS once `after_turns` turns are done
-    and it has turns in flight, so the kill always lands mid-step. With fault_injection
-    "kill_rollout_worker_nanny": 1 its nanny dies first (the GPU is gone for good); else the
-    nanny restarts it with fresh state."""
-    victim = sorted(n for n, k in scheduler.kinds.items() if k == "rollout")[-1]
-    done = [0]
-
-    def on_turn(row: dict) -> None:
-        done[0] += 1
-        if fault or done[0] < after_turns or victim not in scheduler.routable \
-                or scheduler.router.load(victim) == 0:
-            return
-        address = scheduler.pool.address(victim)
-        pid = client.run(os.getpid, workers=[address])[address]
-        nanny = client.run(os.getppid, workers=[address])[address] \
-            if cfg.fault_injection.get("kill_rollout_worker_nanny") else None
-        fault.update(killed=victim, pid=pid, nanny_pid=nanny, after_turns=done[0],
-                     killed_at=time.time(),
-                     in_flight=sorted(t for t, (w, _) in scheduler.running.items() if w == victim))
-        for target in (nanny, pid):  # nanny first: it cannot restart what dies after it
-            if target:
-                os.kill(target, signal.SIGKILL)
-        cfg.run_dir().mkdir(parents=True, exist_ok=True)
-        (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
-    return on_turn
-
-
 def summarize(report, policy_version: int) -> dict:
     rows = report.rows
     prompt_tokens = sum(r["num_prompt_tokens"] for r in rows)
@@ -187,21 +152,13 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
             turn_timeout_s=r.turn_timeout_s, resync=resync_from_relay(client, cfg, policy_version),
             serving_lag=cfg.publish.max_staleness)
-        fault: dict = {}
-        on_turn = None
-        if cfg.fault_injection.get("kill_rollout_worker_at_step") == step:
-            after = cfg.fault_injection.get("kill_rollout_worker_after_turns", 4)
-            on_turn = kill_worker_hook(client, cfg, scheduler, after, fault)
-        report = scheduler.run(group_launcher(cfg, step, policy_version), on_turn=on_turn)
+        report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it
         for name, started in zip(serving, step_starts):
             try:
                 started.result(timeout=30)
             except Exception as e:  # noqa: BLE001 - the step's trajectories matter more
                 log.warning("serving worker %s did not start the step: %s", name, e)
-    if fault:  # tests: what the scheduler saw after the injected kill
-        fault["worker_events"] = report.events
-        (cfg.run_dir() / FAULT_FILE).write_text(json.dumps(fault))
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
-    return {**summarize(report, policy_version), "path": str(path), "fault": fault}
+    return {**summarize(report, policy_version), "path": str(path)}
