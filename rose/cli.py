@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from rose.config import stack_dir
-from rose.config_file import ConfigError, load_run_config
+from rose.config_file import ConfigError, describe, load_run_config
 from rose.stack.errors import StackError
 
 app = typer.Typer(help="ROSE: agentic RL post-training on borrowed serving GPUs.",
@@ -40,8 +41,11 @@ def clear_errors(fn):
         except Exception as e:
             if os.environ.get("ROSE_DEBUG"):
                 raise
-            known = (StackError, ConfigError, FileNotFoundError, NotADirectoryError)
+            known = (StackError, ConfigError, FileNotFoundError, NotADirectoryError,
+                     ValidationError)
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            if isinstance(e, ValidationError):  # options checked by a pydantic model
+                msg = describe(e, "")
             if not isinstance(e, known):
                 msg = f"{type(e).__name__}: {msg} (ROSE_DEBUG=1 shows the traceback)"
             err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
@@ -256,12 +260,15 @@ def serve_replay(
         max_model_len: Optional[int] = typer.Option(None, help="Context to clamp to (default: endpoint's)."),
         out: Path = typer.Option(Path("replay-results"), help="Output directory.")) -> None:
     """Replay a window of a serving trace (EOS ignored, synthetic prompts); TTFT/TPOT per request."""
-    from rose.serve.replay_run import run_replay
+    from rose.serve.replay_job import ReplayJob, run_replay
     from rose.serve.trace import DEFAULT_TRACE
 
-    run_replay(endpoint or _stack_endpoints(), trace or DEFAULT_TRACE, out, start, duration, around_peak, time_scale,
-               length_scale, output_scale, sample, seed, slo_ttft, slo_tpot, vocab_size,
-               max_model_len, console)
+    job = ReplayJob(endpoints=endpoint or _stack_endpoints(), trace=trace or DEFAULT_TRACE,
+                    start_s=start, duration_s=duration, around_peak=around_peak,
+                    time_scale=time_scale, length_scale=length_scale, output_scale=output_scale,
+                    sample=sample, seed=seed, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot,
+                    vocab_size=vocab_size, max_model_len=max_model_len, out_dir=out)
+    run_replay(job, console)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,10 @@ def describe(err: ValidationError, source: str) -> str:
     if e["type"] == "extra_forbidden":
         return f"unknown config key '{key}'{where}"
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"bad config value for '{key}'{where}: {e['msg']}{more}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if not e["loc"]:  # a check across fields: its message names them
+        return f"{msg}{where}{more}"
+    return f"bad config value for '{key}'{where}: {msg}{more}"
 
 
 def load_run_config(path: Path | None = None,

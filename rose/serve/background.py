@@ -8,16 +8,13 @@ plays it again, back to back, so a long run never runs out of users.
 """
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx
-
-from rose.serve.replay import RequestRecord, http_sender, replay, summarize
-from rose.serve.replay_run import endpoint_model
+from rose.serve.replay import RequestRecord, replay_over_http, summarize
+from rose.serve.replay_job import endpoint_model
 from rose.serve.trace import DEFAULT_TRACE, ReplayRequest, Scaling, load_trace, plan
 
 
@@ -65,16 +62,10 @@ class BackgroundReplay:
         return out
 
     def _run(self) -> None:
-        async def go():
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-            async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
-                                         limits=limits) as client:
-                return await replay(self._plan(), http_sender(self.endpoints, self.model["id"], client),
-                                    int(self.model["vocab_size"]), self.traffic.seed,
-                                    stop=self._stop.is_set)
-
         try:
-            self.records = asyncio.run(go())
+            self.records = replay_over_http(self._plan(), self.endpoints, self.model["id"],
+                                            int(self.model["vocab_size"]), self.traffic.seed,
+                                            stop=self._stop.is_set)
         except BaseException as e:  # noqa: BLE001 - reported by stop(), never kills the run
             self.error = e
 

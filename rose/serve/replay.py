@@ -114,6 +114,22 @@ def http_sender(endpoints: list[str], model: str, client, temperature: float = 0
     return send
 
 
+def replay_over_http(requests: list[ReplayRequest], endpoints: list[str], model: str,
+                     vocab_size: int, seed: int = 0,
+                     stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+    """`replay` with the HTTP sender on a fresh event loop (blocks until the last reply)."""
+    import httpx
+
+    async def go():
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
+                                     limits=limits) as client:
+            return await replay(requests, http_sender(endpoints, model, client), vocab_size,
+                                seed, stop=stop)
+
+    return asyncio.run(go())
+
+
 def executor_sender(executor, temperature: float = 0.0) -> Sender:
     """In-process: the executor's own timestamps (arrival = submit) give TTFT and TPOT."""
     async def send(req: ReplayRequest, prompt: list[int], rec: RequestRecord) -> None:
