@@ -17,6 +17,7 @@ from pathlib import Path
 
 from distributed import WorkerPlugin, get_worker
 
+from executors.coserving.rollout_turn import ABORTED  # by reason (aborted_started splits the same turns)
 from executors.turns import TurnRequest, TurnResult
 
 PLUGIN = "rose-coserving"
@@ -107,7 +108,7 @@ class CoServingPlugin(WorkerPlugin):
 
 
 def _aborted(rollout_metrics: dict) -> int:
-    return sum(v for k, v in rollout_metrics.items() if k.startswith("aborted_"))
+    return sum(rollout_metrics.get(k, 0) for k in ABORTED.values())
 
 
 def coserving_plugin(worker=None) -> CoServingPlugin | None:
@@ -130,9 +131,18 @@ def _plugin() -> CoServingPlugin:
 def generate_turns_coserving(requests: list[TurnRequest]) -> list[TurnResult]:
     """Runs on a serving worker; same contract as rollout_worker.generate_turns. A turn cut by
     a serving burst or stalled comes back with finished_reason "abort": reroute it."""
+    from distributed import rejoin, secede
+
     executor = _plugin().executor
     futures = [executor.submit_rollout(r) for r in requests]
-    return [f.result() for f in futures]
+    # The scheduler sends one future per turn here: waiting on them must not hold the worker's
+    # few Dask threads (2 on the demo stack), or the next turns and the admission polls would
+    # queue behind turns the executor is holding back for serving.
+    secede()
+    try:
+        return [f.result() for f in futures]
+    finally:
+        rejoin()
 
 
 def coserving_state() -> dict:

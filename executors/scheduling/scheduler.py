@@ -1,7 +1,8 @@
 """The elastic rollout scheduler's dispatch loop: every turn routed afresh over Dask.
 
-Turns ready at the same moment for the same worker travel as one Dask future (one engine
-batch); results come back as they finish, environments step, and the next turns are routed
+Turns ready at the same moment for the same rollout worker travel as one Dask future (one
+engine batch); a serving worker gets one future per turn (no head-of-line blocking behind the
+turns admission holds back); results come back as they finish, environments step, and the next turns are routed
 (cache-affine first, see executors/policies/router.py). Which workers take part, and when serving
 workers admit turns, is executors/scheduling/worker_pool.py's business.
 
@@ -122,10 +123,17 @@ class RolloutScheduler:
                     req.min_policy_version = max(0, req.min_policy_version - self.config.serving_lag)
             for tid, req in zip(tids, requests):
                 self.running[tid] = (worker, req.request_id)
-            fut = self.client.submit(self.generate, requests, workers=[worker],
-                                     allow_other_workers=False, pure=False, retries=0)
-            self.inflight[fut] = (worker, tids, time.monotonic())
-            self.report.batches += 1
+            # A serving worker gets one future per turn: its turns finish at very different
+            # times (admission interleaves them with serving), and a batch would hold every
+            # result until its slowest turn is done (head-of-line blocking). A rollout worker's
+            # turns run as one engine batch and finish together anyway.
+            groups = ([[i] for i in range(len(tids))] if self.kinds.get(worker) == "serving"
+                      else [list(range(len(tids)))])
+            for idx in groups:
+                fut = self.client.submit(self.generate, [requests[i] for i in idx], workers=[worker],
+                                         allow_other_workers=False, pure=False, retries=0)
+                self.inflight[fut] = (worker, [tids[i] for i in idx], time.monotonic())
+                self.report.batches += 1
 
     def _place(self, batches: dict[str, list[str]], affine_only: bool) -> deque[str]:
         """Route the ready turns in FIFO order; return those left waiting."""
