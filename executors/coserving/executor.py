@@ -45,7 +45,7 @@ from executors.engine.budgeted_scheduler import release_engine
 from executors.engine.owner import EngineOwner
 from executors.policies.autoscale import EvictReload
 from executors.policies.kv_memory import KVMemoryPolicy
-from executors.policies.slo_admission import DualSLOAdmission, SLOConfig
+from executors.policies.slo_admission import SLOConfig
 from executors.policies.stall import StallDetector
 from executors.turns import TurnRequest
 
@@ -59,6 +59,7 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
         self.rollout_counters = new_counters()
         self.autoscale = EvictReload(cfg.evict_load_threshold, cfg.reload_after_s)
         self._usage: deque[tuple[float, int]] = deque()  # (time, serving blocks) samples
+        self.recent_prompts: deque[int] = deque(maxlen=64)  # serving prompt lengths (admission)
         self._admitting = False
         self._snap: dict = {}
         self._ids = itertools.count(1)
@@ -88,7 +89,7 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             self.slo = SLOConfig.from_profile(self.serving_profile)
             self.slo_source = ("derived from the serving profile: ttft = max(50 ms, 4 x P(2048)), "
                                "tpot = max(20 ms, 5 x D(16))")
-        self.admission = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic")
+        self.admission = self.new_admission()
         self.profiles = {"source": {"serving": s_src, "rollout": r_src},
                          "serving": profile_summary(self.serving_profile),
                          "rollout": profile_summary(self.rollout_profile) if self.rollout_profile else None}
@@ -181,6 +182,7 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             kind = item[0]
             if kind == "serve":
                 self.counters["serving_submitted"] += 1
+                self.note_serving_prompt(len(item[2]))
                 self.serving.add(*item[1:])
             elif kind == "abort_serving":
                 self.serving.abort([item[1]])
@@ -236,7 +238,9 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
                 self.counters["decide_s"] += time.perf_counter() - d0
                 self.counters["decisions"] += 1
                 if go is not None:
-                    engine_s += self.rollout.step(*go)
+                    took = self.rollout.step(*go)
+                    self.observe_step(go[0], took)
+                    engine_s += took
                     ran = True
         self._busy = self.serving.has_work() or ran
         self._admitting = self._would_admit(time.monotonic())

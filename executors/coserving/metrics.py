@@ -14,7 +14,8 @@ def snapshot(ex) -> dict:
     return {
         "at": time.monotonic(), "worker": ex.worker, "mode": ex.cfg.mode, "version": ex.version,
         "admitting": ex._admitting,
-        "slo": {"ttft_s": ex.slo.ttft_s, "tpot_s": ex.slo.tpot_s, "source": ex.slo_source},
+        "slo": {"ttft_s": ex.slo.ttft_s, "tpot_s": ex.slo.tpot_s, "source": ex.slo_source,
+                "slowdown": ex.admission.slowdown},
         "serving": {"submitted": c["serving_submitted"], "finished": s.finished,
                     "in_flight": len(s.live),
                     "queued_prefills": sum(not x.times for x in s.live.values()),

@@ -200,6 +200,7 @@ class RolloutSide:
             self.policy.on_rollout_free(rid)
         if reason == "abort":
             self.counters[ABORTED["other"]] += 1
+            self.counters["aborted_started" if t.started else "returned_unstarted"] += 1
         else:
             self.counters["finished"] += 1
             self.counters["cached_tokens"] += t.cached
@@ -234,6 +235,7 @@ class RolloutSide:
             if self.policy is not None:
                 self.policy.on_rollout_free(rid)
             self.counters[counter] += 1
+            self.counters["aborted_started" if t.started else "returned_unstarted"] += 1
             t.fut.set_result(turn_result(t, self.worker, self.version, "abort"))
         return len(rids)
 

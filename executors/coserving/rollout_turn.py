@@ -21,7 +21,10 @@ def new_counters() -> dict:
     """Rollout counters; they outlive one engine (the evict/reload baseline rebuilds it)."""
     keys = ("finished", "tokens", "steps", "planned_steps", *ABORTED.values(), "stale",
             "leases_expired", "lease_blocks_evicted", "prefixes_dropped", "leases_reclaimed",
-            "cached_tokens", "scheduled_tokens", "empty_steps", "stall_kept")
+            "cached_tokens", "scheduled_tokens", "empty_steps", "stall_kept",
+            # every abort above is one of these two: work thrown away, or a turn handed back
+            # before the engine computed any of it (nothing lost: the scheduler reroutes it)
+            "aborted_started", "returned_unstarted")
     c: dict = dict.fromkeys(keys, 0)
     c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
     return c
@@ -45,7 +48,11 @@ class Turn:
     computed: int = 0
     pages: int = 0
     cached: int = 0
-    first_progress: float | None = None
+    first_progress: float | None = None  # None: the engine computed nothing of it yet
+
+    @property
+    def started(self) -> bool:
+        return self.first_progress is not None
     first_token_at: float | None = None
     last_token_at: float | None = None
 

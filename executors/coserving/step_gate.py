@@ -12,11 +12,42 @@ from __future__ import annotations
 import math
 
 from executors.policies.kv_memory import MemoryState
+from executors.policies.slo_admission import DualSLOAdmission
 from executors.policies.step_plan import StepPlan
+
+ARRIVAL_QUANTILE = 0.9  # the TTFT slack holds for a new arrival this long among recent prompts
+SLOWDOWN_EWMA = 0.1  # weight of the newest rollout step in the measured / profiled time ratio
+SLOWDOWN_RANGE = (0.5, 8.0)  # one freak step (a page fault, a GC) must not swing it further
 
 
 class StepGate:
     """Caps and the admit / deny decision; reads the executor's sides, policies and wiring."""
+
+    def new_admission(self) -> DualSLOAdmission:
+        """The dual-SLO gate for the current SLO: it also protects a serving request arriving
+        during the rollout step (a recent-prompt-length arrival) and counts the queued serving
+        prefills in the next serving step, both needed at an SLO of 2x serving-alone P99."""
+        a = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic",
+                             arrival_prompt_len=self._arrival_len(), next_step_prefills=True)
+        a.slowdown = getattr(getattr(self, "admission", None), "slowdown", 1.0)  # a new SLO, same device
+        return a
+
+    def observe_step(self, plan: StepPlan | None, took_s: float) -> None:
+        """A rollout step ran: how much slower than its profile the device is now (shared CPU
+        cores, a neighbour on the GPU) scales every prediction admission makes."""
+        if plan is None or plan.cost_s <= 0 or not self.wiring.admission:
+            return
+        a = self.admission
+        ratio = min(max(took_s / plan.cost_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+        a.slowdown = (1 - SLOWDOWN_EWMA) * a.slowdown + SLOWDOWN_EWMA * ratio
+
+    def note_serving_prompt(self, prompt_len: int) -> None:
+        self.recent_prompts.append(prompt_len)
+        self.admission.arrival_prompt_len = self._arrival_len()
+
+    def _arrival_len(self) -> int:
+        xs = sorted(self.recent_prompts)
+        return xs[min(len(xs) - 1, int(ARRIVAL_QUANTILE * len(xs)))] if xs else 0
 
     def _serving_cap(self) -> int | None:
         """Serving's share of the emulated device pool: what rollout does not hold."""
@@ -48,6 +79,11 @@ class StepGate:
         cap = self._rollout_cap()
         room = max(0, cap - r.used_blocks())
         plans = r.plans(chunk, room, admit)
+        if self.wiring.admission and chunk and plans and plans[0].kind == "prefill_chunk":
+            # smaller chunks after the full one: a chunk that fits the slack beats decodes only
+            # (or nothing) when the SLO is tight
+            plans[1:1] = [p for c in (chunk // 2, chunk // 4, chunk // 8) for p in r.plans(c, room, admit)
+                          if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
         if r.blocked_room is not None and room <= r.blocked_room and now < r.blocked_until:
             plans = []  # the last step under this much room scheduled nothing
         denied = self.counters["denied"]
@@ -62,7 +98,7 @@ class StepGate:
             # plans fit the room the policy grants (budget and reserve kept; a "preempt" step
             # takes no more than that room): the cap holds every step to it
             kv_ok = self.policy.state is not MemoryState.PRESSURE and plan.blocks <= room
-            d = self.admission.admit(plan.cost_s, queued, active, now, kv_ok)
+            d = self.admission.admit(plan.cost_s * self.admission.slowdown, queued, active, now, kv_ok)
             if d.admitted:
                 self.counters["admitted"] += 1
                 return plan, cap
@@ -80,6 +116,7 @@ class StepGate:
             return False
         if not self.wiring.admission:
             return True
-        slack = min(self.admission.ttft_slack(self.serving.queued_prefills(), now),
-                    self.admission.tpot_slack(self.serving.active_decodes(), now))
-        return self.rollout_profile.decode_step(len(r.live) + 1) <= slack
+        queued = self.serving.queued_prefills()
+        slack = min(self.admission.ttft_slack(queued, now),
+                    self.admission.tpot_slack(self.serving.active_decodes(), now, queued))
+        return self.admission.slowdown * self.rollout_profile.decode_step(len(r.live) + 1) <= slack

@@ -108,23 +108,41 @@ class DualSLOAdmission:
     """
 
     def __init__(self, profile: LatencyProfile, slo: SLOConfig, mode: InstanceMode = "mixed",
-                 prefill_mode: PrefillMode = "monolithic") -> None:
+                 prefill_mode: PrefillMode = "monolithic", arrival_prompt_len: int = 0,
+                 next_step_prefills: bool = False) -> None:
         if mode not in INSTANCE_MODES:
             raise ValueError(f"unknown instance mode {mode!r}; expected one of {INSTANCE_MODES}")
         if prefill_mode not in PREFILL_MODES:
             raise ValueError(f"unknown prefill mode {prefill_mode!r}; expected one of {PREFILL_MODES}")
         self.profile, self.slo, self.mode, self.prefill_mode = profile, slo, mode, prefill_mode
+        # Beyond the paper (both off by default): a serving request that arrives while a
+        # rollout step runs waits for it, so with arrival_prompt_len > 0 the TTFT slack also
+        # holds for a request of that length arriving now (without it an empty queue gives +inf
+        # and a long rollout chunk can break the next arrival's TTFT at a tight SLO); with
+        # next_step_prefills the next serving step's cost in the TPOT slack includes the queued
+        # prefills that vLLM batches with the decodes, not just D(B).
+        self.arrival_prompt_len, self.next_step_prefills = arrival_prompt_len, next_step_prefills
+        # measured / profiled step time (the caller tracks it): a profile taken at start-up
+        # underestimates every step once the device is contended; 1.0 trusts the profile
+        self.slowdown = 1.0
 
     def ttft_slack(self, queued: Iterable[ServingPrefill], now: float) -> float:
-        T, m = self.slo.ttft_s, self.prefill_mode
-        return min((T - (now - r.arrival) - self.profile.prefill(r.prompt_len, m) for r in queued),
-                   default=INF)
+        T, m, k = self.slo.ttft_s, self.prefill_mode, self.slowdown
+        slack = min((T - (now - r.arrival) - k * self.profile.prefill(r.prompt_len, m) for r in queued),
+                    default=INF)
+        if self.arrival_prompt_len > 0:  # a request arriving now
+            slack = min(slack, T - k * self.profile.prefill(self.arrival_prompt_len, m))
+        return slack
 
-    def tpot_slack(self, active: Iterable[ServingDecode], now: float) -> float:
+    def tpot_slack(self, active: Iterable[ServingDecode], now: float,
+                   queued: Iterable[ServingPrefill] = ()) -> float:
         active = list(active)
         if not active:
             return INF
         step = self.profile.decode_step(len(active))  # D(B): the next serving step is due anyway
+        if self.next_step_prefills:
+            step += sum(self.profile.prefill(r.prompt_len, self.prefill_mode) for r in queued)
+        step *= self.slowdown
         return min(self.slo.tpot_s - (now - r.last_token_at) - step for r in active)
 
     def admit(self, cost_s: float, queued: Iterable[ServingPrefill],
@@ -132,8 +150,9 @@ class DualSLOAdmission:
         """Decide one rollout step of predicted cost `cost_s` seconds at time `now`."""
         if not (math.isfinite(cost_s) and cost_s >= 0):
             raise ValueError(f"rollout step cost must be finite and >= 0, got {cost_s}")
+        queued = list(queued)
         s_ttft = self.ttft_slack(queued, now) if self.mode != "decode" else INF
-        s_tpot = self.tpot_slack(active, now) if self.mode != "prefill" else INF
+        s_tpot = self.tpot_slack(active, now, queued) if self.mode != "prefill" else INF
         slack = min(s_ttft, s_tpot)
         binding = "ttft_slack" if s_ttft <= s_tpot else "tpot_slack"
         if not kv_ok:  # memory first: no slack can pay for eating serving's headroom
