@@ -38,6 +38,7 @@ def run_mode(mode: str, seed: int, steps: int, tag: str) -> list[dict]:
 
     cfg = RunConfig.model_validate({"run_id": f"fidelity-{tag}-{mode}-s{seed}", "seed": seed,
                                     "steps": steps, "stack": {"serving_workers": 1},
+                                    "train": {"keep_checkpoints": steps},  # held-out evals
                                     "rollout": {"borrow_serving": mode == "borrowed"}})
     keep = ("step", "success_rate", "step_s", "rollout_s", "train_s", "tokens",
             "borrowed_share", "slo_attainment", "serving_requests")
@@ -92,6 +93,7 @@ def main() -> None:
             for mode in MODES:
                 runs[mode][seed] = {"steps": run_mode(mode, seed, args.steps, tag)}
                 console.print(f"{mode} seed {seed}: done ({time.perf_counter() - t0:.0f} s)")
+                write(args.out, {"partial": True, "tag": tag, "runs": runs})  # a crash keeps them
     served = users.summary
     with HeldOut(base, args.eval_maps) as held:
         initial = held.success()
@@ -102,9 +104,15 @@ def main() -> None:
     report.update(args=vars(args) | {"out": str(args.out)}, serving_users=served,
                   total_s=time.perf_counter() - t0, runs=runs)
     print_table(console, report)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2, default=str))
+    write(args.out, {"tag": tag, **report})
     console.print(f"results: {args.out}")
+
+
+def write(path: Path, report: dict) -> None:
+    from storage.atomic import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(report, indent=2, default=str))
 
 
 def summarize(runs: dict, eval_steps: list[int], initial: float) -> dict:

@@ -111,6 +111,7 @@ class TrainConfig(Strict):
     updates_per_step: int = Field(1, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     seed: int = 0
+    keep_checkpoints: int = Field(3, ge=1)  # newest kept in <run dir>/checkpoints
 
 
 class PublishConfig(Strict):

@@ -65,7 +65,8 @@ class Trainer:
         state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
         return save_checkpoint(self.checkpoint_dir, self.version, state,
                                self.optimizer.state_dict(),
-                               {"run": self.cfg.run_id, "version": self.version})
+                               {"run": self.cfg.run_id, "version": self.version},
+                               keep=self.cfg.train.keep_checkpoints)
 
     # ---- weights ----
     def weights_bf16(self) -> dict[str, torch.Tensor]:
