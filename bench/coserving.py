@@ -92,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.sweep_s = args.sweep_s or (12.0 if args.quick else 20.0)
     if args.quick:
         args.window_s = 120.0 if args.window_s == 600.0 else args.window_s
-        args.configs = args.configs or ",".join(QUICK)
+        args.configs = args.configs or (None if args.sweep else ",".join(QUICK))
     return args
 
 
@@ -251,23 +251,26 @@ def sweep_main(args, console: Console) -> None:
     spec["scales"] = runs["serving_only"]["scales"]
     spec["slos"] = sw.slos_from(runs["serving_only"], args.slo_factor)
     console.print(f"  calibration: busy {runs['serving_only']['calibration']['busy_fraction']:.0%} at "
-                  f"{1 / sw.BASE_SCALE:g}x; rate scales " + ", ".join(
-                      f"{k}: {1 / v:.1f}x" if k != "bursty" else f"bursty: {v:.1f} req/s"
-                      for k, v in spec["scales"].items()))
+                  f"{1 / sw.BASE_SCALE:g}x; loads " + ", ".join(
+                      f"{k}: {1 / v[0]:.1f}x, {v[1]:.0%} of requests" if k != "bursty"
+                      else f"bursty: {v:.1f} req/s" for k, v in spec["scales"].items()))
     for name, (ttft, tpot) in spec["slos"].items():
         console.print(f"  SLO {name}: TTFT {ttft * 1e3:.0f} ms, TPOT {tpot * 1e3:.0f} ms "
                       f"({args.slo_factor:g} x serving-alone P99)")
     modes = args.configs.split(",") if args.configs else list(sw.SWEEP_CONFIGS)
+    out = args.out or RESULTS / ("coserving_sweep_quick.json" if args.quick else "coserving_sweep.json")
+    partial = out.with_suffix(".partial.json")  # each configuration's raw result as it lands
     for mode in [m for m in sw.SWEEP_CONFIGS if m in modes and m != "serving_only"]:
         runs[mode] = run_config(mode, spec, console)
+        sw.dump(partial, {"spec": spec, "runs": runs})
     doc = sw.report(runs, spec["slos"], args, console)
     doc.update(bench="coserving_sweep", quick=args.quick, sweep_s=args.sweep_s, slo_factor=args.slo_factor,
                rollout_stream={k: spec[k] for k in ("trajectories", "obs_tokens", "turn_tokens", "max_turns")},
                total_s=time.perf_counter() - t_start, trace_notice=trace_notice(args.trace),
                machine={"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
                runs={m: {k: v for k, v in r.items() if k != "loads"} for m, r in runs.items()})
-    out = args.out or RESULTS / ("coserving_sweep_quick.json" if args.quick else "coserving_sweep.json")
     sw.dump(out, doc)
+    partial.unlink(missing_ok=True)
     console.print(f"total {doc['total_s'] / 60:.1f} min; wrote {out}")
 
 
