@@ -1,12 +1,12 @@
-"""Thin adapter over an in-process vLLM engine, stepped by one background thread.
+"""Thin adapter over an in-process vLLM engine, owned by one thread (executors/engine/owner.py,
+the same owner as the co-serving executor's two engines).
 
-Callers on any thread submit turns and block on futures; the loop thread owns the engine
-(vLLM's LLMEngine is not thread-safe), so concurrent Dask tasks on a worker share one
-continuously batched engine.
+Callers on any thread submit turns and block on futures; the owner thread builds and steps
+the engine (vLLM's LLMEngine is not thread-safe), so concurrent Dask tasks on a worker share
+one continuously batched engine.
 """
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 
 from executors.engine.device import DeviceSpec, apply_env, engine_setup
+from executors.engine.owner import EngineOwner
 from executors.turns import TurnRequest, TurnResult
 
 @dataclass
@@ -49,33 +50,25 @@ def build_engine(spec: EngineSpec, device: DeviceSpec | None = None):
     return LLMEngine.from_engine_args(EngineArgs(**kwargs))
 
 
-class EngineLoop:
-    """Owns one vLLM engine; `submit` is thread-safe and returns a Future[TurnResult]."""
+class EngineLoop(EngineOwner):
+    """Owns one vLLM engine on its owner thread (executors/engine/owner.py: built, stepped and
+    reloaded there); `submit` is thread-safe and returns a Future[TurnResult]."""
 
     def __init__(self, spec: EngineSpec, worker: str, worker_kind: str) -> None:
-        self.engine = build_engine(spec)
-        self.worker, self.worker_kind = worker, worker_kind
+        self.spec, self.worker, self.worker_kind = spec, worker, worker_kind
         self.policy_version = 0
-        self._lock = threading.Condition()
-        self._pending: list[tuple[TurnRequest, Future]] = []
-        self._aborts: list[str] = []
-        self._calls: list[tuple[callable, Future]] = []
         self._live: dict[str, tuple[TurnRequest, Future, float]] = {}
-        self._running = True
         self.failure: BaseException | None = None  # set when the engine itself broke
         self.last_progress = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"engine-{worker}", daemon=True)
-        self._thread.start()
+        self._start(f"engine-{worker}")  # builds the engine on the owner thread
 
     # ---- public API (any thread) ----
     def submit(self, request: TurnRequest) -> Future:
         fut: Future = Future()
-        with self._lock:
-            if self.failure is not None:
-                fut.set_exception(RuntimeError(f"engine on {self.worker} is down: {self.failure!r}"))
-                return fut
-            self._pending.append((request, fut))
-            self._lock.notify()
+        if self.failure is not None:
+            fut.set_exception(RuntimeError(f"engine on {self.worker} is down: {self.failure!r}"))
+            return fut
+        self._post(("submit", request, fut))
         return fut
 
     def generate(self, requests: Iterable[TurnRequest]) -> list[TurnResult]:
@@ -83,22 +76,16 @@ class EngineLoop:
         return [f.result() for f in futures]
 
     def abort(self, request_ids: Iterable[str]) -> None:
-        with self._lock:
-            self._aborts.extend(request_ids)
-            self._lock.notify()
+        self._post(("abort", list(request_ids)))
 
     def call(self, fn) -> object:
-        """Run fn(engine) on the loop thread between steps (weight reloads, cache resets)."""
-        fut: Future = Future()
-        with self._lock:
-            if self.failure is not None:
-                raise RuntimeError(f"engine on {self.worker} is down: {self.failure!r}")
-            self._calls.append((fn, fut))
-            self._lock.notify()
-        return fut.result()
+        """Run fn(engine) on the owner thread between steps (weight reloads, cache resets)."""
+        if self.failure is not None:
+            raise RuntimeError(f"engine on {self.worker} is down: {self.failure!r}")
+        return self._call(lambda: fn(self.engine))
 
     def reload(self, tensors: dict[str, torch.Tensor], version: int) -> int:
-        """Load `version` in place on the loop thread; returns how many turns were resubmitted.
+        """Load `version` in place on the owner thread; returns how many turns were resubmitted.
 
         No turn may mix KV of two policy versions, and vLLM's reset_prefix_cache() refuses while
         requests run. Of the three ways out (wait for in-flight turns to finish, reload only
@@ -122,61 +109,48 @@ class EngineLoop:
         return self.call(swap)
 
     def num_inflight(self) -> int:
-        with self._lock:
-            return len(self._live) + len(self._pending)
+        with self._cv:
+            return len(self._live) + sum(item[0] == "submit" for item in self._inbox)
 
-    def close(self) -> None:
-        with self._lock:
-            self._running = False
-            self._lock.notify()
-        self._thread.join(timeout=10)
+    # ---- owner thread ----
+    def _open(self) -> None:
+        self.engine = build_engine(self.spec)
 
-    # ---- loop thread ----
-    def _run(self) -> None:
-        """The loop; if the engine raises, every waiting future fails with the error (the
-        scheduler reroutes those turns) instead of hanging on a thread that is gone."""
-        try:
-            self._loop()
-        except BaseException as exc:
-            with self._lock:
-                self.failure = exc
-                waiting = ([f for _, f in self._pending] + [f for _, f in self._calls]
-                           + [f for _, f, _ in self._live.values()])
-                self._pending, self._calls, self._live = [], [], {}
-            for fut in waiting:
-                if not fut.done():
-                    fut.set_exception(RuntimeError(f"engine on {self.worker} failed: {exc!r}"))
+    def _iterate(self, inbox: list[tuple]) -> None:
+        for item in inbox:
+            if item[0] == "call":
+                self._run_call(item)
+            elif item[0] == "submit":
+                self._add(item[1], item[2])
+            elif item[0] == "abort":
+                live_aborts = [rid for rid in item[1] if rid in self._live]
+                if live_aborts:
+                    self.engine.abort_request(live_aborts)
+                    for rid in live_aborts:
+                        request, fut, _ = self._live.pop(rid)
+                        fut.set_result(self._empty(request, "abort"))
+        if self._live:
+            for out in self.engine.step():
+                self.last_progress = time.monotonic()
+                if out.finished and out.request_id in self._live:
+                    request, fut, _ = self._live.pop(out.request_id)
+                    fut.set_result(self._result(request, out))
+        self._busy = bool(self._live)  # turns running: step again without sleeping
 
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                while self._running and not (self._pending or self._aborts or self._calls
-                                             or self._live):
-                    self._lock.wait()
-                if not self._running:
-                    break
-                pending, self._pending = self._pending, []
-                aborts, self._aborts = self._aborts, []
-                calls, self._calls = self._calls, []
-            for fn, fut in calls:
-                try:
-                    fut.set_result(fn(self.engine))
-                except BaseException as exc:  # surfaced to the caller, never kills the loop
-                    fut.set_exception(exc)
-            for request, fut in pending:
-                self._add(request, fut)
-            live_aborts = [rid for rid in aborts if rid in self._live]
-            if live_aborts:
-                self.engine.abort_request(live_aborts)
-                for rid in live_aborts:
-                    request, fut, _ = self._live.pop(rid)
-                    fut.set_result(self._empty(request, "abort"))
-            if self._live:
-                for out in self.engine.step():
-                    self.last_progress = time.monotonic()
-                    if out.finished and out.request_id in self._live:
-                        request, fut, _ = self._live.pop(out.request_id)
-                        fut.set_result(self._result(request, out))
+    def _idle_wait(self) -> float:
+        return 1.0  # nothing live: posts wake the owner at once anyway
+
+    def _on_failure(self, exc: Exception) -> None:
+        """The engine itself broke: every waiting turn fails with the error (the scheduler
+        reroutes them) and the owner stops, instead of hanging callers on a dead engine."""
+        self.failure = exc
+        waiting = [f for _, f, _ in self._live.values()]
+        waiting += [f for item in self._drain() for f in item[1:] if isinstance(f, Future)]
+        self._live.clear()
+        self._running = False
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"engine on {self.worker} failed: {exc!r}"))
 
     def _add(self, request: TurnRequest, fut: Future) -> None:
         from vllm import SamplingParams, TokensPrompt
