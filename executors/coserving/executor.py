@@ -39,7 +39,7 @@ from executors.coserving.memory import MemoryWatch
 from executors.coserving.metrics import snapshot
 from executors.coserving.rollout_side import RolloutSide
 from executors.coserving.rollout_turn import empty_result, new_counters
-from executors.coserving.serving_side import ServingSide
+from executors.coserving.serving_side import ServingSide, ServingSubmission
 from executors.coserving.step_gate import StepGate
 from executors.engine.budgeted_scheduler import release_engine
 from executors.engine.owner import EngineOwner
@@ -110,8 +110,9 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
         self.serving.validate(prompt_ids, max_tokens, temperature)
         fut: Future = Future()
         request_id = request_id or f"serve-{next(self._ids)}"
-        self._post(("serve", request_id, list(prompt_ids), max_tokens, ignore_eos,
-                    float(temperature), on_token, fut, time.monotonic()))
+        self._post(("serve", ServingSubmission(request_id, list(prompt_ids), max_tokens,
+                                               ignore_eos, float(temperature), on_token, fut,
+                                               time.monotonic())))
         return fut
 
     def abort_serving(self, request_id: str) -> None:
@@ -182,8 +183,8 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             kind = item[0]
             if kind == "serve":
                 self.counters["serving_submitted"] += 1
-                self.note_serving_prompt(len(item[2]))
-                self.serving.add(*item[1:])
+                self.note_serving_prompt(len(item[1].prompt_ids))
+                self.serving.add(item[1])
             elif kind == "abort_serving":
                 self.serving.abort([item[1]])
             elif kind == "abort_rollout" and self.rollout is not None:

@@ -41,6 +41,19 @@ class ServingResult:
             self.tpot_s = (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
 
 
+@dataclass(frozen=True)
+class ServingSubmission:
+    """A serving request on its way from any thread to the owner thread."""
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    ignore_eos: bool
+    temperature: float
+    on_token: TokenCallback | None
+    future: Future
+    arrival: float  # time.monotonic() at submit: TTFT counts the inbox wait too
+
+
 @dataclass
 class _Live:
     fut: Future
@@ -76,18 +89,18 @@ class ServingSide:
         if not (isinstance(temperature, (int, float)) and 0 <= temperature <= 2):
             raise ValueError(f"temperature must be in [0, 2], got {temperature!r}")
 
-    def add(self, rid: str, prompt_ids: list[int], max_tokens: int, ignore_eos: bool,
-            temperature: float, on_token: TokenCallback | None, fut: Future, arrival: float) -> None:
+    def add(self, sub: ServingSubmission) -> None:
+        rid, prompt_ids, fut = sub.request_id, sub.prompt_ids, sub.future
         if rid in self.live:
             fut.set_exception(ValueError(f"serving request id {rid!r} is already in flight"))
             return
         try:
-            add_tokens(self.engine, rid, prompt_ids, max_tokens=max_tokens, temperature=temperature,
-                       ignore_eos=ignore_eos)
+            add_tokens(self.engine, rid, prompt_ids, max_tokens=sub.max_tokens,
+                       temperature=sub.temperature, ignore_eos=sub.ignore_eos)
         except Exception as exc:  # whatever vLLM refuses fails this request only
             fut.set_exception(ValueError(f"serving request {rid} rejected: {exc}"))
             return
-        self.live[rid] = _Live(fut, arrival, len(prompt_ids), on_token)
+        self.live[rid] = _Live(fut, sub.arrival, len(prompt_ids), sub.on_token)
 
     def has_work(self) -> bool:
         return bool(self.live)

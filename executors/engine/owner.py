@@ -16,6 +16,12 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 
+def futures_of(item: tuple) -> list[Future]:
+    """The futures an inbox item carries: bare, or as a submission's `future`."""
+    found = (getattr(x, "future", x) for x in item[1:])
+    return [f for f in found if isinstance(f, Future)]
+
+
 class EngineOwner:
     _busy = False  # set by _iterate: more work is ready, do not sleep
     failure_limit = 3  # consecutive failed iterations before everything in flight is failed
@@ -94,8 +100,8 @@ class EngineOwner:
             self._shutdown()
         finally:
             for item in self._inbox:  # posted after close: answer, never hang a caller
-                for fut in item[1:]:
-                    if isinstance(fut, Future) and not fut.done():
+                for fut in futures_of(item):
+                    if not fut.done():
                         fut.set_exception(RuntimeError(f"{self._thread.name} is closed"))
 
     # ---- for subclasses ----

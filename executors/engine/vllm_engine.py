@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 
 from executors.engine.device import DeviceSpec, apply_env, engine_setup
-from executors.engine.owner import EngineOwner
+from executors.engine.owner import EngineOwner, futures_of
 from executors.turns import TurnRequest, TurnResult
 
 @dataclass
@@ -145,7 +145,7 @@ class EngineLoop(EngineOwner):
         reroutes them) and the owner stops, instead of hanging callers on a dead engine."""
         self.failure = exc
         waiting = [f for _, f, _ in self._live.values()]
-        waiting += [f for item in self._drain() for f in item[1:] if isinstance(f, Future)]
+        waiting += [f for item in self._drain() for f in futures_of(item)]
         self._live.clear()
         self._running = False
         for fut in waiting:
