@@ -40,28 +40,39 @@ def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
     return table
 
 
-def serving_users_table(users, summaries: list[dict]) -> tuple[Table, dict]:
-    """The run seen by the serving users (a rose.serve.background.BackgroundReplay), against
-    the serving workers' own SLO, and the share of rollout tokens their GPUs produced; the
-    table and its figures."""
+def serving_users_table(users, summaries: list[dict], alone=None,
+                        first_s: float = 60.0) -> tuple[Table, dict]:
+    """What the serving users saw (rose.serve.background.BackgroundReplay), against the serving
+    workers' own SLO: with `alone` (the same traffic's first `first_s` seconds replayed before
+    the run, nothing training) also those same requests while lent, side by side; and the
+    share of rollout tokens the serving workers produced. The table and its figures."""
     slo = next((w for s in summaries for w in (s.get("serving") or {}).values()), None)
-    r = users.summary_at(slo["slo_ttft_s"], slo["slo_tpot_s"]) if slo else users.summary
+    at = (lambda u, first=None: u.summary_at(slo["slo_ttft_s"], slo["slo_tpot_s"], first)) \
+        if slo else (lambda u, first=None: u.summary)
     tokens = [k for s in summaries for k in (s.get("by_kind") or {}).items()]
-    total = sum(v["tokens"] for _, v in tokens) or 1
-    borrowed = sum(v["tokens"] for k, v in tokens if k == "serving") / total
-    table = Table(title="Serving users while the run trained (HTTP replay of the code trace)",
-                  header_style="bold cyan")
-    ms = lambda v: "n/a" if v is None else f"{1e3 * v:.0f} ms"  # noqa: E731
-    cols = {"requests": f"{r['requests']:,}", "failed": str(r["errors"]),
-            "TTFT p50/p99": f"{ms(r['ttft_p50_s'])} / {ms(r['ttft_p99_s'])}",
-            "TPOT p50/p99": f"{ms(r['tpot_p50_s'])} / {ms(r['tpot_p99_s'])}",
-            "SLO (TTFT/TPOT)": f"{ms(slo['slo_ttft_s'])} / {ms(slo['slo_tpot_s'])}" if slo else "n/a",
-            "SLO met": f"{r['slo_attainment']:.1%}" if r.get("slo_attainment") is not None else "n/a",
-            "borrowed rollout tokens": f"{borrowed:.0%}"}
-    for col in cols:
+    borrowed = sum(v["tokens"] for k, v in tokens if k == "serving") / \
+        (sum(v["tokens"] for _, v in tokens) or 1)
+    rows = {"while lent, whole run": at(users)}
+    if alone is not None:
+        rows = {f"serving alone, first {first_s:.0f} s": at(alone),
+                f"while lent, same {first_s:.0f} s": at(users, first_s), **rows}
+    table = Table(title="Serving users (HTTP replay of the code trace), against the serving "
+                  "worker's SLO" + (f" {_ms(slo['slo_ttft_s'])} TTFT / {_ms(slo['slo_tpot_s'])} "
+                                     "TPOT" if slo else ""), header_style="bold cyan")
+    for col in ("traffic", "requests", "failed", "TTFT p50/p99", "TPOT p50/p99", "SLO met"):
         table.add_column(col, justify="right")
-    table.add_row(*cols.values())
-    return table, {**r, "borrowed_share": borrowed}
+    for name, r in rows.items():
+        att = r.get("slo_attainment")
+        table.add_row(name, f"{r['requests']:,}", str(r["errors"]),
+                      f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
+                      f"{_ms(r['tpot_p50_s'])} / {_ms(r['tpot_p99_s'])}",
+                      "n/a" if att is None else f"{att:.1%}")
+    table.caption = f"rollout tokens generated on the serving workers: {borrowed:.0%}"
+    return table, {"rows": rows, "borrowed_share": borrowed, "slo": slo}
+
+
+def _ms(v) -> str:
+    return "n/a" if v is None else f"{1e3 * v:.0f} ms"
 
 
 def serving_cells(s: dict) -> list[str]:

@@ -61,6 +61,9 @@ def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
     return endpoints
 
 
+BASELINE_S = 60.0  # wall seconds of serving-alone replay before a run with background traffic
+
+
 def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True,
                  traffic=None) -> list[dict]:
     """Models, stack, then the run. With `traffic` (rose.serve.background.BackgroundTraffic) and
@@ -70,13 +73,20 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
     handle = ensure_stack(cfg, console)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live view is the log here
     from contextlib import nullcontext
+    from dataclasses import replace
 
     from dashboards.progress import live_progress, serving_users_table, step_table
     from flows.train import train
     from rose.serve.background import BackgroundReplay
 
-    users = BackgroundReplay(list(handle.endpoints.values()), traffic) \
-        if traffic is not None and handle.endpoints else None
+    users = alone = None
+    if traffic is not None and handle.endpoints:
+        endpoints = list(handle.endpoints.values())
+        with console.status(f"serving alone first: the first {BASELINE_S:.0f} s of the same "
+                            "traffic, nothing training (the reference for the run)"):
+            alone = BackgroundReplay(endpoints, replace(
+                traffic, window_s=BASELINE_S / traffic.time_scale)).play()
+        users = BackgroundReplay(endpoints, traffic)
     with users or nullcontext():
         if live:
             with live_progress(console):
@@ -88,7 +98,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
             console.print(step_table(summaries))
     served = None
     if users is not None:
-        table, served = serving_users_table(users, summaries)
+        table, served = serving_users_table(users, summaries, alone, BASELINE_S)
         console.print(table)
     write_atomic(cfg.run_dir() / "summary.json", json.dumps(
         {"run": cfg.run_id, "steps": summaries, "serving_users": served}, indent=1, default=str))

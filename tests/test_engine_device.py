@@ -66,3 +66,21 @@ def test_engine_args_are_real_vllm_engine_args():
     for role in ("serving", "rollout", "dedicated"):
         kwargs, _ = _setup(role, DeviceSpec("cuda"), max_num_batched_tokens=512)
         assert set(kwargs) <= fields, set(kwargs) - fields
+
+
+def test_trainer_is_niced_on_one_cpu_machine_only():
+    cpu = {s.kind: s.nice for s in worker_specs(1, 1, 1, ncores=2)}
+    assert cpu["trainer"] > 0 and cpu["rollout"] == cpu["serving"] == 0
+    assert all(s.nice == 0 for s in worker_specs(1, 1, 1, device="cuda"))
+
+
+def test_managed_process_starts_at_its_niceness(tmp_path):
+    import os
+    import sys
+
+    from rose.stack.process import ManagedProcess
+
+    proc = ManagedProcess("niced", [sys.executable, "-c", "import os; print(os.nice(0))"],
+                          tmp_path, nice=7).start()
+    proc.popen.wait(timeout=30)
+    assert int(proc.log_path.read_text().split()[-1]) == os.nice(0) + 7

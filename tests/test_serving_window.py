@@ -81,20 +81,26 @@ def test_step_table_shows_what_serving_workers_served_and_lent():
     assert "borrowed" not in cells(step_table([{**STEP, "serving_workers": 0}]))
 
 
-def test_serving_users_table_scores_the_replay_against_the_workers_slo():
+def test_serving_users_table_sets_lent_beside_alone_on_the_same_requests():
+    from rose.serve.replay import summarize
+
     class Users:
-        records = [RequestRecord(i, 0, 0, 0, 8, 4, output_tokens=4, ttft_s=t, tpot_s=0.01, ok=True)
-                   for i, t in enumerate((0.05, 0.05, 0.2))]
+        def __init__(self, ttfts):
+            self.records = [RequestRecord(i, 0, 30.0 * i, 0, 8, 4, output_tokens=4, ttft_s=t,
+                                          tpot_s=0.01, ok=True) for i, t in enumerate(ttfts)]
 
-        def summary_at(self, ttft, tpot):
-            from rose.serve.replay import summarize
-            return summarize(self.records, ttft, tpot)
+        def summary_at(self, ttft, tpot, first=None):
+            return summarize([r for r in self.records if first is None or r.send_at_s < first],
+                             ttft, tpot)
 
-    table, figures = serving_users_table(Users(), [STEP])
+    alone, lent = Users((0.05, 0.05)), Users((0.05, 0.2, 0.05))  # sent at 0, 30, 60 s
+    table, figures = serving_users_table(lent, [STEP], alone, first_s=60)
     got = cells(table)
-    assert figures["slo_attainment"] == pytest.approx(2 / 3)
-    assert got["requests"] == ["3"] and got["SLO met"] == ["66.7%"]
-    assert got["borrowed rollout tokens"] == ["25%"]
+    assert got["traffic"] == ["serving alone, first 60 s", "while lent, same 60 s",
+                              "while lent, whole run"]
+    assert got["requests"] == ["2", "2", "3"]
+    assert got["SLO met"] == ["100.0%", "50.0%", "66.7%"]
+    assert figures["borrowed_share"] == pytest.approx(0.25) and "25%" in table.caption
 
 
 def test_background_plan_plays_the_trace_again_when_the_run_outlasts_it():

@@ -37,7 +37,8 @@ class BackgroundTraffic:
 
 
 class BackgroundReplay:
-    """`with BackgroundReplay(endpoints) as traffic: train(...)`; then `traffic.summary`."""
+    """`with BackgroundReplay(endpoints) as traffic: train(...)`; then `traffic.summary`.
+    `BackgroundReplay(endpoints, shorter).play()` replays a window in the foreground instead."""
 
     def __init__(self, endpoints: list[str], traffic: BackgroundTraffic = BackgroundTraffic()) -> None:
         if not endpoints:
@@ -88,6 +89,18 @@ class BackgroundReplay:
     def summary(self) -> dict:
         return summarize(self.records)
 
-    def summary_at(self, ttft_slo_s: float, tpot_slo_s: float) -> dict:
-        """The summary with attainment against the serving workers' own SLO."""
-        return summarize(self.records, ttft_slo_s, tpot_slo_s)
+    def summary_at(self, ttft_slo_s: float, tpot_slo_s: float,
+                   first_s: float | None = None) -> dict:
+        """The summary with attainment against the serving workers' own SLO; with `first_s`,
+        of the requests sent in the replay's first `first_s` seconds only."""
+        records = self.records if first_s is None else \
+            [r for r in self.records if r.send_at_s < first_s]
+        return summarize(records, ttft_slo_s, tpot_slo_s)
+
+    def play(self) -> "BackgroundReplay":
+        """Replay the whole window now, in the foreground (a baseline with nothing else on)."""
+        self._thread.start()
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the serving replay failed: {self.error}") from self.error
+        return self

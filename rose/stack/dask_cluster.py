@@ -24,6 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTER_TIMEOUT_S = 120.0
 
 
+TRAINER_NICE = 10  # CFS weight ~1/10 of a default process: the engines win a contended core
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     name: str
@@ -31,6 +34,10 @@ class WorkerSpec:
     nthreads: int
     core: int | None = None  # CPU core vLLM's OpenMP threads bind to (engines would share core 0)
     device: str = "cpu"  # "cuda": its engines split the GPU by memory fraction (engine/device.py)
+    # On one CPU machine every "GPU" shares the cores. The trainer stands for GPUs of its own,
+    # so it runs niced: it takes the cores the engines leave idle and never delays a serving
+    # request (on a cluster it has its own devices and this does nothing).
+    nice: int = 0
 
     @property
     def resource(self) -> str:
@@ -45,7 +52,8 @@ def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
     if trainers < 0 or rollout < 0 or serving < 0:
         raise StackError("worker counts must be >= 0")
     ncores = ncores or os.cpu_count() or 1
-    specs = [WorkerSpec(f"trainer-{i}", "trainer", trainer_threads) for i in range(trainers)]
+    specs = [WorkerSpec(f"trainer-{i}", "trainer", trainer_threads,
+                        nice=TRAINER_NICE if device == "cpu" else 0) for i in range(trainers)]
     engines = [(f"rollout-{i}", "rollout", rollout_threads) for i in range(rollout)]
     engines += [(f"serving-{i}", "serving", serving_threads) for i in range(serving)]
     specs += [WorkerSpec(n, k, t, core=j % ncores if device == "cpu" else None, device=device)
@@ -124,7 +132,7 @@ def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
         "--resources", f"{spec.resource}=1", "--host", LOCALHOST, "--no-dashboard",
         "--local-directory", str(local_dir),
         "--death-timeout", "60",  # exit on its own if the scheduler is gone: no orphan
-    ], run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT).start()
+    ], run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT, nice=spec.nice).start()
 
 
 def wait_for_workers(scheduler: str, procs: dict[str, ManagedProcess],
