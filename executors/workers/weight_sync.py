@@ -102,10 +102,12 @@ class PullAgent:
                 record = self._pull_and_load(target)
             except Exception as e:  # reported through status/wait; the next request retries
                 with self._cv:
-                    self.error = f"pull of v{target} failed: {type(e).__name__}: {e}"
-                    self.last = {"worker": self.worker, "version": target, "error": self.error}
-                    self._dirty, self._thread = False, None
+                    failed = f"pull of v{target} failed: {type(e).__name__}: {e}"
+                    self.last = {"worker": self.worker, "version": target, "error": failed}
                     self._cv.notify_all()
+                    if self._dirty:  # a request came in during the failed pull: it retries now
+                        continue
+                    self.error, self._thread = failed, None
                 return
             with self._cv:
                 self.loaded, self.last = record["version"], record
