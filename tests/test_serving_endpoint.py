@@ -211,3 +211,36 @@ def test_real_executor_behind_the_endpoint(tmp_path_factory):
     finally:
         stop_endpoint("real-0")
         ex.close()
+
+
+def test_a_flood_is_answered_503_with_retry_after_and_the_admitted_are_served(tmp_path):
+    """Beyond max_in_flight the endpoint answers at once (503 + Retry-After) instead of
+    queueing; every admitted request, streamed or not, completes, and the slots come back."""
+    import asyncio
+
+    ex = FakeServingExecutor(token_s=0.02)  # 32 tokens: ~0.6 s a request
+    ep = start_endpoint(ex, fake_model_dir(tmp_path / "tiny-serving", context=CONTEXT),
+                        worker="flood-0", max_in_flight=4)
+
+    async def one(client, i):
+        body = {"model": "tiny-serving", "prompt": [5, 6, i % 50 + 7], "max_tokens": 32,
+                "ignore_eos": True, "stream": i % 2 == 0}
+        r = await client.post(ep.url + "/v1/completions", json=body)
+        return r.status_code, r.headers.get("retry-after"), r.text
+
+    async def flood():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(40)))
+
+    try:
+        answers = asyncio.run(flood())
+        ok = [a for a in answers if a[0] == 200]
+        refused = [a for a in answers if a[0] == 503]
+        assert len(ok) + len(refused) == 40 and 4 <= len(ok) < 40
+        assert all(a[1] == "1" and "limit of 4 requests in flight" in a[2] for a in refused)
+        assert all("[DONE]" in a[2] or '"choices"' in a[2] for a in ok)
+        again = httpx.post(ep.url + "/v1/completions", timeout=30, json={
+            "model": "tiny-serving", "prompt": [5, 6], "max_tokens": 2})
+        assert again.status_code == 200  # every slot came back
+    finally:
+        stop_endpoint("flood-0")

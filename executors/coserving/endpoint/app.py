@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Protocol
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -28,20 +27,9 @@ from executors.coserving.endpoint.protocol import (APIError, ChatBody, Completio
                                        full_response, parse_body, stream_chunk, to_generation,
                                        usage)
 from executors.coserving.endpoint.metrics import EndpointMetrics
+from executors.coserving.endpoint.state import MAX_IN_FLIGHT, EndpointState, ServingExecutor
 
 _DONE = object()
-
-
-class ServingExecutor(Protocol):
-    """What the endpoint needs from executors/coserving/executor.py's CoServingExecutor."""
-
-    def submit_serving(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
-                       temperature: float = 0.0, on_token: Callable | None = None,
-                       request_id: str | None = None) -> Any: ...
-
-    def abort_serving(self, request_id: str) -> None: ...
-
-    def metrics(self) -> dict: ...
 
 
 def _token_ids(args: tuple) -> list[int]:
@@ -49,13 +37,6 @@ def _token_ids(args: tuple) -> list[int]:
     if args and isinstance(args[0], (list, tuple)):
         return [int(t) for t in args[0]]
     return [int(args[0])] if args else []
-
-
-class EndpointState:
-    def __init__(self, executor: ServingExecutor, tokenizer, model_name: str, max_model_len: int,
-                 vocab_size: int, metrics: EndpointMetrics) -> None:
-        self.executor, self.tokenizer, self.model_name = executor, tokenizer, model_name
-        self.max_model_len, self.vocab_size, self.metrics = max_model_len, vocab_size, metrics
 
 
 async def _generate(state: EndpointState, kind: str, gen: Generation):
@@ -91,6 +72,18 @@ def _result_of(future):
 
 
 async def _respond(state: EndpointState, kind: str, gen: Generation, route: str):
+    state.admit()
+    try:
+        response = await _respond_admitted(state, kind, gen, route)
+    except BaseException:
+        state.in_flight -= 1
+        raise
+    if not isinstance(response, StreamingResponse):
+        state.in_flight -= 1  # a stream leaves when its last chunk is sent (events())
+    return response
+
+
+async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, route: str):
     rid, created, future, queue = await _generate(state, kind, gen)
     model = state.model_name
     if not gen.stream:
@@ -105,6 +98,13 @@ async def _respond(state: EndpointState, kind: str, gen: Generation, route: str)
                                           usage(gen, len(ids))))
 
     async def events():
+        try:
+            async for chunk in _events():
+                yield chunk
+        finally:
+            state.in_flight -= 1
+
+    async def _events():
         detok, n_out, first = Detokenizer(state.tokenizer), 0, True
         # One SSE chunk per engine token (text may be empty mid-character), so a client's
         # chunk timestamps are token timestamps: the replay measures TTFT/TPOT from them.
@@ -147,7 +147,8 @@ def build_app(state: EndpointState) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
         state.metrics.count(request.url.path, e.status)
-        return JSONResponse(e.body(), status_code=e.status)
+        retry = {"Retry-After": "1"} if e.status in (429, 503) else None
+        return JSONResponse(e.body(), status_code=e.status, headers=retry)
 
     @app.exception_handler(HTTPException)  # unknown route, wrong method: same error shape
     async def _http_error(request: Request, e: HTTPException):
@@ -234,7 +235,8 @@ def _model_facts(model_dir: Path) -> tuple[int, int]:
 
 def start_endpoint(executor: ServingExecutor, serving_model_dir: str | Path,
                    worker: str = "serving-0", model_name: str | None = None,
-                   max_model_len: int | None = None, port: int = 0) -> ServingEndpoint:
+                   max_model_len: int | None = None, port: int = 0,
+                   max_in_flight: int = MAX_IN_FLIGHT) -> ServingEndpoint:
     """Start (or return) this worker's endpoint; the served model name defaults to the model
     directory's name; max_model_len defaults to the executor's (cfg.max_model_len), else the
     model's."""
@@ -248,7 +250,8 @@ def start_endpoint(executor: ServingExecutor, serving_model_dir: str | Path,
     engine_context = getattr(getattr(executor, "cfg", None), "max_model_len", None)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     state = EndpointState(executor, tokenizer, model_name or model_dir.name,
-                          int(max_model_len or engine_context or context), vocab, EndpointMetrics(executor))
+                          int(max_model_len or engine_context or context), vocab,
+                          EndpointMetrics(executor), max_in_flight)
     _ENDPOINTS[worker] = endpoint = ServingEndpoint(build_app(state), port=port)
     return endpoint
 
