@@ -1,0 +1,232 @@
+"""One simulated RL run on a cluster: the real TurnRouter places every turn, devices run them.
+
+Per RL step: a batch of trajectories (sim/workload.py) is queued; each ready turn is routed by
+`TurnRouter.route` (affinity, least-loaded rollout GPU, least-loaded admitting serving GPU, else
+queued), reported with `on_turn_start` / `on_turn_end` / `on_turn_aborted`, and run on its
+device; a finished turn comes back after its environment time. When the last trajectory ends,
+train and publish take the step model's time; serving traffic goes on meanwhile. A serving GPU
+takes turns only while its policy version passes the staleness rule and its cached admission
+flag is open (pushed to the router with `set_admitting`, as the scheduler's admission view does).
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+
+from executors.policies.kv_memory import KVMemoryPolicy
+from executors.policies.router import TurnRouter, WorkerInfo
+from executors.policies.slo_admission import DualSLOAdmission, SLOConfig
+from executors.policies.stall import StallDetector
+from sim.config import SimConfig
+from sim.device import Device, Turn
+from sim.events import EventLoop
+from sim.profiles import load_profile, scaled
+from sim.report import summarize
+from sim.staleness import policy_floor
+from sim.workload import StepModel, WorkloadSpec, p90, serving_arrivals
+
+MAX_STEP_S = 600.0
+DEFAULT_STEP_MODEL = StepModel(1.0633637e-4, 1.2176131,
+                               "median over 24 fixed-rollout steps of bench/results/learning_fidelity.json")
+
+
+class ClusterSim:
+    def __init__(self, cfg: SimConfig, workload: WorkloadSpec | None = None,
+                 step_model: StepModel = DEFAULT_STEP_MODEL, router: TurnRouter | None = None) -> None:
+        self.cfg, self.loop = cfg, EventLoop()
+        self.workload = workload or WorkloadSpec.load()
+        self.step_model = step_model
+        self.rng = random.Random(cfg.seed)
+        self.router = router or TurnRouter(cfg.cap_per_rollout_gpu, cfg.mode)
+        self.rollout_prof = load_profile(cfg.rollout_profile)
+        self.serving_prof = load_profile(cfg.serving_profile)
+        self.slo = SLOConfig.from_profile(self.serving_prof)  # the serving worker's own rule
+        if cfg.slo_ttft_s is not None and cfg.slo_tpot_s is not None:
+            self.slo = SLOConfig(cfg.slo_ttft_s, cfg.slo_tpot_s)
+        self.devices: dict[str, Device] = {}
+        self.serving_devices: list[Device] = []
+        self.queue: deque[str] = deque()
+        self.trajs: dict[str, list] = {}  # tid -> [trajectory, turn index, context tokens]
+        self.flags: dict[str, bool] = {}
+        self.closed_until: dict[str, float] = {}
+        self.version: dict[str, int] = {}
+        self.counts = dict(started=0, finished=0, turns=0, rerouted=0, affine=0, later_turns=0,
+                           tokens=0, borrowed_tokens=0, cached=0, prompt=0)
+        self.steps: list[dict] = []
+        self._step_started, self._step_tokens, self._left = 0.0, 0, 0
+        self._build()
+
+    # ---- fleet ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        c = self.cfg
+        for i in range(c.rollout_gpus):
+            self._add(Device(self.loop, f"rollout-{i}", "rollout", self.rollout_prof, self._done, self._abort))
+        arrival_len = p90([r.prompt for r in _sample_prompts(c.serving_rate)])
+        for j in range(c.serving_gpus):
+            arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600))
+            name = f"serving-{j}"
+            if c.config == "fixed":
+                dev = Device(self.loop, name, "serving", None, self._done, self._abort,
+                             serving=self.serving_prof, arrivals=arrivals)
+            elif c.config == "static":  # half the device each: two half-speed engines side by side
+                dev = Device(self.loop, name, "serving", None, self._done, self._abort,
+                             serving=scaled(self.serving_prof, 2.0), arrivals=arrivals)
+                half = Device(self.loop, f"{name}-r", "rollout", scaled(self.rollout_prof, 2.0),
+                              self._done, self._abort)
+                half.borrowed = True
+                self._add(half)
+            else:
+                admission = DualSLOAdmission(self.serving_prof, self.slo, "mixed", "monolithic",
+                                             arrival_prompt_len=arrival_len, next_step_prefills=True)
+                dev = Device(self.loop, name, "serving", self.rollout_prof, self._done, self._abort,
+                             serving=self.serving_prof, admission=admission,
+                             memory=KVMemoryPolicy(c.kv_blocks), stall=StallDetector(2.0),
+                             arrivals=arrivals, slo_aware=c.config == "rose", on_iter=self._on_iter)
+                self.router.register_worker(WorkerInfo(name, "serving"))
+                self.router.set_admitting(name, False)
+                self.flags[name], self.version[name] = False, 0
+                self.devices[name] = dev
+            self.serving_devices.append(dev)
+
+    def _add(self, dev: Device) -> None:
+        self.devices[dev.name] = dev
+        self.router.register_worker(WorkerInfo(dev.name, "rollout"))
+
+    # ---- run --------------------------------------------------------------------------------
+    def run(self) -> dict:
+        wall = time.perf_counter()
+        self.loop.at(0.0, self._start_step, 1)
+        # serving arrivals never run out: a lost trajectory would stall the step forever, so a
+        # generous horizon ends the run and the report shows it in flight
+        self.loop.run(until=lambda: len(self.steps) >= self.cfg.steps, t_max=MAX_STEP_S * self.cfg.steps)
+        return summarize(self, time.perf_counter() - wall)
+
+    def _start_step(self, step: int) -> None:
+        now = self.loop.now
+        self._step, self._step_started, self._step_tokens = step, now, 0
+        self._borrowed0 = self.counts["borrowed_tokens"]
+        floor = policy_floor(step, self.cfg.max_staleness, "serving")
+        for name, dev in self.devices.items():
+            dev.start_step(now)
+            if name in self.version:
+                dev.eligible = self.version[name] >= floor
+                self._on_iter(dev)
+        n = self.cfg.traj_per_rollout_gpu * self.cfg.rollout_gpus
+        self._left = n
+        for i in range(n):
+            tid = f"s{step}-t{i}"
+            traj = self.workload.sample(self.rng)
+            self.trajs[tid] = [traj, 0, traj.first_prompt]
+            self.counts["started"] += 1
+            self.queue.append(tid)
+        self._dispatch()
+
+    def _end_rollout(self) -> None:
+        now, sm = self.loop.now, self.step_model
+        rollout_s = now - self._step_started
+        train_s = sm.train_s(self._step_tokens, self.cfg.train_gpus)
+        published = now + train_s + sm.publish_s
+        self.steps.append(dict(step=self._step, rollout_s=rollout_s, train_s=train_s, publish_s=sm.publish_s,
+                               step_s=published - self._step_started, tokens=self._step_tokens,
+                               borrowed_tokens=self.counts["borrowed_tokens"] - self._borrowed0))
+        for name in self.version:  # serving GPUs pull the new version in the background
+            self.loop.at(published + self.cfg.pull_s, self._pulled, (name, self._step))
+        if len(self.steps) < self.cfg.steps:
+            self.loop.at(published, self._start_step, self._step + 1)
+
+    def _pulled(self, arg: tuple[str, int]) -> None:
+        name, version = arg
+        self.version[name] = max(self.version[name], version)
+        dev = self.devices[name]
+        dev.eligible = self.version[name] >= policy_floor(self._step, self.cfg.max_staleness, "serving")
+        self._on_iter(dev)
+
+    # ---- routing ----------------------------------------------------------------------------
+    def _admits(self, name: str) -> bool:
+        return self.flags.get(name, False) and self.router.load(name) < self.cfg.serving_max_turns
+
+    def _dispatch(self) -> None:
+        q, route = self.queue, self.router.route
+        if self.cfg.mode == "pinned":  # a pinned trajectory waits for its home; others may go
+            for _ in range(len(q)):
+                tid = q.popleft()
+                name = route(tid, self._admits)
+                q.append(tid) if name is None else self._place(tid, name)
+            return
+        while q:
+            name = route(q[0], self._admits)
+            if name is None:
+                return
+            self._place(q.popleft(), name)
+
+    def _place(self, tid: str, name: str) -> None:
+        traj, k, context = self.trajs[tid]
+        placement = self.router.on_turn_start(tid, name)
+        turn = Turn(tid, context, traj.responses[k])
+        if placement.affine and k > 0:
+            turn.cached = context - traj.obs[k - 1]  # the previous turn's prompt + response
+        self.devices[name].submit(turn, placement.affine and k > 0)
+
+    def _done(self, dev: Device, turn: Turn) -> None:
+        self.router.on_turn_end(turn.tid, dev.name)
+        c, tokens = self.counts, turn.context + turn.response
+        c["turns"] += 1
+        c["tokens"] += tokens
+        c["cached"] += turn.cached
+        c["prompt"] += turn.context
+        self._step_tokens += tokens
+        if dev.borrowed:
+            c["borrowed_tokens"] += tokens
+        state = self.trajs[turn.tid]
+        traj, k = state[0], state[1]
+        if k + 1 < traj.turns:
+            state[1], state[2] = k + 1, turn.context + turn.response + traj.obs[k]
+            self.loop.at(self.loop.now + traj.env_s[k], self._ready, turn.tid)
+        else:
+            self._finish(turn.tid)
+        self._dispatch()
+
+    def _ready(self, tid: str) -> None:
+        self.queue.append(tid)
+        self._dispatch()
+
+    def _finish(self, tid: str) -> None:
+        for p in self.router.forget(tid):
+            if p.turn > 0 and not p.rerouted:
+                self.counts["later_turns"] += 1
+                self.counts["affine"] += p.affine
+        del self.trajs[tid]
+        self.counts["finished"] += 1
+        self._left -= 1
+        if self._left == 0:
+            self._end_rollout()
+
+    def _abort(self, dev: Device, turn: Turn) -> None:
+        """A KV cut or stall gave the turn back: reroute it; close the worker's gate for a poll."""
+        self.router.on_turn_aborted(turn.tid, dev.name)
+        self.counts["rerouted"] += 1
+        self.closed_until[dev.name] = self.loop.now + self.cfg.admission_refresh_s
+        self.loop.at(self.closed_until[dev.name], lambda d: self._on_iter(d), dev)
+        self._set_flag(dev.name, False)
+        self.queue.appendleft(turn.tid)
+        self._dispatch()
+
+    def _on_iter(self, dev: Device) -> None:
+        if dev.name not in self.flags:
+            return
+        flag = dev.admitting() and self.loop.now >= self.closed_until.get(dev.name, 0.0)
+        if flag != self.flags[dev.name]:
+            self._set_flag(dev.name, flag)
+            if flag and self.queue:
+                self._dispatch()
+
+    def _set_flag(self, name: str, flag: bool) -> None:
+        self.flags[name] = flag
+        self.router.set_admitting(name, flag)
+
+
+def _sample_prompts(rate: float):
+    """The first 2,000 serving requests: their P90 prompt is the arrival length admission guards."""
+    gen = serving_arrivals(rate, 0.0)
+    return [next(gen) for _ in range(2000)]

@@ -1,0 +1,59 @@
+"""What one simulation runs: the fleet, the configuration, the workload knobs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from executors.policies.router import MODES
+
+CONFIGS = ("fixed", "rose", "slo_unaware", "static")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """gpus: the RL job's own GPUs, half trainers and half dedicated rollout GPUs (our split).
+    serving_ratio: borrowed serving GPUs per rollout GPU (the issue's 1x-4x).
+    config: "fixed" (serving GPUs only serve), "rose" (co-serving with admission, memory policy,
+    stall rule), "slo_unaware" (co-serving, every rollout step admitted), "static" (each serving
+    GPU split 50/50: serving and rollout engines each at half speed, no admission).
+    """
+
+    gpus: int = 16
+    config: str = "rose"
+    mode: str = "turnwise_affinity"
+    serving_ratio: float = 1.0
+    steps: int = 3
+    seed: int = 0
+    traj_per_rollout_gpu: int = 32  # batch = this x rollout GPUs (our choice; 2x the router cap)
+    serving_rate: float = 12.0  # trace speed-up per serving GPU (the load level)
+    kv_blocks: int = 2048  # KV pool per device, blocks of 32 tokens
+    cap_per_rollout_gpu: int = 16  # router cap (SchedulerConfig default)
+    serving_max_turns: int = 16  # rollout turns per serving GPU (SchedulerConfig default)
+    max_staleness: int = 0  # SchedulerConfig.serving_lag default
+    pull_s: float = 0.0  # serving GPUs' background pull of a new version (0: no model given)
+    admission_refresh_s: float = 0.3  # a serving GPU that aborted a turn stays closed this long
+    slo_ttft_s: float | None = None  # None: SLOConfig.from_profile (the serving worker's own rule)
+    slo_tpot_s: float | None = None
+    rollout_profile: str = "cpu_policy"
+    serving_profile: str = "cpu_serving"
+
+    def __post_init__(self) -> None:
+        if self.config not in CONFIGS:
+            raise ValueError(f"config must be one of {CONFIGS}, got {self.config!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.gpus < 2 or self.steps < 1 or self.traj_per_rollout_gpu < 1:
+            raise ValueError("need gpus >= 2, steps >= 1, traj_per_rollout_gpu >= 1")
+        if self.serving_ratio < 0 or self.serving_rate <= 0:
+            raise ValueError("serving_ratio must be >= 0 and serving_rate > 0")
+
+    @property
+    def train_gpus(self) -> int:
+        return self.gpus // 2
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.gpus - self.train_gpus
+
+    @property
+    def serving_gpus(self) -> int:
+        return round(self.rollout_gpus * self.serving_ratio)

@@ -1,0 +1,284 @@
+"""One simulated accelerator: a rollout engine, optionally behind a serving engine (co-serving).
+
+One timeline per device (temporal sharing, paper 4.1): each iteration runs a serving step when
+serving has work, then a rollout step if the real policies allow it: `plan_steps` prices it
+from the rollout profile, `DualSLOAdmission.admit` holds it against both SLO slacks, and
+`KVMemoryPolicy` grants its KV blocks (budget per RL step, burst cut, leases on prefix caches).
+A started turn that admission keeps idle is reported by `StallDetector` and kept or aborted by
+`keep_stalled`. Serving steps: queued prefills run monolithic together with the decodes
+(P_serving of their summed prompts), else one decode step D_serving(B).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from executors.policies.kv_memory import KVMemoryPolicy
+from executors.policies.latency_profile import LatencyProfile
+from executors.policies.slo_admission import DualSLOAdmission, ServingDecode, ServingPrefill
+from executors.policies.stall import StallDetector, keep_stalled
+from executors.policies.step_plan import plan_steps
+from sim.events import EventLoop
+from sim.workload import ServingRequest
+
+BLOCK = 32  # tokens per KV block (executors/coserving/config.py BLOCK_SIZE)
+CHUNK = 512
+MAX_SERVING_PREFILL = 4096  # serving prompt tokens batched in one step (vLLM max_num_batched_tokens)
+POLL_S = 0.01  # how often an idle device with denied rollout work looks again
+
+
+@dataclass(slots=True)
+class Turn:
+    tid: str
+    context: int  # tokens before this turn's response (the whole prompt)
+    response: int
+    prefill_left: int = 0
+    out_left: int = 0
+    rid: int = 0
+    started: bool = False  # the engine computed some of it (aborting it loses work)
+    cached: int = 0  # prompt tokens served from the prefix cache
+
+
+@dataclass(slots=True)
+class _Serve:
+    req: ServingRequest
+    first: float = -1.0
+    last: float = 0.0
+    left: int = 0
+
+
+@dataclass
+class ServingStats:
+    done: list[tuple[float, float]] = field(default_factory=list)  # (TTFT, TPOT) per finished request
+    busy_s: float = 0.0
+
+
+class Device:
+    def __init__(self, loop: EventLoop, name: str, kind: str, rollout: LatencyProfile | None,
+                 on_done: Callable[["Device", Turn], None], on_abort: Callable[["Device", Turn], None],
+                 serving: LatencyProfile | None = None, admission: DualSLOAdmission | None = None,
+                 memory: KVMemoryPolicy | None = None, stall: StallDetector | None = None,
+                 arrivals: Iterator[ServingRequest] | None = None, slo_aware: bool = True,
+                 on_iter: Callable[["Device"], None] | None = None) -> None:
+        self.loop, self.name, self.kind = loop, name, kind
+        self.rollout, self.serving, self.admission = rollout, serving, admission
+        self.memory, self.stall, self.slo_aware = memory, stall, slo_aware
+        self.on_done, self.on_abort = on_done, on_abort
+        self.waiting: list[Turn] = []
+        self.running: list[Turn] = []
+        self.on_iter, self.borrowed = on_iter, kind == "serving"
+        self._arrivals = arrivals
+        self._next = next(arrivals, None) if arrivals is not None else None
+        self.queued: list[_Serve] = []
+        self.active: list[_Serve] = []
+        self.stats = ServingStats()
+        self.busy = False
+        self.eligible = rollout is not None  # staleness: holds a policy version the step may use
+        self.rollout_tokens = 0
+        self.aborted = self.stall_kept = 0
+        self._kept: dict[int, int] = {}
+        self._denied_at = -math.inf
+        self._rids = 0
+        self._fresh = False  # a turn arrived during the current iteration
+        if self._next is not None:
+            loop.at(self._next.arrival, self._wake)
+
+    # ---- inputs ---------------------------------------------------------------------------
+    def submit(self, turn: Turn, prefix_hit: bool) -> None:
+        """A turn routed here; a prefix hit prefills only the tokens after the cached prefix."""
+        if prefix_hit and self.memory is not None:
+            prefix_hit = self.memory.drop_prefix(turn.tid) > 0  # the lease may have lapsed
+        turn.cached = min(turn.context - 1, turn.cached) if prefix_hit else 0
+        turn.prefill_left, turn.out_left = turn.context - turn.cached, turn.response
+        self._rids += 1
+        turn.rid, turn.started = self._rids, False
+        self.waiting.append(turn)
+        self._fresh = True
+        if self.stall is not None:  # the executor watches a turn from acceptance, not first step
+            self.stall.on_admit(turn.rid, self.loop.now, turn.tid)
+        self._wake()
+
+    def start_step(self, now: float) -> None:
+        if self.memory is not None:
+            peak = min(self.memory.total_blocks, self._serving_blocks())
+            self.memory.start_step(peak, now)
+
+    def admitting(self) -> bool:
+        """Cheap flag for the router (the executor's `admitting()`): eligible and memory allows."""
+        if not self.eligible:
+            return False
+        m = self.memory
+        return m is None or (m.state.value != "pressure" and m.rollout_used < m.budget)
+
+    # ---- the iteration --------------------------------------------------------------------
+    def _wake(self, _=None) -> None:
+        if not self.busy:
+            self.busy = True
+            self.loop.at(self.loop.now, self._iterate)
+
+    def _iterate(self, _=None) -> None:
+        now = self.loop.now
+        self._fresh = False
+        self._take_arrivals(now)
+        if self.memory is not None:
+            self.memory.expired_leases(now)  # lapsed prefix caches free their blocks
+        cost = self._serving_step(now) if (self.queued or self.active) else 0.0
+        self.stats.busy_s += cost
+        cost += self._rollout_step(now + cost)
+        if self.on_iter is not None:
+            self.on_iter(self)
+        if cost > 0 or self._fresh:  # a turn routed here by on_iter starts now, not at the next arrival
+            self.loop.at(now + cost, self._iterate)
+            return
+        self.busy = False
+        if self._next is not None:
+            self.loop.at(self._next.arrival, self._wake)
+
+    def _take_arrivals(self, now: float) -> None:
+        while self._next is not None and self._next.arrival <= now:
+            self.queued.append(_Serve(self._next))
+            self._next = next(self._arrivals, None)
+
+    def _serving_step(self, now: float) -> float:
+        prof = self.serving
+        batch, tokens = [], 0
+        for s in self.queued:
+            if batch and tokens + s.req.prompt > MAX_SERVING_PREFILL:
+                break
+            batch.append(s)
+            tokens += s.req.prompt
+        if batch:
+            del self.queued[:len(batch)]
+            cost = prof.prefill(tokens)
+        else:
+            cost = prof.decode_step(len(self.active))
+        end = now + cost
+        for s in self.active:
+            s.left -= 1
+            s.last = end
+        for s in batch:
+            s.first, s.last, s.left = end, end, s.req.output - 1
+            self.active.append(s)
+        done = [s for s in self.active if s.left <= 0]
+        if done:
+            self.active = [s for s in self.active if s.left > 0]
+            self.stats.done.extend((s.first - s.req.arrival, (s.last - s.first) / max(1, s.req.output - 1))
+                                   for s in done)
+        if self.memory is not None:
+            for act in self.memory.observe_serving(min(self.memory.total_blocks, self._serving_blocks()), end):
+                if act.kind == "abort":
+                    self._abort(act.request_id)
+        return cost
+
+    def _serving_blocks(self) -> int:
+        return sum(math.ceil((s.req.prompt + s.req.output - s.left) / BLOCK) for s in self.active)
+
+    def _rollout_step(self, now: float) -> float:
+        if self.rollout is None or not (self.waiting or self.running):
+            return 0.0
+        self._start_waiting(now)
+        if not self.running:
+            self._check_stalls(now)
+            return 0.0 if (self.queued or self.active) else self._idle_poll()
+        decodes = sum(1 for t in self.running if t.prefill_left == 0)
+        prefill = sum(t.prefill_left for t in self.running)
+        plans = plan_steps(decodes, prefill, 0, BLOCK, self.rollout, CHUNK)
+        if self.admission is not None and self.slo_aware and plans and plans[0].kind == "prefill_chunk":
+            # as the executor's step gate: smaller chunks after the full one, before decodes only
+            plans[1:1] = [p for c in (CHUNK // 2, CHUNK // 4, CHUNK // 8)
+                          for p in plan_steps(decodes, prefill, 0, BLOCK, self.rollout, c)
+                          if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
+        plan = self._admit(plans, now)
+        if plan is None:
+            self._check_stalls(now)
+            return 0.0 if (self.queued or self.active) else self._idle_poll()
+        budget = plan.tokens - (decodes if plan.kind != "decode" else plan.tokens)
+        for t in self.running:
+            t.started = True
+            if t.prefill_left == 0:
+                t.out_left -= 1
+            elif budget > 0:
+                take = min(budget, t.prefill_left)
+                t.prefill_left -= take
+                budget -= take
+                if t.prefill_left == 0:
+                    t.out_left -= 1  # the last prefill chunk samples the first token
+            if self.stall is not None:
+                self.stall.on_progress(t.rid, now)
+        end = now + plan.cost_s
+        finished = [t for t in self.running if t.out_left <= 0]
+        if finished:
+            self.running = [t for t in self.running if t.out_left > 0]
+            for t in finished:
+                self._finish(t, end)
+        self._check_stalls(end)
+        return plan.cost_s
+
+    def _admit(self, plans, now: float):
+        if self.admission is None or not self.slo_aware:
+            return plans[0] if plans else None
+        queued = [ServingPrefill(s.req.arrival, s.req.prompt) for s in self.queued]
+        active = [ServingDecode(s.last) for s in self.active]
+        kv_ok = self.memory is None or self.memory.state.value != "pressure"
+        reason = "kv_headroom"
+        for plan in plans:
+            decision = self.admission.admit(plan.cost_s, queued, active, now, kv_ok)
+            if decision.admitted:
+                return plan
+            reason = decision.reason
+        if reason in ("ttft_slack", "tpot_slack"):  # serving's burst, not KV: a stall may wait
+            self._denied_at = now
+        return None
+
+    def _idle_poll(self) -> float:
+        """Rollout waits (admission's arrival-time TTFT guard, or KV) with serving idle: look
+        again after a poll interval (the executor's loop does the same), or stop when nothing waits."""
+        return POLL_S if (self.waiting or self.running) else 0.0
+
+    def _start_waiting(self, now: float) -> None:
+        while self.waiting and len(self.running) < 64:
+            t = self.waiting[0]
+            blocks = math.ceil((t.context + t.response) / BLOCK)
+            if self.memory is not None:
+                if not self.memory.can_allocate(blocks):
+                    return
+                self.memory.on_rollout_alloc(t.rid, blocks, now, t.tid)
+            self.running.append(self.waiting.pop(0))
+
+    def _finish(self, t: Turn, now: float) -> None:
+        self.rollout_tokens += t.context + t.response
+        if self.memory is not None:
+            self.memory.on_rollout_free(t.rid)
+            self.memory.touch_prefix(t.tid, math.ceil((t.context + t.response) / BLOCK), now)
+        if self.stall is not None:
+            self.stall.on_finish(t.rid)
+        self.on_done(self, t)
+
+    def _check_stalls(self, now: float) -> None:
+        if self.stall is None:
+            return
+        for rep in self.stall.check(now):
+            t = next((x for x in self.running + self.waiting if x.rid == rep.request_id), None)
+            if t is None:
+                continue
+            kept = self._kept.get(t.rid, 0)
+            if keep_stalled(t.started, kept, now - self._denied_at, self.stall.timeout_s):
+                self._kept[t.rid] = kept + 1
+                self.stall_kept += 1
+                self.stall.on_admit(t.rid, now, t.tid)
+            else:
+                self._abort(t.rid)
+
+    def _abort(self, rid: int) -> None:
+        t = next((x for x in self.running + self.waiting if x.rid == rid), None)
+        if t is None:
+            return
+        self.running = [x for x in self.running if x.rid != rid]
+        self.waiting = [x for x in self.waiting if x.rid != rid]
+        if self.memory is not None:
+            self.memory.on_rollout_free(rid)
+        if self.stall is not None:
+            self.stall.on_finish(rid)
+        self.aborted += 1
+        self.on_abort(self, t)

@@ -1,0 +1,39 @@
+"""Latency profiles the simulator's engines run on: sim/profiles/<kind>_<model>.json.
+
+Each file is a LatencyProfile (executors/policies/latency_profile.py format, read by its own
+from_json) plus a "source" field saying where every number came from. Shipped: the local CPU
+models, measured by the executor's start-up profiler on this machine. GPU kinds are left out
+(sim/profiles/gpu_sources.json says what was found and what is missing).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from executors.policies.latency_profile import Curve, LatencyProfile
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+def load_profile(name: str) -> LatencyProfile:
+    """A shipped profile by file stem, e.g. "cpu_policy" or "cpu_serving"."""
+    path = PROFILE_DIR / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no simulator profile {name!r} in {PROFILE_DIR}")
+    return LatencyProfile.load(path)
+
+
+def profile_source(name: str) -> str:
+    return str(json.loads((PROFILE_DIR / f"{name}.json").read_text()).get("source", ""))
+
+
+def scaled(profile: LatencyProfile, factor: float) -> LatencyProfile:
+    """Every latency times `factor`: an engine given 1/factor of a device (static partition)."""
+    if factor <= 0:
+        raise ValueError(f"scale factor must be > 0, got {factor}")
+
+    def s(c: Curve) -> Curve:
+        return Curve(c.xs, tuple(y * factor for y in c.ys))
+
+    return LatencyProfile(s(profile.monolithic), s(profile.chunked), s(profile.decode),
+                          profile.chunk_size, f"{profile.name} x{factor:g}")

@@ -1,0 +1,50 @@
+"""What a simulation reports: step throughput, serving P99s and SLO attainment, borrowed share,
+affinity hit rate, and the conservation counters (no trajectory lost)."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.cluster import ClusterSim
+
+
+def p99(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+
+
+def summarize(sim: "ClusterSim", wall_s: float) -> dict:
+    c, cfg, steps = sim.counts, sim.cfg, sim.steps
+    step_s = sum(s["step_s"] for s in steps)
+    tokens = sum(s["tokens"] for s in steps)
+    served = [x for d in sim.serving_devices for x in d.stats.done]
+    ok = sum(1 for ttft, tpot in served if ttft <= sim.slo.ttft_s and tpot <= sim.slo.tpot_s)
+    horizon = max(sim.loop.now, 1e-9)
+    busy = [d.stats.busy_s / horizon for d in sim.serving_devices]
+    in_flight = len(sim.trajs)
+    return {
+        "config": cfg.config, "mode": cfg.mode, "gpus": cfg.gpus, "train_gpus": cfg.train_gpus,
+        "rollout_gpus": cfg.rollout_gpus, "serving_gpus": cfg.serving_gpus, "steps": len(steps),
+        "seed": cfg.seed, "serving_rate": cfg.serving_rate,
+        "trajectories_per_step": cfg.traj_per_rollout_gpu * cfg.rollout_gpus,
+        "tokens_per_s": tokens / step_s if step_s else 0.0,
+        "step_s_mean": step_s / max(1, len(steps)),
+        "rollout_s_mean": sum(s["rollout_s"] for s in steps) / max(1, len(steps)),
+        "borrowed_share": c["borrowed_tokens"] / c["tokens"] if c["tokens"] else 0.0,
+        "affinity_hit_rate": c["affine"] / c["later_turns"] if c["later_turns"] else 0.0,
+        "prefix_hit_tokens": c["cached"] / c["prompt"] if c["prompt"] else 0.0,
+        "serving_requests": len(served),
+        "ttft_p99_s": p99([t for t, _ in served]), "tpot_p99_s": p99([t for _, t in served]),
+        "slo_ttft_s": sim.slo.ttft_s, "slo_tpot_s": sim.slo.tpot_s,
+        "slo_attainment": ok / len(served) if served else None,
+        "serving_busy_mean": sum(busy) / len(busy) if busy else 0.0,
+        "trajectories_started": c["started"], "trajectories_finished": c["finished"],
+        "trajectories_in_flight": in_flight, "turns": c["turns"], "turns_rerouted": c["rerouted"],
+        "stall_kept": sum(d.stall_kept for d in sim.devices.values()),
+        "kv_cuts": sum(d.memory.cuts for d in sim.devices.values() if d.memory is not None),
+        "events": sim.loop.events, "sim_s": sim.loop.now, "wall_s": wall_s,
+        "per_step": steps,
+    }

@@ -1,0 +1,159 @@
+"""Workloads: agentic trajectories fitted from the project's Arrow data, serving arrivals from a
+trace, and the RL step's train/publish times from a simple model.
+
+A trajectory is drawn from empirical distributions (21 quantiles each, sampled by inverse CDF)
+of the turns recorded by real runs: turns per trajectory, the first prompt's tokens, the
+observation tokens each later turn appends, response tokens per turn, environment seconds per
+turn, and whether the trajectory succeeded. `fit_from_arrow` computes them with DuckDB over the
+dataset (rose query's view); the fit shipped in sim/profiles/workload_frozenlake.json says which
+runs it came from.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rose.serve.trace import DEFAULT_TRACE, load_trace
+
+QUANTILES = [i / 20 for i in range(21)]
+WORKLOAD_FILE = Path(__file__).resolve().parent / "profiles" / "workload_frozenlake.json"
+_COLUMNS = {  # distribution -> SQL over per-turn rows (d: observation tokens a turn appends)
+    "turns": "SELECT count(*) FROM turns GROUP BY run, trajectory",
+    "first_prompt": "SELECT num_prompt_tokens FROM turns WHERE turn = 0",
+    "obs_tokens": ("SELECT d FROM (SELECT num_prompt_tokens - lag(num_prompt_tokens + len(response_ids)) "
+                   "OVER (PARTITION BY run, trajectory ORDER BY turn) AS d FROM turns) WHERE d IS NOT NULL"),
+    "response": "SELECT len(response_ids) FROM turns",
+    "env_s": "SELECT env_s FROM turns",
+}
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    first_prompt: int
+    obs: tuple[int, ...]  # tokens appended before turns 1..n-1
+    responses: tuple[int, ...]  # response tokens of turns 0..n-1
+    env_s: tuple[float, ...]  # environment time after each turn
+    success: bool
+
+    @property
+    def turns(self) -> int:
+        return len(self.responses)
+
+
+class WorkloadSpec:
+    def __init__(self, quantiles: dict[str, list[float]], success_rate: float, source: str = "") -> None:
+        missing = set(_COLUMNS) - set(quantiles)
+        if missing:
+            raise ValueError(f"workload lacks distributions {sorted(missing)}")
+        self.q = {k: np.asarray(v, dtype=float) for k, v in quantiles.items()}
+        self.success_rate, self.source = success_rate, source
+
+    def _draw(self, rng: random.Random, name: str) -> float:
+        return float(np.interp(rng.random(), QUANTILES, self.q[name]))
+
+    def sample(self, rng: random.Random) -> Trajectory:
+        n = max(1, round(self._draw(rng, "turns")))
+        return Trajectory(max(1, round(self._draw(rng, "first_prompt"))),
+                          tuple(max(1, round(self._draw(rng, "obs_tokens"))) for _ in range(n - 1)),
+                          tuple(max(1, round(self._draw(rng, "response"))) for _ in range(n)),
+                          tuple(max(0.0, self._draw(rng, "env_s")) for _ in range(n)),
+                          rng.random() < self.success_rate)
+
+    def to_json(self) -> str:
+        return json.dumps({"source": self.source, "success_rate": self.success_rate,
+                           "quantiles": {k: [round(float(x), 6) for x in v] for k, v in self.q.items()}},
+                          indent=1)
+
+    @classmethod
+    def load(cls, path: str | Path = WORKLOAD_FILE) -> "WorkloadSpec":
+        d = json.loads(Path(path).read_text())
+        return cls(d["quantiles"], float(d["success_rate"]), d.get("source", ""))
+
+
+def fit_from_arrow(parquet_glob: str) -> WorkloadSpec:
+    """Fit the distributions from turn rows (the trajectory schema) matched by a glob."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW turns AS SELECT * FROM read_parquet('{parquet_glob}', hive_partitioning=true)")
+    qs = {}
+    for name, sql in _COLUMNS.items():
+        vals = np.array([r[0] for r in con.execute(sql).fetchall()], dtype=float)
+        if not len(vals):
+            raise ValueError(f"no rows for {name} under {parquet_glob}")
+        qs[name] = np.quantile(vals, QUANTILES).tolist()
+    rate = con.execute("SELECT avg(CAST(r > 0 AS DOUBLE)) FROM (SELECT any_value(trajectory_reward) r "
+                       "FROM turns GROUP BY run, trajectory)").fetchone()[0]
+    runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM turns ORDER BY run").fetchall()]
+    n = con.execute("SELECT count(*) FROM turns").fetchone()[0]
+    return WorkloadSpec(qs, float(rate), f"fitted from {n} turns of runs {', '.join(runs)}")
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    arrival: float
+    prompt: int
+    output: int
+
+
+def serving_arrivals(rate_scale: float, offset_s: float, length_scale: float = 1 / 16,
+                     output_scale: float = 1.0, max_model_len: int = 2048,
+                     path: Path = DEFAULT_TRACE) -> Iterator[ServingRequest]:
+    """The trace from `offset_s` on, wrapping around its hour forever, `rate_scale` times faster,
+    lengths scaled like the demo's background replay (prompts x1/16, outputs x1)."""
+    if rate_scale <= 0:
+        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+    trace = _trace(str(path))
+    span = trace.span_s + 1.0
+    base, lap = offset_s % span, 0.0
+    while True:
+        i = int(np.searchsorted(trace.arrival_s, base))
+        for t, ctx, gen in zip(trace.arrival_s[i:], trace.context_tokens[i:], trace.generated_tokens[i:]):
+            prompt = min(max(round(int(ctx) * length_scale), 1), max_model_len - 1)
+            yield ServingRequest((lap + float(t) - base) / rate_scale, prompt,
+                                 min(max(round(int(gen) * output_scale), 1), max_model_len - prompt))
+        lap += span - base
+        base = 0.0
+
+
+_TRACES: dict = {}
+
+
+def _trace(path: str):
+    if path not in _TRACES:  # one parse per process: every serving device reads the same hour
+        _TRACES[path] = load_trace(path)
+    return _TRACES[path]
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Train seconds = tokens x train_s_per_token / train GPUs (data parallel, linear: an
+    assumption); publish seconds a constant per step (the measured step time left after rollout
+    and train). Fitted from bench/results/learning_fidelity.json's fixed-rollout steps."""
+
+    train_s_per_token: float
+    publish_s: float
+    source: str = ""
+
+    def train_s(self, tokens: int, train_gpus: int) -> float:
+        return tokens * self.train_s_per_token / max(1, train_gpus)
+
+    @classmethod
+    def from_fidelity(cls, path: str | Path) -> "StepModel":
+        d = json.loads(Path(path).read_text())
+        steps = [s for seed in d["runs"]["fixed"].values() for s in seed["steps"]]
+        per_tok = statistics.median(s["train_s"] / s["tokens"] for s in steps)
+        other = statistics.median(max(0.0, s["step_s"] - s["rollout_s"] - s["train_s"]) for s in steps)
+        return cls(per_tok, other, f"median over {len(steps)} fixed-rollout steps of {Path(path).name}")
+
+
+def p90(values: list[int]) -> int:
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, math.floor(0.9 * len(xs)))] if xs else 0
