@@ -1,0 +1,136 @@
+"""Cluster-scale simulation of ROSE (sim/): step throughput, serving P99s and SLO attainment,
+borrowed share and KV-affinity hit rate at 16-1,024 GPUs, per configuration.
+
+    python bench/cluster_sim.py [--steps 3] [--scales 16 64 256 1024] [--timing]
+
+Every engine is the local CPU models' measured latency profile (sim/profiles/; no GPU kind could
+be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such engines, not
+H800s. Per scale, "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99
+TTFT/TPOT, as bench/coserving_sweep.py does per load; the other configurations run at that SLO.
+--timing also runs 1,024 GPUs x 50 steps of ROSE and records the wall time. Validation: the
+local stack's two configurations (1 rollout GPU; + 1 serving GPU under the demo replay's
+traffic) against bench/results/learning_fidelity.json's measured rollout times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.cluster import ClusterSim  # noqa: E402
+from sim.config import SimConfig  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
+FIDELITY = Path(__file__).resolve().parent / "results" / "learning_fidelity.json"
+ROWS = [("fixed", "turnwise_affinity"), ("rose", "turnwise_affinity"), ("slo_unaware", "turnwise_affinity"),
+        ("static", "turnwise_affinity")]
+ABLATIONS = [("rose", "pinned"), ("rose", "turnwise")]
+
+
+def run(cfg: SimConfig) -> dict:
+    r = ClusterSim(cfg).run()
+    print(f"  {cfg.gpus:>5} GPUs {cfg.config:>11} {cfg.mode:>17}: {r['tokens_per_s']:>10,.0f} tok/s, "
+          f"wall {r['wall_s']:.1f} s", flush=True)
+    return r
+
+
+def sweep(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for gpus in args.scales:
+        base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
+        fixed = run(replace(base, config="fixed"))
+        slo = dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+        fixed = run(replace(base, config="fixed", **slo))  # its attainment at the SLO it set
+        rows.append(fixed)
+        todo = ROWS[1:] + (ABLATIONS if gpus == args.ablation_scale else [])
+        for config, mode in todo:
+            r = run(replace(base, config=config, mode=mode, **slo))
+            r["speedup_vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+            rows.append(r)
+        if gpus == args.ablation_scale:  # the serving worker's own (tight) SLO rule: admission binds
+            for config in ("fixed", "rose", "slo_unaware"):
+                r = run(replace(base, config=config))
+                r["speedup_vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+                r["slo_rule"] = "profile"
+                rows.append(r)
+    return rows
+
+
+def validate(seed: int) -> dict:
+    """The local stack: 1 trainer + 1 rollout worker (+ 1 serving worker under the demo's background
+    replay: 8x faster, a quarter of the requests = 2x the trace rate), 128 trajectories a step."""
+    d = json.loads(FIDELITY.read_text())
+    out = {}
+    for name, ratio in (("fixed", 0.0), ("borrowed", 1.0)):
+        measured = [s["rollout_s"] for run_ in d["runs"][name].values() for s in run_["steps"]]
+        cfg = SimConfig(gpus=2, config="fixed" if ratio == 0 else "rose", serving_ratio=ratio, steps=8,
+                        seed=seed, traj_per_rollout_gpu=128, serving_rate=2.0)
+        sim = ClusterSim(cfg).run()
+        med = statistics.median(measured)
+        out[name] = {"measured_rollout_s_median": med, "measured_rollout_s_range": [min(measured), max(measured)],
+                     "simulated_rollout_s": sim["rollout_s_mean"],
+                     "error": sim["rollout_s_mean"] / med - 1, "simulated_borrowed_share": sim["borrowed_share"]}
+    return out
+
+
+def timing(seed: int) -> dict:
+    t0 = time.perf_counter()
+    r = ClusterSim(SimConfig(gpus=1024, config="rose", steps=50, seed=seed)).run()
+    return {"gpus": 1024, "steps": 50, "wall_s": time.perf_counter() - t0, "events": r["events"],
+            "load_avg": os.getloadavg(), "tokens_per_s": r["tokens_per_s"]}
+
+
+def table(rows: list[dict]) -> str:
+    def ms(x):
+        return "-" if x is None else f"{1000 * x:.0f}"
+
+    lines = ["| GPUs (train+rollout / serving) | config | routing | tokens/s | vs fixed | step s | P99 TTFT / TPOT ms "
+             "(SLO) | SLO met | borrowed | affinity hit |", "| --- " * 10 + "|"]
+    for r in rows:
+        att = "-" if r["slo_attainment"] is None else f"{100 * r['slo_attainment']:.1f}%"
+        mode = r["mode"] + (", profile SLO" if r.get("slo_rule") else "")
+        lines.append(
+            f"| {r['gpus']} / {r['serving_gpus']} | {r['config']} | {mode} | {r['tokens_per_s']:,.0f} | "
+            f"{r.get('speedup_vs_fixed', 1.0):.2f}x | {r['step_s_mean']:.2f} | {ms(r['ttft_p99_s'])} / "
+            f"{ms(r['tpot_p99_s'])} ({ms(r['slo_ttft_s'])} / {ms(r['slo_tpot_s'])}) | {att} | "
+            f"{100 * r['borrowed_share']:.0f}% | {100 * r['affinity_hit_rate']:.0f}% |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scales", type=int, nargs="+", default=[16, 64, 256, 1024])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rate", type=float, default=6.0, help="trace speed-up per serving GPU")
+    ap.add_argument("--ablation-scale", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timing", action="store_true", help="also time 1,024 GPUs x 50 steps")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = sweep(args)
+    result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
+              "validation": validate(args.seed) if FIDELITY.is_file() else None,
+              "timing": timing(args.seed) if args.timing else None,
+              "plot": "skipped: matplotlib is not installed in .venv",
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+              "total_s": None}
+    result["total_s"] = time.perf_counter() - t0
+    print(table(rows))
+    print(json.dumps({"validation": result["validation"], "timing": result["timing"]}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}; plot skipped (matplotlib not installed)")
+
+
+if __name__ == "__main__":
+    main()
