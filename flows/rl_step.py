@@ -17,7 +17,8 @@ from prefect import flow
 
 from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
-from rose.config import RunConfig
+from rose.config import RunConfig, data_dir
+from storage.metrics.record import record_step
 from storage.trajectories.dataset import PART, TrajectoryStore
 from tasks.publish import publish
 from tasks.reward import reward
@@ -86,5 +87,6 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
     }
     publish_step_artifacts(cfg.run_id, summary)
+    record_step(data_dir(), cfg.run_dir(), cfg.run_id, summary)  # docs/step_metrics_schema.md
     emit("step_end", **summary)
     return summary

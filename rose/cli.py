@@ -164,9 +164,9 @@ def demo(steps: int = typer.Option(5, help="RL steps."),
 
 @app.command()
 @clear_errors
-def query(sql: str = typer.Argument(..., help="SQL over the view `turns` (one row per turn).")
-          ) -> None:
-    """DuckDB over the trajectory dataset, e.g. rose query "SELECT count(*) FROM turns"."""
+def query(sql: str = typer.Argument(..., help="SQL over the views `turns` (one row per turn), "
+                                     "`steps` and `serving` (per RL step).")) -> None:
+    """DuckDB over the recorded datasets, e.g. rose query "SELECT count(*) FROM turns"."""
     from rose.launch import query as run_query
 
     run_query(sql, console)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rose.config import RunConfig, stack_dir
+from rose.config import RunConfig, data_dir, stack_dir
 from storage.atomic import write_atomic
 
 
@@ -122,10 +122,10 @@ def default_run_id(prefix: str = "run") -> str:
 def query(sql: str, console: Console | None = None, root: Path | None = None) -> None:
     from rich.table import Table
 
-    from storage.trajectories.dataset import TrajectoryStore
+    from storage.catalog import query as catalog_query
 
     console = console or Console()
-    result = TrajectoryStore(root or RunConfig().trajectories_dir()).query(sql)
+    result = catalog_query(root or data_dir(), sql)  # views turns, steps, serving
     table = Table(header_style="bold cyan")
     for name in result.column_names:
         table.add_column(name)

@@ -103,15 +103,19 @@ class TrajectoryStore:
 
     def query(self, sql: str) -> pa.Table:
         """Run SQL over the view `turns`; a bad query raises QueryError with DuckDB's message."""
+        return run_sql(self.connect(), sql)
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> pa.Table:
+    """Run SQL (with `?` parameters) on `con`, then close it; QueryError with DuckDB's first line."""
+    try:
         if not sql or not sql.strip():
             raise QueryError("query failed: empty SQL")
-        con = self.connect()
-        try:
-            result = con.sql(sql)
-            return result.to_arrow_table() if result is not None else pa.table({})
-        except duckdb.Error as e:
-            text = str(e).strip()
-            first = text.splitlines()[0] if text else type(e).__name__
-            raise QueryError(f"query failed: {first}") from None
-        finally:
-            con.close()
+        result = con.sql(sql, params=params)
+        return result.to_arrow_table() if result is not None else pa.table({})
+    except duckdb.Error as e:
+        text = str(e).strip()
+        first = text.splitlines()[0] if text else type(e).__name__
+        raise QueryError(f"query failed: {first}") from None
+    finally:
+        con.close()

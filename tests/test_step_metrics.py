@@ -1,0 +1,71 @@
+"""Per-step metric tables: written per step, rewritten not duplicated, queryable with the turns
+(storage.catalog, `rose query`), documented, and mirrored as TensorBoard events."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.catalog import query
+from storage.metrics.record import record_step
+from storage.metrics.schema import SERVING_SCHEMA, STEP_SCHEMA
+from storage.metrics.store import StepMetricsStore
+from storage.metrics.tensorboard import scalars
+from tests.dashboard_fixtures import RUNS, STEPS, recorded, step_summary  # noqa: F401
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "step_metrics_schema.md"
+
+
+def test_views_hold_one_row_per_step_and_per_serving_worker(recorded):
+    steps = query(recorded, "SELECT run, count(*) n, max(step) last FROM steps GROUP BY run "
+                            "ORDER BY run").to_pylist()
+    assert steps == [{"run": r, "n": len(STEPS), "last": max(STEPS)} for r in RUNS]
+    serving = query(recorded, "SELECT step, worker, ttft_p99_s FROM serving WHERE run = ? "
+                              "ORDER BY step", ["r1"]).to_pylist()
+    assert [(r["step"], r["worker"]) for r in serving] == [(s, "serving-0") for s in STEPS]
+    joined = query(recorded, "SELECT s.step, count(*) turns FROM steps s JOIN turns t "
+                             "USING (run, step) WHERE run = 'r2' GROUP BY ALL ORDER BY 1")
+    assert joined.column("turns").to_pylist() == [3] * len(STEPS)
+
+
+def test_rewriting_a_step_replaces_its_rows(recorded):
+    store = StepMetricsStore(recorded / "metrics")
+    store.write_step("r1", {**step_summary(2), "reward": -1.0})
+    rows = query(recorded, "SELECT reward FROM steps WHERE run = 'r1' AND step = 2").to_pylist()
+    assert rows == [{"reward": -1.0}]
+    assert store.read("serving").num_rows == len(RUNS) * len(STEPS)
+
+
+def test_a_step_without_serving_workers_has_no_serving_rows(tmp_path):
+    StepMetricsStore(tmp_path / "metrics").write_step("solo", step_summary(1, serving=False))
+    assert query(tmp_path, "SELECT count(*) n FROM serving").to_pylist() == [{"n": 0}]
+    row = query(tmp_path, "SELECT slo_attainment, serving_requests FROM steps").to_pylist()
+    assert row == [{"slo_attainment": None, "serving_requests": 0}]
+
+
+def test_views_exist_before_anything_is_recorded(tmp_path):
+    for view in ("turns", "steps", "serving"):
+        assert query(tmp_path, f"SELECT count(*) n FROM {view}").to_pylist() == [{"n": 0}]
+
+
+def test_record_step_writes_tables_and_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "runs" / "r1"
+    for step in (1, 2):
+        record_step(tmp_path, run_dir, "r1", step_summary(step))
+    assert query(tmp_path, "SELECT count(*) n FROM steps").to_pylist() == [{"n": 2}]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "step/reward" in tags and "serving/serving-0/ttft_p99_s" in tags
+    assert [e.step for e in events.Scalars("step/reward")] == [1, 2]
+
+
+def test_scalars_leave_out_missing_values():
+    tags = scalars(step_summary(1, serving=False))
+    assert "step/slo_attainment" not in tags and not any(t.startswith("serving/") for t in tags)
+
+
+def test_schema_doc_names_every_field():
+    text = DOC.read_text()
+    for name in STEP_SCHEMA.names + SERVING_SCHEMA.names:
+        assert f"`{name}`" in text, name
