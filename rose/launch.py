@@ -71,6 +71,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
     console = console or Console()
     ensure_models(cfg, console)
     handle = ensure_stack(cfg, console)
+    console.print(dashboard_hint())  # live while the run trains
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live view is the log here
     from contextlib import nullcontext
     from dataclasses import replace
@@ -110,6 +111,14 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
     console.print(f"[bold]Prefect UI[/]: {handle.prefect_ui_url}  (flow runs: rl_step, train)")
     console.print("stop the stack with [bold]rose down[/]")
     return summaries
+
+
+DASHBOARD_PORT = 5006  # the default of `rose dashboard --port`
+
+
+def dashboard_hint(port: int = DASHBOARD_PORT) -> str:
+    return (f"[bold]dashboards[/]: [bold]rose dashboard[/] serves http://127.0.0.1:{port}/runs "
+            "(also /serving, /routing, /transfer), live while a run trains")
 
 
 def default_run_id(prefix: str = "run") -> str:
