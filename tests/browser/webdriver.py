@@ -68,10 +68,13 @@ class Browser:
     def open(self, url: str) -> None:
         self._call("POST", f"/session/{self.session}/url", {"url": url})
 
-    def text(self) -> str:
+    def script(self, js: str):
+        """Run `js` (a function body) in the page; what it returns."""
         return self._call("POST", f"/session/{self.session}/execute/sync",
-                          {"script": "return document.body ? document.body.innerText : ''",
-                           "args": []}) or ""
+                          {"script": js, "args": []})
+
+    def text(self) -> str:
+        return self.script("return document.body ? document.body.innerText : ''") or ""
 
     def wait_for_text(self, *needles: str, timeout: float = 60.0) -> str:
         """The page's text once it contains every needle (the UI renders asynchronously)."""
