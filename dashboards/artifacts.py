@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from dashboards.web.links import page_url
+
 NA = "n/a"
 
 
@@ -82,6 +84,7 @@ def step_markdown(run_id: str, summary: dict) -> str:
         f"- **serving SLO attainment** {slo_attainment(s)}; "
         f"**weights shipped** {_fmt(s.get('publish_bytes'))} bytes",
         f"- **trajectories** `{s.get('arrow_path', NA)}`",
+        f"- **dashboards** `rose dashboard`, then {page_url(run=run_id)}",
     ]
     if phases:
         lines.append("- **phases** " + ", ".join(f"{p}: {st}" for p, st in phases.items())

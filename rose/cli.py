@@ -14,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from dashboards.web.links import DEFAULT_PORT, page_url
 from rose.config import stack_dir
 from rose.config_file import ConfigError, describe, load_run_config
 from rose.stack.errors import StackError
@@ -175,14 +176,14 @@ def query(sql: str = typer.Argument(..., help="SQL over the views `turns` (one r
 
 @app.command()
 @clear_errors
-def dashboard(port: int = typer.Option(5006, help="Port on 127.0.0.1.")) -> None:
+def dashboard(port: int = typer.Option(DEFAULT_PORT, help="Port on 127.0.0.1.")) -> None:
     """Browser dashboards, live while a run trains: runs, serving SLOs, routing, transfer."""
     from dashboards.web.app import serve
     from rose.config import data_dir
     from rose.stack.ports import ensure_free
 
-    console.print(f"dashboards on http://127.0.0.1:{ensure_free(port)}/runs (also /serving, "
-                  f"/routing, /transfer), data {data_dir()}; Ctrl-C stops")
+    console.print(f"dashboards on {page_url(port=ensure_free(port))} (also /serving, /routing, "
+                  f"/transfer), data {data_dir()}; Ctrl-C stops")
     serve(data_dir(), port)
 
 

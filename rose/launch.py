@@ -113,11 +113,10 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
     return summaries
 
 
-DASHBOARD_PORT = 5006  # the default of `rose dashboard --port`
+def dashboard_hint() -> str:
+    from dashboards.web.links import page_url
 
-
-def dashboard_hint(port: int = DASHBOARD_PORT) -> str:
-    return (f"[bold]dashboards[/]: [bold]rose dashboard[/] serves http://127.0.0.1:{port}/runs "
+    return (f"[bold]dashboards[/]: [bold]rose dashboard[/] serves {page_url()} "
             "(also /serving, /routing, /transfer), live while a run trains")
 
 

@@ -41,3 +41,4 @@ def test_markdown_says_which_phases_were_reused():
     assert md.startswith("### r: step 4 -> policy v4")
     assert "reused from an earlier attempt: rollout, reward" in md
     assert "part-0.parquet" in md
+    assert "http://127.0.0.1:5006/runs?runs=r" in md  # rose dashboard, this run picked
