@@ -66,8 +66,9 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     cfg = RunConfig(run_id=run, steps=2, rollout=RolloutConfig(groups=8, group_size=4, max_turns=4))
     # 32 trajectories, twice what the rollout worker takes at once: the rest is borrowed
     cfg.stack.serving_workers = 1
+    # ~12 requests/s: steps of a few seconds each still see serving traffic in their window
     with prefect_for(handle), BackgroundReplay(list(handle.endpoints.values()),
-                                               BackgroundTraffic(sample=0.25)) as users:
+                                               BackgroundTraffic(sample=0.5)) as users:
         summaries = train(cfg)
     served = users.summary
     assert served["requests"] > 0 and served["errors"] == 0, served
