@@ -8,7 +8,9 @@ rollout engine holds the published weights after the pull, the summary carries s
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -45,6 +47,33 @@ def test_stack_lists_its_serving_endpoint(serving_stack):
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
 
 
+@contextmanager
+def steady_user(url: str, every_s: float = 0.25):
+    """One more user, beside the trace replay: a short completion every `every_s`. The trace
+    is bursty (gaps of 10+ s at the replay's speed), and a step of a few seconds may fall in a
+    gap; this user makes sure every step's serving window holds requests."""
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    stop, seen = threading.Event(), {"ok": 0, "errors": []}
+
+    def loop() -> None:
+        with httpx.Client(timeout=60) as http:
+            while not stop.wait(every_s):
+                r = http.post(f"{url}/v1/completions",
+                              json={"model": model, "prompt": "def f(x):", "max_tokens": 4})
+                if r.status_code == 200:
+                    seen["ok"] += 1
+                else:
+                    seen["errors"].append((r.status_code, r.text[:200]))
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
 def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from distributed import Client
 
@@ -66,12 +95,13 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     cfg = RunConfig(run_id=run, steps=2, rollout=RolloutConfig(groups=8, group_size=4, max_turns=4))
     # 32 trajectories, twice what the rollout worker takes at once: the rest is borrowed
     cfg.stack.serving_workers = 1
-    # ~12 requests/s: steps of a few seconds each still see serving traffic in their window
-    with prefect_for(handle), BackgroundReplay(list(handle.endpoints.values()),
-                                               BackgroundTraffic(sample=0.5)) as users:
+    url = handle.endpoints["serving-0"]
+    with prefect_for(handle), steady_user(url) as steady, \
+            BackgroundReplay([url], BackgroundTraffic(sample=0.5)) as users:
         summaries = train(cfg)
     served = users.summary
     assert served["requests"] > 0 and served["errors"] == 0, served
+    assert steady["ok"] > 0 and not steady["errors"], steady
 
     rows = [r for s in (1, 2)
             for r in TrajectoryStore(cfg.trajectories_dir()).read_step(run, s).to_pylist()]
