@@ -7,6 +7,9 @@ Resume: rollout and reward persist their (small) results under a key of run, ste
 source (tasks/caching.py), so a retried or resumed step gets them back as `Cached` and leaves
 the step's Arrow file untouched; train asks the trainer's version whether its update already
 happened; publish is idempotent. Each run ends with table + markdown artifacts.
+
+With RunConfig.max_staleness = 1 the `train` flow runs two steps at once (flows/pipeline.py):
+the rollout uses version step-2, and the gates there order this step's phases after the other.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from prefect import flow
 
 from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
+from flows.pipeline import StepGates, active_gates, rollout_version
 from rose.config import RunConfig, data_dir
 from storage.metrics.record import record_step
 from storage.trajectories.dataset import PART, TrajectoryStore
@@ -29,10 +33,10 @@ from tasks.train import train
 ON_TRAINER = {"resources": {"train_gpu": 1}}  # drivers and trainer state live on the trainer
 
 
-def _phase(name: str, step: int, submit, states: dict[str, str]):
+def _phase(name: str, step: int, submit, states: dict[str, str], place: dict = ON_TRAINER):
     emit("phase_start", step=step, phase=name)
     t0 = time.perf_counter()
-    with dask.annotate(**ON_TRAINER):
+    with dask.annotate(**place):
         future = submit()
     result = future.result()
     seconds = time.perf_counter() - t0
@@ -40,6 +44,24 @@ def _phase(name: str, step: int, submit, states: dict[str, str]):
     emit("phase_end", step=step, phase=name, seconds=seconds, result=result,
          state=states[name])
     return result, seconds
+
+
+def _gate(gates: StepGates | None, done: str, step: int,
+          then_wait: tuple[str, int] | None = None) -> None:
+    """Pipelined: say this step finished `done`, then wait for what its next phase needs."""
+    if gates is not None:
+        gates.mark(done, step)
+        if then_wait:
+            gates.wait(*then_wait)
+
+
+def serving_lag_cfg(cfg: RunConfig) -> RunConfig:
+    """The rollout's config: serving workers' turns lag the trainer publish.max_staleness in
+    all, and the step's own rollout version already lags it by max_staleness."""
+    if not cfg.max_staleness:
+        return cfg
+    lag = max(0, cfg.publish.max_staleness - cfg.max_staleness)  # publish: not in cache keys
+    return cfg.model_copy(update={"publish": cfg.publish.model_copy(update={"max_staleness": lag})})
 
 
 def trajectories_present(cfg: RunConfig, step: int) -> bool:
@@ -51,15 +73,23 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
     """Advance the policy from version step-1 to version step."""
     t0 = time.perf_counter()
     states: dict[str, str] = {}
+    gates = active_gates(cfg.run_id)  # None: synchronous (or this step run on its own)
+    place = ON_TRAINER if gates is None else gates.placement
     # A cached rollout whose Arrow file is gone would hand reward a dangling path: recompute.
     roll = rollout.with_options(refresh_cache=not trajectories_present(cfg, step))
-    rolled, rollout_s = _phase("rollout", step, lambda: roll.submit(cfg, step, step - 1), states)
+    version, roll_cfg = rollout_version(step, cfg.max_staleness), serving_lag_cfg(cfg)
+    rolled, rollout_s = _phase("rollout", step, lambda: roll.submit(roll_cfg, step, version),
+                               states, place)
     # Reward rewrites the rollout's file: reuse its result only if the rollout was reused too.
     rew = reward.with_options(refresh_cache=states["rollout"] != "Cached")
-    rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states)
-    trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states)
-    published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states)
-    with dask.annotate(**ON_TRAINER):  # serving over the whole step, weight pull included
+    rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states, place)
+    _gate(gates, "rolled", step, then_wait=("trained", step - 1))
+    trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states, place)
+    _gate(gates, "trained", step, then_wait=("published", step - 1))
+    published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states,
+                                  place)
+    _gate(gates, "published", step)
+    with dask.annotate(**place):  # serving over the whole step, weight pull included
         served = serving_report.submit().result()
     step_s = time.perf_counter() - t0
     tokens = rolled["input_tokens"] + rolled["output_tokens"]
@@ -85,6 +115,7 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "serving": served.get("serving", {}), "by_kind": rolled.get("by_kind", {}),
         "borrowed_share": rolled.get("by_kind", {}).get("serving", {}).get("share", 0.0),
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
+        "rollout_version": version, "stale_tokens": trained.get("stale_tokens", 0.0),
     }
     publish_step_artifacts(cfg.run_id, summary)
     record_step(data_dir(), cfg.run_dir(), cfg.run_id, summary)  # docs/step_metrics_schema.md

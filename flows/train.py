@@ -22,6 +22,7 @@ from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
 from executors.workers.rollout_worker import RolloutWorkerPlugin
 from executors.workers.trainer import TrainerPlugin, local_trainer
+from flows.pipeline import run_pipelined
 from flows.rl_step import rl_step
 from rose.config import RunConfig
 from rose.stack.serving import start_serving
@@ -71,6 +72,13 @@ def detach_serving(address: str) -> None:
         names = serving_workers(client)
         if names:
             client.run(detach_coserving, workers=[client_address(client, n) for n in names])
+
+
+def trainer_name(address: str) -> str:
+    from tasks.placement import require, workers_by_kind
+
+    with Client(address) as client:
+        return require(workers_by_kind(client), "trainer")[0]
 
 
 def client_address(client: Client, name: str) -> str:
@@ -126,7 +134,10 @@ def train(cfg: RunConfig = RunConfig()) -> list[dict]:
     step_flow = rl_step.with_options(task_runner=DaskTaskRunner(address=address))
     pin_step_identity(version + 1)
     try:
-        summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
+        if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
+            summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(address))
+        else:
+            summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
     finally:
         detach_serving(address)
     publish_run_artifact(cfg.run_id, summaries)

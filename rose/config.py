@@ -118,7 +118,9 @@ class PublishConfig(Strict):
     bucket_bytes: int = Field(64 * MB, ge=1 * MB)
     pull_batch_bytes: int = Field(1024 * MB, ge=1 * MB)
     sparse: bool = True  # lossless bf16 deltas after the first full snapshot
-    max_staleness: int = Field(1, ge=0)  # steps a turn's policy may lag the trainer
+    # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
+    # the background (at least RunConfig.max_staleness, which holds for every turn)
+    max_staleness: int = Field(1, ge=0)
 
 
 class RunConfig(Strict):
@@ -126,6 +128,11 @@ class RunConfig(Strict):
     steps: int = Field(5, ge=1)
     checkpoint_every: int = Field(1, ge=1)  # every step: a restart resumes where it stopped
     seed: int = 0
+    # versions every turn's policy may lag the trainer that trains on it: step s rolls out with
+    # version s-1-max_staleness (0: synchronous; 1: one-step off-policy, step s+1's rollout runs
+    # while step s trains; flows/pipeline.py). Same meaning as publish.max_staleness, which
+    # applies to serving workers' turns only.
+    max_staleness: int = Field(0, ge=0, le=1)
     models: ModelsConfig = ModelsConfig()
     stack: StackConfig = StackConfig()
     rollout: RolloutConfig = RolloutConfig()

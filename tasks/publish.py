@@ -16,8 +16,10 @@ The result holds the step's transfer metrics, also written to <run>/transfer/ste
 """
 from __future__ import annotations
 
+import threading
 import time
 
+import torch
 from distributed import worker_client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -29,6 +31,8 @@ from storage.weights.transfer_metrics import write_transfer_metrics
 from tasks.placement import require, workers_by_kind
 
 WAIT_FOR = ("dedicated", "none", "all")
+_snapshots: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # (run, version) -> bf16 weights
+_snapshot_lock = threading.Lock()
 
 
 # Never cached: publishing is idempotent and must leave every rollout worker on `version`.
@@ -44,13 +48,11 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     `wait_for`; returns the step's transfer metrics (see the module docstring)."""
     if wait_for not in WAIT_FOR:
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
-    trainer = local_trainer(cfg.run_id)
-    if trainer.version != version:
-        raise RuntimeError(f"trainer holds version {trainer.version}, asked to publish {version}")
+    weights = weights_of(cfg.run_id, version)
     t0 = time.perf_counter()
     publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
                                   cfg.publish.sparse)
-    report = publisher.publish(version, trainer.weights_bf16(), copy=False)  # fresh tensors
+    report = publisher.publish(version, weights, copy=False)  # fresh tensors
     digest = report.digest  # = executors.workers.rollout_worker.weights_digest of the bf16 weights
     pushed_s = time.perf_counter() - t0
     with worker_client() as client:
@@ -74,6 +76,29 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
     return summary
+
+
+def keep_snapshot(cfg: RunConfig, trainer) -> None:
+    """Right after an update: keep its bf16 weights for publish, so the next update may start
+    before this version is pushed (max_staleness = 1). Versions v-max_staleness..v are held."""
+    v, keep = trainer.version, range(trainer.version - cfg.max_staleness, trainer.version + 1)
+    with _snapshot_lock:
+        for key in [k for k in _snapshots if k[0] == cfg.run_id and k[1] not in keep]:
+            del _snapshots[key]
+        _snapshots[cfg.run_id, v] = trainer.weights_bf16()
+
+
+def weights_of(run: str, version: int) -> dict[str, torch.Tensor]:
+    """The bf16 weights of `version`: its snapshot (kept for a retry), else the trainer's if
+    it holds that version (the first publish of a run)."""
+    with _snapshot_lock:
+        held = _snapshots.get((run, version))
+    if held is not None:
+        return held
+    trainer = local_trainer(run)
+    if trainer.version != version:
+        raise RuntimeError(f"trainer holds version {trainer.version}, asked to publish {version}")
+    return trainer.weights_bf16()
 
 
 def _pull_summary(pulled: dict[str, dict]) -> dict:

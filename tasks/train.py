@@ -9,8 +9,10 @@ silent double update.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+from distributed import secede
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -19,6 +21,7 @@ from rose.config import RunConfig
 from storage.atomic import write_atomic
 from storage.checkpoints import checkpoint_steps
 from storage.trajectories.dataset import TrajectoryStore
+from tasks.publish import keep_snapshot
 
 
 class InjectedFault(RuntimeError):
@@ -48,23 +51,51 @@ def checkpoint_due(cfg: RunConfig, step: int) -> bool:
 
 def inject_fault(cfg: RunConfig, step: int) -> None:
     """fault_injection={"train": step} fails that step's train once per run, like a crash that
-    does not recur: a retry of the same flow run (the UI's Retry button) then gets past it."""
-    if cfg.fault_injection.get("train") != step:
-        return
-    marker = cfg.run_dir() / "faults" / f"train-{step}"
-    if marker.exists():
-        return
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
-    raise InjectedFault(f"fault injected into train at step {step}")
+    does not recur: a retry of the same flow run (the UI's Retry button) then gets past it.
+    {"train_overlapped": step} fails it the same way once the next step's rollout runs beside
+    it (max_staleness = 1): the run stops between two overlapping phases."""
+    for kind in ("train", "train_overlapped"):
+        marker = cfg.run_dir() / "faults" / f"{kind}-{step}"
+        if cfg.fault_injection.get(kind) != step or marker.exists():
+            continue
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        where = ""
+        if kind == "train_overlapped":
+            where = (" beside the next step's rollout" if beside_rollout()
+                     else " (no rollout came beside it)")
+        raise InjectedFault(f"fault injected into train at step {step}{where}")
+
+
+def beside_rollout(timeout_s: float = 120.0) -> bool:
+    """Wait (up to timeout_s) until a rollout driver runs on this Dask worker beside the
+    caller; True if one does. Its task counts once it has seceded (opened its worker client):
+    the rollout function itself is running then, not only Prefect's start of its task run."""
+    from distributed import get_worker
+
+    state, deadline = get_worker().state, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:  # the worker's event loop changes this set: a read may meet a change, read again
+            keys = [str(ts.key) for ts in state.long_running]
+        except RuntimeError:
+            continue
+        if any(k.startswith("rollout-") for k in keys):  # Dask key: task name + token
+            return True
+        time.sleep(0.05)
+    return False
 
 
 @task(name="train", retries=0, cache_policy=NO_CACHE)
 def train(cfg: RunConfig, step: int) -> dict:
+    if cfg.max_staleness:
+        # Leave the worker's task thread (the trainer worker has one): the next step's rollout
+        # driver and this step's publish start beside the update instead of queueing behind it.
+        secede()
     inject_fault(cfg, step)
     trainer = local_trainer(cfg.run_id)
     if trainer.version == step:  # resumed after this step's update: do not apply it twice
         metrics = {**_recorded(cfg, step), "resumed": True}
+        keep_snapshot(cfg, trainer)
         if checkpoint_due(cfg, step) and step not in checkpoint_steps(trainer.checkpoint_dir):
             metrics["checkpoint"] = str(trainer.save_checkpoint())
         return metrics
@@ -73,6 +104,7 @@ def train(cfg: RunConfig, step: int) -> dict:
                            f"{step - 1}: resume from a checkpoint instead")
     turns = TrajectoryStore(cfg.trajectories_dir()).read_step(cfg.run_id, step)
     metrics = trainer.train_step(turns)
+    keep_snapshot(cfg, trainer)  # publish pushes these weights, even if the next update started
     if checkpoint_due(cfg, step):
         metrics["checkpoint"] = str(trainer.save_checkpoint())
     _record(cfg, step, metrics)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import (file_fingerprint, flow_runs, new_data_dir, prefect_for,
-                                  rose_cli, task_states, trainer_and_worker_state)
+from tests.stack_fixtures import (file_fingerprint, flow_runs, in_process_stack, rose_cli,
+                                  task_states, trainer_and_worker_state)
 
 pytestmark = pytest.mark.slow
 RUN = "resume-t"
@@ -31,20 +31,9 @@ DEPLOYED: list = []  # the worker record of `rose deploy`, checked at teardown
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    old = dict(os.environ)
-    os.environ["ROSE_DATA_DIR"] = str(new_data_dir(tmp_path_factory, "rose-resume"))
-    from rose.config import StackConfig, stack_dir
-    from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
-
-    handle = start_stack(StackConfig(rollout_workers=1), stack_dir())
-    apply_env(stack_env(handle))
-    try:
-        with prefect_for(handle):
-            yield handle
-    finally:
-        stopped = stop_stack(stack_dir())
-        os.environ.clear()
-        os.environ.update(old)
+    stopped: list = []
+    with in_process_stack(tmp_path_factory, "rose-resume", stopped) as handle:
+        yield handle
     if DEPLOYED:  # `rose down` (stop_stack) also stops the worker `rose deploy` started
         assert "prefect-worker" in stopped and not DEPLOYED[0].alive()
 
