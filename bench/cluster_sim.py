@@ -7,7 +7,9 @@ Every engine is the local CPU models' measured latency profile (sim/profiles/; n
 be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such engines, not
 H800s. Per scale, "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99
 TTFT/TPOT, as bench/coserving_sweep.py does per load; the other configurations run at that SLO.
---timing also runs 1,024 GPUs x 50 steps of ROSE and records the wall time. Validation: the
+--timing also runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead
+compares synchronous and one-step off-policy steps (RunConfig.max_staleness 0 vs 1; SimConfig
+off_policy) for fixed and ROSE at each scale and writes bench/results/cluster_sim_pipeline.json. Validation: the
 local stack's two configurations (1 rollout GPU; + 1 serving GPU under the demo replay's
 traffic) against bench/results/learning_fidelity.json's measured rollout times.
 """
@@ -64,6 +66,21 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def pipeline(args: argparse.Namespace) -> list[dict]:
+    """Synchronous vs one-step off-policy, fixed and ROSE, the SLO from the synchronous fixed run."""
+    rows = []
+    for gpus in args.scales:
+        base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
+        fixed = run(replace(base, config="fixed"))
+        slo = dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+        for config in ("fixed", "rose"):
+            sync = run(replace(base, config=config, **slo))
+            piped = run(replace(base, config=config, off_policy=1, **slo))
+            piped["speedup_vs_synchronous"] = piped["tokens_per_s"] / sync["tokens_per_s"]
+            rows += [sync, piped]
+    return rows
+
+
 def validate(seed: int) -> dict:
     """The local stack: 1 trainer + 1 rollout worker (+ 1 serving worker under the demo's background
     replay: 8x faster, a quarter of the requests = 2x the trace rate), 128 trajectories a step."""
@@ -113,9 +130,13 @@ def main() -> None:
     ap.add_argument("--ablation-scale", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timing", action="store_true", help="also time 1,024 GPUs x 50 steps")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--pipeline", action="store_true", help="synchronous vs one-step off-policy")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.pipeline:
+        return pipeline_main(args, t0)
+    args.out = args.out or OUT
     rows = sweep(args)
     result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
@@ -130,6 +151,26 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}; plot skipped (matplotlib not installed)")
+
+
+def pipeline_main(args: argparse.Namespace, t0: float) -> None:
+    rows = pipeline(args)
+    lines = ["| GPUs | config | steps | tokens/s | step s | SLO met | off-policy / synchronous |",
+             "| --- " * 7 + "|"]
+    for r in rows:
+        att = "-" if r["slo_attainment"] is None else f"{100 * r['slo_attainment']:.1f}%"
+        gain = f"{r['speedup_vs_synchronous']:.2f}x" if "speedup_vs_synchronous" in r else ""
+        lines.append(f"| {r['gpus']} / {r['serving_gpus']} | {r['config']} | "
+                     f"{'one-step off-policy' if r['off_policy'] else 'synchronous'} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['step_s_mean']:.2f} | {att} | {gain} |")
+    print("\n".join(lines))
+    out = args.out or OUT.with_name("cluster_sim_pipeline.json")
+    out.write_text(json.dumps({"bench": "cluster_sim --pipeline", "args": {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
+        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "total_s": time.perf_counter() - t0}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

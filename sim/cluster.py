@@ -55,6 +55,7 @@ class ClusterSim:
                            tokens=0, borrowed_tokens=0, cached=0, prompt=0)
         self.steps: list[dict] = []
         self._step_started, self._step_tokens, self._left = 0.0, 0, 0
+        self._trainer_free, self._published_at = 0.0, {0: 0.0}  # the trainer's and publishes' timeline
         self._build()
 
     # ---- fleet ------------------------------------------------------------------------------
@@ -106,7 +107,9 @@ class ClusterSim:
         now = self.loop.now
         self._step, self._step_started, self._step_tokens = step, now, 0
         self._borrowed0 = self.counts["borrowed_tokens"]
-        floor = policy_floor(step, self.cfg.max_staleness, "serving")
+        # a serving GPU's turns lag the trainer at most max_staleness in all, and at least the
+        # pipeline's own lag (flows/rl_step.serving_lag_cfg)
+        floor = policy_floor(step, max(self.cfg.max_staleness, self.cfg.off_policy), "serving")
         for name, dev in self.devices.items():
             dev.start_step(now)
             if name in self.version:
@@ -123,17 +126,25 @@ class ClusterSim:
         self._dispatch()
 
     def _end_rollout(self) -> None:
-        now, sm = self.loop.now, self.step_model
+        """Train and publish the step. Synchronous: the next step starts once it is published.
+        One-step off-policy: train s waits for train s-1, publish s for publish s-1, and the
+        next rollout starts now if version s-1 is published (else when it is)."""
+        now, sm, step = self.loop.now, self.step_model, self._step
         rollout_s = now - self._step_started
         train_s = sm.train_s(self._step_tokens, self.cfg.train_gpus)
-        published = now + train_s + sm.publish_s
-        self.steps.append(dict(step=self._step, rollout_s=rollout_s, train_s=train_s, publish_s=sm.publish_s,
-                               step_s=published - self._step_started, tokens=self._step_tokens,
+        self._trainer_free = max(now, self._trainer_free) + train_s
+        published = max(self._trainer_free, self._published_at.get(step - 1, 0.0)) + sm.publish_s
+        self._published_at[step] = published
+        self.steps.append(dict(step=step, rollout_s=rollout_s, train_s=train_s, publish_s=sm.publish_s,
+                               step_s=published - self._step_started, end_s=published,
+                               tokens=self._step_tokens,
                                borrowed_tokens=self.counts["borrowed_tokens"] - self._borrowed0))
         for name in self.version:  # serving GPUs pull the new version in the background
-            self.loop.at(published + self.cfg.pull_s, self._pulled, (name, self._step))
+            self.loop.at(published + self.cfg.pull_s, self._pulled, (name, step))
         if len(self.steps) < self.cfg.steps:
-            self.loop.at(published, self._start_step, self._step + 1)
+            start = published if not self.cfg.off_policy else \
+                max(now, self._published_at.get(step - 1, 0.0))
+            self.loop.at(start, self._start_step, step + 1)
 
     def _pulled(self, arg: tuple[str, int]) -> None:
         name, version = arg

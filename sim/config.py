@@ -29,6 +29,9 @@ class SimConfig:
     cap_per_rollout_gpu: int = 16  # router cap (SchedulerConfig default)
     serving_max_turns: int = 16  # rollout turns per serving GPU (SchedulerConfig default)
     max_staleness: int = 0  # SchedulerConfig.serving_lag default
+    # RunConfig.max_staleness: 1 = one-step off-policy, step s+1's rollout overlaps step s's
+    # train and publish (flows/pipeline.py's gates); 0 = synchronous steps
+    off_policy: int = 0
     pull_s: float = 0.0  # serving GPUs' background pull of a new version (0: no model given)
     admission_refresh_s: float = 0.3  # a serving GPU that aborted a turn stays closed this long
     slo_ttft_s: float | None = None  # None: SLOConfig.from_profile (the serving worker's own rule)
@@ -43,6 +46,8 @@ class SimConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.gpus < 2 or self.steps < 1 or self.traj_per_rollout_gpu < 1:
             raise ValueError("need gpus >= 2, steps >= 1, traj_per_rollout_gpu >= 1")
+        if self.off_policy not in (0, 1):
+            raise ValueError(f"off_policy must be 0 (synchronous) or 1, got {self.off_policy}")
         if self.serving_ratio < 0 or self.serving_rate <= 0:
             raise ValueError("serving_ratio must be >= 0 and serving_rate > 0")
 

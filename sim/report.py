@@ -18,7 +18,8 @@ def p99(xs: list[float]) -> float | None:
 
 def summarize(sim: "ClusterSim", wall_s: float) -> dict:
     c, cfg, steps = sim.counts, sim.cfg, sim.steps
-    step_s = sum(s["step_s"] for s in steps)
+    # run time to the last publish: with one-step off-policy, steps overlap (a sum would double count)
+    step_s = max((s["end_s"] for s in steps), default=0.0)
     tokens = sum(s["tokens"] for s in steps)
     served = [x for d in sim.serving_devices for x in d.stats.done]
     ok = sum(1 for ttft, tpot in served if ttft <= sim.slo.ttft_s and tpot <= sim.slo.tpot_s)
@@ -31,7 +32,7 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "seed": cfg.seed, "serving_rate": cfg.serving_rate,
         "trajectories_per_step": cfg.traj_per_rollout_gpu * cfg.rollout_gpus,
         "tokens_per_s": tokens / step_s if step_s else 0.0,
-        "step_s_mean": step_s / max(1, len(steps)),
+        "step_s_mean": step_s / max(1, len(steps)), "off_policy": cfg.off_policy,
         "rollout_s_mean": sum(s["rollout_s"] for s in steps) / max(1, len(steps)),
         "borrowed_share": c["borrowed_tokens"] / c["tokens"] if c["tokens"] else 0.0,
         "affinity_hit_rate": c["affine"] / c["later_turns"] if c["later_turns"] else 0.0,

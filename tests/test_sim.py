@@ -91,3 +91,20 @@ def test_staleness_mirror_matches_the_workers_rule():
 
     for step, lag, kind in itertools.product(range(1, 6), range(3), ("rollout", "serving")):
         assert policy_floor(step, lag, kind) == real(step, lag, kind)
+
+
+def test_one_step_off_policy_overlaps_steps_and_raises_throughput():
+    sync, piped = _run(config="fixed", steps=4), _run(config="fixed", steps=4, off_policy=1)
+    ends = {s["step"]: s["end_s"] for s in piped["per_step"]}
+    starts = {s["step"]: s["end_s"] - s["step_s"] for s in piped["per_step"]}
+    for step in (2, 3, 4):
+        assert starts[step] < ends[step - 1]  # its rollout ran while the previous step trained
+        if step > 2:
+            assert starts[step] >= ends[step - 2]  # never more than one step ahead
+    sync_steps = sync["per_step"]
+    assert all(b["end_s"] - b["step_s"] == pytest.approx(a["end_s"])  # synchronous: back to back
+               for a, b in zip(sync_steps, sync_steps[1:]))
+    assert piped["tokens_per_s"] > sync["tokens_per_s"]
+    assert piped["trajectories_finished"] == piped["trajectories_started"]
+    with pytest.raises(ValueError, match="off_policy"):
+        SimConfig(off_policy=2)
