@@ -44,12 +44,17 @@ def run(cfg: SimConfig) -> dict:
     return r
 
 
+def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict]:
+    """The base config at `gpus`, and the SLO there: 2x the fixed configuration's P99s."""
+    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
+    fixed = run(replace(base, config="fixed"))
+    return base, dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+
+
 def sweep(args: argparse.Namespace) -> list[dict]:
     rows = []
     for gpus in args.scales:
-        base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
-        fixed = run(replace(base, config="fixed"))
-        slo = dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+        base, slo = scale_and_slo(args, gpus)
         fixed = run(replace(base, config="fixed", **slo))  # its attainment at the SLO it set
         rows.append(fixed)
         todo = ROWS[1:] + (ABLATIONS if gpus == args.ablation_scale else [])
@@ -70,9 +75,7 @@ def pipeline(args: argparse.Namespace) -> list[dict]:
     """Synchronous vs one-step off-policy, fixed and ROSE, the SLO from the synchronous fixed run."""
     rows = []
     for gpus in args.scales:
-        base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
-        fixed = run(replace(base, config="fixed"))
-        slo = dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+        base, slo = scale_and_slo(args, gpus)
         for config in ("fixed", "rose"):
             sync = run(replace(base, config=config, **slo))
             piped = run(replace(base, config=config, off_policy=1, **slo))
