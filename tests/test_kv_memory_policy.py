@@ -164,3 +164,28 @@ def test_snapshot_reports_state_and_blocks():
 def test_bad_config_rejected(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         KVMemoryPolicy(**kwargs)
+
+
+def test_running_totals_match_the_held_requests_and_leases_under_random_operations():
+
+    rng, p, now = random.Random(3), KVMemoryPolicy(total_blocks=400, lease_s=2.0), 0.0
+    p.start_step(50, now)
+    for _ in range(3000):
+        now += rng.uniform(0, 0.2)
+        op, key = rng.randrange(6), f"r{rng.randrange(12)}"
+        if op == 0 and p.can_allocate(2):
+            p.on_rollout_alloc(key, rng.randrange(1, 3), now)
+        elif op == 1:
+            p.on_rollout_free(key)
+        elif op == 2:
+            p.touch_prefix(f"t{rng.randrange(12)}", rng.randrange(0, 5), now)
+        elif op == 3:
+            p.drop_prefix(f"t{rng.randrange(12)}")
+        elif op == 4:
+            for lease in p.expired_leases(now):
+                assert lease.expires_at <= now
+        else:
+            p.observe_serving(rng.randrange(0, 380), now)
+        assert p.request_blocks == sum(r.blocks for r in p._requests.values())
+        assert p.prefix_blocks == sum(lease.blocks for lease in p._leases.values())
+        assert all(lease.expires_at > now for lease in p._leases.values()) or op != 4

@@ -83,15 +83,29 @@ class KVMemoryPolicy:
         self._requests: dict[RequestId, _Request] = {}
         self._leases: dict[TrajectoryId, Lease] = {}
         self._aborting: set[RequestId] = set()
+        # running totals and the earliest lease end: asked every engine step, so kept O(1)
+        self._request_blocks = self._prefix_blocks = 0
+        self._next_expiry = math.inf
 
     # ---- accounting -------------------------------------------------------------------
     @property
     def request_blocks(self) -> int:
-        return sum(r.blocks for r in self._requests.values())
+        return self._request_blocks
 
     @property
     def prefix_blocks(self) -> int:
-        return sum(lease.blocks for lease in self._leases.values())
+        return self._prefix_blocks
+
+    def _put_lease(self, lease: Lease) -> None:
+        self._leases[lease.trajectory_id] = lease
+        self._prefix_blocks += lease.blocks
+        self._next_expiry = min(self._next_expiry, lease.expires_at)
+
+    def _pop_lease(self, trajectory_id: TrajectoryId) -> Lease | None:
+        lease = self._leases.pop(trajectory_id, None)
+        if lease is not None:
+            self._prefix_blocks -= lease.blocks
+        return lease
 
     @property
     def rollout_used(self) -> int:
@@ -144,7 +158,7 @@ class KVMemoryPolicy:
         for lease in sorted(self._leases.values(), key=lambda lease: lease.expires_at):
             if excess <= 0:
                 break
-            del self._leases[lease.trajectory_id]
+            self._pop_lease(lease.trajectory_id)
             excess -= lease.blocks
             actions.append(Action("drop_prefix", lease.trajectory_id, lease.blocks))
         live = [(rid, r) for rid, r in self._requests.items() if rid not in self._aborting]
@@ -180,11 +194,14 @@ class KVMemoryPolicy:
             self._requests[request_id] = _Request(tid, blocks, now)
         else:
             r.blocks += blocks
+        self._request_blocks += blocks
 
     def on_rollout_free(self, request_id: RequestId) -> int:
         """The request finished or was aborted and its blocks are free. Returns the blocks freed
         (0 for an unknown id: an abort and a finish can race, so freeing twice is harmless)."""
         r = self._requests.pop(request_id, None)
+        if r is not None:
+            self._request_blocks -= r.blocks
         self._aborting.discard(request_id)
         if self.state is MemoryState.PRESSURE and not self._aborting:
             self.state = MemoryState.FROZEN
@@ -198,24 +215,28 @@ class KVMemoryPolicy:
         """
         if blocks < 0:
             raise ValueError(f"prefix blocks must be >= 0, got {blocks}")
-        self._leases.pop(trajectory_id, None)  # a renewal re-checks its blocks like a new lease
+        self._pop_lease(trajectory_id)  # a renewal re-checks its blocks like a new lease
         if blocks == 0:
             return True
         if not self.can_allocate(blocks):
             return False
-        self._leases[trajectory_id] = Lease(trajectory_id, blocks, now + self.lease_s)
+        self._put_lease(Lease(trajectory_id, blocks, now + self.lease_s))
         return True
 
     def drop_prefix(self, trajectory_id: TrajectoryId) -> int:
-        lease = self._leases.pop(trajectory_id, None)
+        lease = self._pop_lease(trajectory_id)
         return 0 if lease is None else lease.blocks
 
     def expired_leases(self, now: float) -> list[Lease]:
         """Leases ended at or before `now`; they are removed here, the executor frees the blocks."""
+        if now < self._next_expiry:  # the common case: nothing ends yet
+            return []
         gone = sorted((lease for lease in self._leases.values() if lease.expires_at <= now),
                       key=lambda lease: lease.expires_at)
         for lease in gone:
-            del self._leases[lease.trajectory_id]
+            self._pop_lease(lease.trajectory_id)
+        self._next_expiry = min((lease.expires_at for lease in self._leases.values()),
+                                default=math.inf)
         return gone
 
     def snapshot(self) -> dict:
