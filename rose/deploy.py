@@ -65,8 +65,9 @@ def _prefect(args: list[str], env: dict[str, str]) -> str:
     return out
 
 
+# flow/deployment, as prefect.yaml defines them
 DEPLOYMENTS = ("train/train", "rl-step/rl-step", "benchmarks/benchmarks",
-               "serving-replay/serving-replay")  # flow/deployment, as prefect.yaml defines them
+               "serving-replay/serving-replay", "cluster-sim/cluster-sim")
 
 
 def deploy_all(env: dict[str, str]) -> list[str]:

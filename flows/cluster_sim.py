@@ -1,0 +1,110 @@
+"""The `cluster-sim` deployment: a sweep of cluster simulations (sim/), one simulation a task,
+fanned out on Dask workers, so a large sweep scales past one machine on the same engine as the
+RL steps.
+
+Per scale, the `fixed` configuration runs first and sets the SLO (2x its P99 TTFT/TPOT, as
+bench/cluster_sim.py does); then every other configuration x pipeline mode runs at that SLO,
+all scales at once. The rows come back as a table artifact and the flow's result.
+
+    .venv/bin/python -m flows.cluster_sim --scales 16 64 --configs rose static
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect_dask import DaskTaskRunner
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sim.cluster import ClusterSim
+from sim.config import CONFIGS, SimConfig
+
+
+class SimSweep(BaseModel):
+    """Which simulations to run: scales (GPUs of the RL job) x configurations x pipeline modes."""
+
+    model_config = ConfigDict(extra="forbid")
+    scales: list[int] = Field(default_factory=lambda: [16, 64], min_length=1)
+    configs: list[str] = Field(default_factory=lambda: ["rose", "slo_unaware", "static"])
+    off_policy: list[int] = Field(default_factory=lambda: [0])  # SimConfig.off_policy values
+    steps: int = Field(3, ge=1)
+    rate: float = Field(6.0, gt=0)  # trace speed-up per serving GPU
+    serving_ratio: float = Field(1.0, ge=0)
+    seed: int = 0
+    dask_scheduler: str | None = None  # None: the local stack's, else a local Dask cluster
+
+    @field_validator("configs")
+    @classmethod
+    def _known(cls, configs: list[str]) -> list[str]:
+        unknown = [c for c in configs if c not in CONFIGS]
+        if unknown:
+            raise ValueError(f"unknown configurations {unknown} (have: {', '.join(CONFIGS)})")
+        return configs
+
+    def base(self, gpus: int) -> SimConfig:
+        return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed, serving_rate=self.rate,
+                         serving_ratio=self.serving_ratio)
+
+
+@task(name="simulate", retries=1, cache_policy=NO_CACHE)
+def simulate(cfg: dict) -> dict:
+    """One simulation of SimConfig(**cfg); its summary without the per-step rows."""
+    result = ClusterSim(SimConfig(**cfg)).run()
+    return {k: v for k, v in result.items() if k != "per_step"}
+
+
+@flow(name="cluster-sim-sweep")
+def sweep_on_dask(sweep: SimSweep) -> list[dict]:
+    fixed = {g: simulate.submit(asdict(sweep.base(g)) | {"config": "fixed"}) for g in sweep.scales}
+    runs = []
+    for gpus, future in fixed.items():
+        f = future.result()
+        # no serving request finished (a tiny, short run): the serving profile's own SLO rule
+        slo = ({"slo_ttft_s": 2 * f["ttft_p99_s"], "slo_tpot_s": 2 * f["tpot_p99_s"]}
+               if f["ttft_p99_s"] is not None and f["tpot_p99_s"] is not None else {})
+        runs += [simulate.submit(asdict(sweep.base(gpus)) | slo | {"config": c, "off_policy": k})
+                 for c in ["fixed", *sweep.configs] for k in sweep.off_policy]
+    rows = [r.result() for r in runs]
+    by_scale = {r["gpus"]: r for r in rows if r["config"] == "fixed" and not r["off_policy"]}
+    for r in rows:
+        r["speedup_vs_fixed"] = r["tokens_per_s"] / by_scale[r["gpus"]]["tokens_per_s"]
+    return rows
+
+
+@flow(name="cluster-sim", log_prints=True)
+def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
+    """Run the sweep on the stack's Dask workers (or a local Dask cluster); a table artifact."""
+    from prefect.artifacts import create_table_artifact
+
+    runner = DaskTaskRunner(address=sweep.dask_scheduler or _stack_scheduler())
+    rows = sweep_on_dask.with_options(task_runner=runner)(sweep)
+    keys = ("gpus", "serving_gpus", "config", "off_policy", "tokens_per_s", "speedup_vs_fixed",
+            "slo_attainment", "borrowed_share", "affinity_hit_rate", "wall_s")
+    create_table_artifact([{k: r.get(k) for k in keys} for r in rows], key="cluster-sim",
+                          description="cluster simulation sweep (sim/)")
+    for r in rows:
+        print(f"{r['gpus']:>5} GPUs {r['config']:>11} off-policy {r['off_policy']}: "
+              f"{r['tokens_per_s']:>12,.0f} tok/s ({r['speedup_vs_fixed']:.2f}x fixed)")
+    return rows
+
+
+def _stack_scheduler() -> str | None:
+    """The local stack's scheduler when one runs; None makes DaskTaskRunner start its own."""
+    from rose.config import stack_dir
+    from rose.stack.local_stack import load_stack
+
+    handle = load_stack(stack_dir())
+    return handle.dask_scheduler if handle is not None else None
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scales", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--configs", nargs="+", default=["rose", "slo_unaware", "static"])
+    ap.add_argument("--off-policy", type=int, nargs="+", default=[0])
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    cluster_sim(SimSweep(scales=a.scales, configs=a.configs, off_policy=a.off_policy,
+                         steps=a.steps))

@@ -1,0 +1,43 @@
+"""The cluster-sim flow fans simulations out as Prefect tasks on Dask (flows/cluster_sim.py).
+
+Slow-ish (Prefect's temporary server and a local Dask cluster start, ~30 s): a 2-scale sweep
+with both pipeline modes; every (scale, configuration, mode) comes back once, each a task run,
+and its result equals the same simulation run in this process (the fan-out changes nothing).
+"""
+from __future__ import annotations
+
+import pytest
+
+from flows.cluster_sim import SimSweep
+
+pytestmark = pytest.mark.slow
+
+
+def test_sweep_rejects_an_unknown_configuration():
+    with pytest.raises(ValueError, match="unknown configurations \\['fast'\\]"):
+        SimSweep(configs=["rose", "fast"])
+
+
+def test_sweep_runs_one_task_per_simulation_and_matches_a_local_run(monkeypatch, tmp_path):
+    from dataclasses import asdict
+
+    from distributed import LocalCluster
+
+    from flows.cluster_sim import cluster_sim, simulate
+
+    for name in ("PREFECT_API_URL", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"):
+        monkeypatch.delenv(name, raising=False)  # Prefect's own temporary server
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))  # no local stack here
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        sweep = SimSweep(scales=[4, 8], configs=["rose"], off_policy=[0, 1], steps=2,
+                         dask_scheduler=cluster.scheduler_address)
+        rows = cluster_sim(sweep)
+    keys = sorted((r["gpus"], r["config"], r["off_policy"]) for r in rows)
+    assert keys == sorted((g, c, k) for g in (4, 8) for c in ("fixed", "rose") for k in (0, 1))
+    assert all(r["trajectories_finished"] == r["trajectories_started"] for r in rows)
+    [row] = [r for r in rows if (r["gpus"], r["config"], r["off_policy"]) == (8, "rose", 1)]
+    base = asdict(sweep.base(8)) | {"config": "rose", "off_policy": 1,
+                                    "slo_ttft_s": row["slo_ttft_s"], "slo_tpot_s": row["slo_tpot_s"]}
+    local = simulate.fn(base)
+    assert {k: v for k, v in local.items() if k != "wall_s"} == \
+        {k: v for k, v in row.items() if k not in ("wall_s", "speedup_vs_fixed")}
