@@ -100,9 +100,14 @@ def flow_runs(name: str) -> list[FlowRunInfo]:
     return asyncio.run(fetch())
 
 
+PHASES = ("rollout", "reward", "train", "publish")
+
+
 def task_states(run) -> dict[str, str]:
-    """phase -> state name ("Cached", "Completed", "Failed") of one rl_step flow run."""
-    return {t.name.rsplit("-", 1)[0]: t.state.name for t in run.tasks}
+    """phase -> state name ("Cached", "Completed", "Failed") of one rl_step flow run's RL phases
+    (its serving-report task, which reads the serving workers' window, is left out)."""
+    states = {t.name.rsplit("-", 1)[0]: t.state.name for t in run.tasks}
+    return {phase: state for phase, state in states.items() if phase in PHASES}
 
 
 def file_fingerprint(path: Path) -> tuple[int, str]:
