@@ -101,6 +101,45 @@ def validate(seed: int) -> dict:
     return out
 
 
+def _recorded(data_dir: Path, run: str) -> tuple[int, list[float]]:
+    """(trajectories per step, measured rollout seconds of steps 2..) of a recorded run."""
+    import duckdb
+
+    cfg = json.loads((data_dir / "runs" / run / "config.json").read_text())
+    measured = [r[0] for r in duckdb.sql(
+        f"SELECT rollout_s FROM read_parquet('{data_dir}/metrics/steps/**/*.parquet', "
+        f"hive_partitioning=true, union_by_name=true) WHERE run = '{run}' AND step > 1").fetchall()]
+    if not measured:
+        raise SystemExit(f"no step metrics after step 1 for run {run!r} under {data_dir}")
+    return cfg["rollout"]["groups"] * cfg["rollout"]["group_size"], measured
+
+
+def _local_rollout_s(per_step: int, steps: int, seed: int, scale: float) -> float:
+    return ClusterSim(SimConfig(gpus=2, config="fixed", serving_ratio=0.0, steps=steps, seed=seed,
+                                traj_per_rollout_gpu=per_step, engine_scale=scale)).run()["rollout_s_mean"]
+
+
+def validate_runs(data_dir: Path, fit_run: str, check_run: str, seed: int) -> dict:
+    """Runs recorded on this machine (1 rollout worker, no serving worker; step 1 left out: engine
+    warm-up). The engine scale is calibrated on `fit_run` (bisection on the one factor), then
+    simulated vs measured rollout seconds of `check_run`, a run the calibration never saw;
+    fit the workload from `fit_run` too, or the check is circular."""
+    per_step, fit = _recorded(data_dir, fit_run)
+    target, lo, hi = statistics.median(fit), 0.25, 8.0
+    for _ in range(12):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if _local_rollout_s(per_step, len(fit), seed, mid) < target else (lo, mid)
+    scale = (lo * hi) ** 0.5
+    per_check, measured = _recorded(data_dir, check_run)
+    med = statistics.median(measured)
+    raw = _local_rollout_s(per_check, len(measured), seed, 1.0)
+    sim = _local_rollout_s(per_check, len(measured), seed, scale)
+    return {"fit_run": fit_run, "check_run": check_run, "engine_scale": scale,
+            "measured_rollout_s_median": med, "measured_rollout_s": measured,
+            "simulated_rollout_s_profile": raw, "error_profile": raw / med - 1,
+            "simulated_rollout_s_calibrated": sim, "error_calibrated": sim / med - 1}
+
+
 def timing(seed: int) -> dict:
     t0 = time.perf_counter()
     r = ClusterSim(SimConfig(gpus=1024, config="rose", steps=50, seed=seed)).run()
@@ -134,6 +173,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timing", action="store_true", help="also time 1,024 GPUs x 50 steps")
     ap.add_argument("--pipeline", action="store_true", help="synchronous vs one-step off-policy")
+    ap.add_argument("--validate-runs", nargs=3, metavar=("DATA_DIR", "FIT_RUN", "CHECK_RUN"),
+                    help="also calibrate the engine scale on one recorded run (1 rollout worker) "
+                    "and check it on another")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -144,13 +186,15 @@ def main() -> None:
     result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
               "validation": validate(args.seed) if FIDELITY.is_file() else None,
+              "validation_runs": (validate_runs(Path(args.validate_runs[0]), *args.validate_runs[1:],
+                                                args.seed) if args.validate_runs else None),
               "timing": timing(args.seed) if args.timing else None,
               "plot": "skipped: matplotlib is not installed in .venv",
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
               "total_s": None}
     result["total_s"] = time.perf_counter() - t0
     print(table(rows))
-    print(json.dumps({"validation": result["validation"], "timing": result["timing"]}, indent=1))
+    print(json.dumps({k: result[k] for k in ("validation", "validation_runs", "timing")}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}; plot skipped (matplotlib not installed)")

@@ -39,8 +39,8 @@ class ClusterSim:
         self.step_model = step_model
         self.rng = random.Random(cfg.seed)
         self.router = router or TurnRouter(cfg.cap_per_rollout_gpu, cfg.mode)
-        self.rollout_prof = load_profile(cfg.rollout_profile)
-        self.serving_prof = load_profile(cfg.serving_profile)
+        self.rollout_prof = scaled(load_profile(cfg.rollout_profile), cfg.engine_scale)
+        self.serving_prof = scaled(load_profile(cfg.serving_profile), cfg.engine_scale)
         self.slo = SLOConfig.from_profile(self.serving_prof)  # the serving worker's own rule
         if cfg.slo_ttft_s is not None and cfg.slo_tpot_s is not None:
             self.slo = SLOConfig(cfg.slo_ttft_s, cfg.slo_tpot_s)
@@ -125,7 +125,7 @@ class ClusterSim:
             self.queue.append(tid)
         self._dispatch()
 
-    def _end_rollout(self) -> None:
+    def _end_rollout(self, _=None) -> None:
         """Train and publish the step. Synchronous: the next step starts once it is published.
         One-step off-policy: train s waits for train s-1, publish s for publish s-1, and the
         next rollout starts now if version s-1 is published (else when it is)."""
@@ -193,7 +193,7 @@ class ClusterSim:
         traj, k = state[0], state[1]
         if k + 1 < traj.turns:
             state[1], state[2] = k + 1, turn.context + turn.response + traj.obs[k]
-            self.loop.at(self.loop.now + traj.env_s[k], self._ready, turn.tid)
+            self.loop.at(self.loop.now + traj.env_s[k] + traj.dispatch_s[k], self._ready, turn.tid)
         else:
             self._finish(turn.tid)
         self._dispatch()
@@ -210,8 +210,8 @@ class ClusterSim:
         del self.trajs[tid]
         self.counts["finished"] += 1
         self._left -= 1
-        if self._left == 0:
-            self._end_rollout()
+        if self._left == 0:  # the rollout task ends after its own overhead (Arrow write, ...)
+            self.loop.at(self.loop.now + self.workload.rollout_overhead_s, self._end_rollout)
 
     def _abort(self, dev: Device, turn: Turn) -> None:
         """A KV cut or stall gave the turn back: reroute it; close the worker's gate for a poll."""

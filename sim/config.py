@@ -37,6 +37,9 @@ class SimConfig:
     slo_ttft_s: float | None = None  # None: SLOConfig.from_profile (the serving worker's own rule)
     slo_tpot_s: float | None = None
     rollout_profile: str = "cpu_policy"
+    # every engine latency times this: the profiles were measured on a quiet machine; a run
+    # recorded under other load is matched by calibrating this one factor (bench/cluster_sim.py)
+    engine_scale: float = 1.0
     serving_profile: str = "cpu_serving"
 
     def __post_init__(self) -> None:
@@ -48,6 +51,8 @@ class SimConfig:
             raise ValueError("need gpus >= 2, steps >= 1, traj_per_rollout_gpu >= 1")
         if self.off_policy not in (0, 1):
             raise ValueError(f"off_policy must be 0 (synchronous) or 1, got {self.off_policy}")
+        if self.engine_scale <= 0:
+            raise ValueError(f"engine_scale must be > 0, got {self.engine_scale}")
         if self.serving_ratio < 0 or self.serving_rate <= 0:
             raise ValueError("serving_ratio must be >= 0 and serving_rate > 0")
 

@@ -31,7 +31,18 @@ _COLUMNS = {  # distribution -> SQL over per-turn rows (d: observation tokens a 
                    "OVER (PARTITION BY run, trajectory ORDER BY turn) AS d FROM turns) WHERE d IS NOT NULL"),
     "response": "SELECT len(response_ids) FROM turns",
     "env_s": "SELECT env_s FROM turns",
+    # orchestration between a turn's environment answer and the next turn's start (the Dask
+    # round trip of the per-turn dispatch, tokenization, scheduling): start_n - (end_n-1 + env)
+    "dispatch_s": ("SELECT gap FROM (SELECT epoch(finished_at) - decode_s - prefill_s - queued_s "
+                   "- lag(epoch(finished_at) + env_s) OVER (PARTITION BY run, trajectory "
+                   "ORDER BY turn) AS gap FROM turns) WHERE gap IS NOT NULL"),
 }
+# per step: the rollout phase's seconds beyond its turns' span (task start, weight-version
+# wait, group launch, the Arrow write), from the step metrics beside the turns
+_ROLLOUT_OVERHEAD = (
+    "SELECT median(GREATEST(s.rollout_s - t.span, 0)) FROM steps s JOIN (SELECT run, step, "
+    "max(epoch(finished_at)) - min(epoch(finished_at) - decode_s - prefill_s - queued_s) AS span "
+    "FROM turns GROUP BY run, step) t USING (run, step)")
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,7 @@ class Trajectory:
     obs: tuple[int, ...]  # tokens appended before turns 1..n-1
     responses: tuple[int, ...]  # response tokens of turns 0..n-1
     env_s: tuple[float, ...]  # environment time after each turn
+    dispatch_s: tuple[float, ...]  # orchestration before turns 1..n-1
     success: bool
 
     @property
@@ -48,12 +60,16 @@ class Trajectory:
 
 
 class WorkloadSpec:
-    def __init__(self, quantiles: dict[str, list[float]], success_rate: float, source: str = "") -> None:
+    def __init__(self, quantiles: dict[str, list[float]], success_rate: float, source: str = "",
+                 rollout_overhead_s: float = 0.0) -> None:
         missing = set(_COLUMNS) - set(quantiles)
         if missing:
             raise ValueError(f"workload lacks distributions {sorted(missing)}")
+        if rollout_overhead_s < 0:
+            raise ValueError(f"rollout_overhead_s must be >= 0, got {rollout_overhead_s}")
         self.q = {k: np.asarray(v, dtype=float) for k, v in quantiles.items()}
         self.success_rate, self.source = success_rate, source
+        self.rollout_overhead_s = rollout_overhead_s
 
     def _draw(self, rng: random.Random, name: str) -> float:
         return float(np.interp(rng.random(), QUANTILES, self.q[name]))
@@ -64,25 +80,35 @@ class WorkloadSpec:
                           tuple(max(1, round(self._draw(rng, "obs_tokens"))) for _ in range(n - 1)),
                           tuple(max(1, round(self._draw(rng, "response"))) for _ in range(n)),
                           tuple(max(0.0, self._draw(rng, "env_s")) for _ in range(n)),
+                          tuple(max(0.0, self._draw(rng, "dispatch_s")) for _ in range(n - 1)),
                           rng.random() < self.success_rate)
 
     def to_json(self) -> str:
         return json.dumps({"source": self.source, "success_rate": self.success_rate,
+                           "rollout_overhead_s": self.rollout_overhead_s,
                            "quantiles": {k: [round(float(x), 6) for x in v] for k, v in self.q.items()}},
                           indent=1)
 
     @classmethod
     def load(cls, path: str | Path = WORKLOAD_FILE) -> "WorkloadSpec":
         d = json.loads(Path(path).read_text())
-        return cls(d["quantiles"], float(d["success_rate"]), d.get("source", ""))
+        return cls(d["quantiles"], float(d["success_rate"]), d.get("source", ""),
+                   float(d.get("rollout_overhead_s", 0.0)))
 
 
-def fit_from_arrow(parquet_glob: str) -> WorkloadSpec:
-    """Fit the distributions from turn rows (the trajectory schema) matched by a glob."""
+def fit_from_arrow(parquet_glob: str, steps_glob: str | None = None) -> WorkloadSpec:
+    """Fit the distributions from turn rows (the trajectory schema) matched by a glob, and the
+    rollout phase's overhead per step from the step metrics (docs/step_metrics_schema.md)
+    matched by `steps_glob` (none given: 0)."""
     import duckdb
 
     con = duckdb.connect()
     con.execute(f"CREATE VIEW turns AS SELECT * FROM read_parquet('{parquet_glob}', hive_partitioning=true)")
+    overhead = 0.0
+    if steps_glob:
+        con.execute(f"CREATE VIEW steps AS SELECT * FROM read_parquet('{steps_glob}', "
+                    "hive_partitioning=true, union_by_name=true)")
+        overhead = float(con.execute(_ROLLOUT_OVERHEAD).fetchone()[0] or 0.0)
     qs = {}
     for name, sql in _COLUMNS.items():
         vals = np.array([r[0] for r in con.execute(sql).fetchall()], dtype=float)
@@ -93,7 +119,8 @@ def fit_from_arrow(parquet_glob: str) -> WorkloadSpec:
                        "FROM turns GROUP BY run, trajectory)").fetchone()[0]
     runs = [r[0] for r in con.execute("SELECT DISTINCT run FROM turns ORDER BY run").fetchall()]
     n = con.execute("SELECT count(*) FROM turns").fetchone()[0]
-    return WorkloadSpec(qs, float(rate), f"fitted from {n} turns of runs {', '.join(runs)}")
+    return WorkloadSpec(qs, float(rate), f"fitted from {n} turns of runs {', '.join(runs)}",
+                        overhead)
 
 
 @dataclass(frozen=True)

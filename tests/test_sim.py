@@ -108,3 +108,18 @@ def test_one_step_off_policy_overlaps_steps_and_raises_throughput():
     assert piped["trajectories_finished"] == piped["trajectories_started"]
     with pytest.raises(ValueError, match="off_policy"):
         SimConfig(off_policy=2)
+
+
+def test_dispatch_and_rollout_overhead_lengthen_the_rollout():
+    from sim.workload import WorkloadSpec
+
+    base = WorkloadSpec.load()
+    q = {k: v.tolist() for k, v in base.q.items()}
+    quick = WorkloadSpec({**q, "dispatch_s": [0.0] * 21}, base.success_rate)
+    slow = WorkloadSpec({**q, "dispatch_s": [0.5] * 21}, base.success_rate, rollout_overhead_s=2.0)
+    cfg = SimConfig(**{**SMALL, "config": "fixed"})
+    fast_r, slow_r = ClusterSim(cfg, quick).run(), ClusterSim(cfg, slow).run()
+    assert max(q["turns"]) > 1  # some trajectory waits on dispatch at least once
+    assert slow_r["rollout_s_mean"] >= fast_r["rollout_s_mean"] + 2.0 + 0.5
+    with pytest.raises(ValueError, match="rollout_overhead_s"):
+        WorkloadSpec(q, 0.5, rollout_overhead_s=-1)
