@@ -1,15 +1,28 @@
 """A small recorded data directory: two runs of three RL steps, a rollout and a serving worker,
-written the way a run writes them (step-metric tables and trajectory turns)."""
+written the way a run writes them (step-metric tables with the serving worker's KV timeline,
+trajectory turns, and each publish's transfer records)."""
 from __future__ import annotations
 
 import pytest
 
 from storage.metrics.store import StepMetricsStore
 from storage.trajectories.dataset import TrajectoryStore
+from storage.weights.transfer_metrics import write_transfer_metrics
 from tests.test_trajectories import turn
 
 RUNS = ("r1", "r2")
 STEPS = (1, 2, 3)
+T0 = 1_767_225_600.0  # the serving worker's first step window opens here (UTC seconds)
+
+
+def kv_timeline(step: int) -> dict:
+    """Four samples 0.5 s apart and a burst, its cut and the freeze after it."""
+    return {"started_at": T0 + 10 * step, "every_s": 0.5, "total_blocks": 100,
+            "reserve_blocks": 20, "dropped_events": 0,
+            "samples": [[0.0, 10, 0, 70, 0, 0], [0.5, 20, 30, 70, 4, 2], [1.0, 55, 15, 35, 1, 6],
+                        [1.5, 30, 20, 35, 3, 0]],
+            "events": [[0.9, "burst", 55, 40, 70, None], [0.9, "cut", 55, 40, 35, 2],
+                       [1.1, "freeze", 55, 15, 35, None]]}
 
 
 def step_summary(step: int, run_index: int = 0, serving: bool = True) -> dict:
@@ -26,8 +39,30 @@ def step_summary(step: int, run_index: int = 0, serving: bool = True) -> dict:
         s["serving"] = {"serving-0": {
             "worker": "serving-0", "requests": 100, "failed": 0, "ttft_p99_s": 0.08 * step,
             "tpot_p99_s": 0.02, "slo_ttft_s": 0.5, "slo_tpot_s": 0.03, "slo_met": 97,
-            "slo_attainment": 0.97, "rollout_admitted": 12, "rollout_aborted": step - 1}}
+            "slo_attainment": 0.97, "rollout_admitted": 12, "rollout_aborted": step - 1,
+            "kv_timeline": kv_timeline(step)}}
     return s
+
+
+def step_turns(step: int) -> list[dict]:
+    """Three trajectories: t0 stays on rollout-0 (an affinity hit), t2 moves from serving-0 to
+    rollout-0 (a miss); serving-0's turn used a version one older than rollout-0's."""
+    rows = [turn(step=step, index=j, worker=w, worker_kind=w.split("-")[0], queued_s=0.01 * j,
+                 policy_version=step - 1 - (w == "serving-0"))
+            for j, w in enumerate(["rollout-0", "rollout-0", "serving-0"])]
+    return rows + [turn(step=step, index=j, turn=1, policy_version=step - 1) for j in (0, 2)]
+
+
+def publish(run_dir, step: int) -> None:
+    """A delta publish of two tensors: one xor_zstd, one dense."""
+    summary = {"version": step, "kind": "delta", "base_version": step - 1, "encoded_bytes": 600_000,
+               "push_s": 0.2, "publish_s": 0.9, "pull_s": 0.3, "apply_s": 0.1, "load_s": 0.05}
+    tensor = {"layer": 0, "numel": 500_000, "changed": 1000, "density": 0.002}
+    write_transfer_metrics(run_dir, step, summary, [
+        {**tensor, "name": "a", "encoding": "xor_zstd", "raw_bytes": 1_000_000,
+         "encoded_bytes": 100_000, "encode_s": 0.25},
+        {**tensor, "name": "b", "encoding": "dense", "raw_bytes": 500_000,
+         "encoded_bytes": 500_000, "encode_s": 0.05}])
 
 
 @pytest.fixture
@@ -38,7 +73,6 @@ def recorded(tmp_path):
     for i, run in enumerate(RUNS):
         for step in STEPS:
             metrics.write_step(run, step_summary(step, i))
-            turns.write_step(run, step, [
-                turn(step=step, index=j, worker=w, worker_kind=w.split("-")[0], queued_s=0.01 * j)
-                for j, w in enumerate(["rollout-0", "rollout-0", "serving-0"])])
+            turns.write_step(run, step, step_turns(step))
+            publish(tmp_path / "runs" / run, step)
     return tmp_path

@@ -70,7 +70,7 @@ def test_routing_page_counts_turns_per_worker(recorded):
     drawn = assert_all_drawn(layout, 4)
     bars = drawn["Turns per worker per step: r1"]
     data = bars[0].data_source.data
-    assert data["rollout-0 (rollout)"] == [2, 2, 2] and data["serving-0 (serving)"] == [1, 1, 1]
+    assert data["rollout-0 (rollout)"] == [4, 4, 4] and data["serving-0 (serving)"] == [1, 1, 1]
 
 
 def test_transfer_page_draws_each_publish(recorded):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from storage.catalog import query
+from storage.catalog import VIEWS, query
 from storage.metrics.record import record_step
+from storage.metrics.kv_timeline import TIMELINE_SCHEMA
 from storage.metrics.schema import SERVING_SCHEMA, STEP_SCHEMA
 from storage.metrics.store import StepMetricsStore
 from storage.metrics.tensorboard import scalars
-from tests.dashboard_fixtures import RUNS, STEPS, recorded, step_summary  # noqa: F401
+from tests.dashboard_fixtures import RUNS, STEPS, T0, recorded, step_summary  # noqa: F401
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "step_metrics_schema.md"
 
@@ -23,7 +24,27 @@ def test_views_hold_one_row_per_step_and_per_serving_worker(recorded):
     assert [(r["step"], r["worker"]) for r in serving] == [(s, "serving-0") for s in STEPS]
     joined = query(recorded, "SELECT s.step, count(*) turns FROM steps s JOIN turns t "
                              "USING (run, step) WHERE run = 'r2' GROUP BY ALL ORDER BY 1")
-    assert joined.column("turns").to_pylist() == [3] * len(STEPS)
+    assert joined.column("turns").to_pylist() == [5] * len(STEPS)
+
+
+def test_kv_timeline_view_holds_samples_and_events_per_worker_step(recorded):
+    rows = query(recorded, "SELECT event, count(*) n, max(serving_blocks) peak, sum(denied) denied"
+                           " FROM kv_timeline WHERE run = 'r1' AND step = 2 GROUP BY event"
+                           " ORDER BY event NULLS FIRST").to_pylist()
+    assert rows == [{"event": None, "n": 4, "peak": 55, "denied": 8},
+                    {"event": "burst", "n": 1, "peak": 55, "denied": None},
+                    {"event": "cut", "n": 1, "peak": 55, "denied": None},
+                    {"event": "freeze", "n": 1, "peak": 55, "denied": None}]
+    first = query(recorded, "SELECT epoch(min(sampled_at)) t FROM kv_timeline WHERE run = 'r1'"
+                            " AND step = 1").to_pylist()
+    assert first == [{"t": T0 + 10}]
+
+
+def test_transfer_view_reads_every_runs_publishes(recorded):
+    rows = query(recorded, "SELECT run, count(DISTINCT step) publishes, sum(encoded_bytes) sent"
+                           " FROM transfer GROUP BY run ORDER BY run").to_pylist()
+    assert rows == [{"run": r, "publishes": len(STEPS), "sent": 600_000 * len(STEPS)}
+                    for r in RUNS]
 
 
 def test_rewriting_a_step_replaces_its_rows(recorded):
@@ -42,7 +63,7 @@ def test_a_step_without_serving_workers_has_no_serving_rows(tmp_path):
 
 
 def test_views_exist_before_anything_is_recorded(tmp_path):
-    for view in ("turns", "steps", "serving"):
+    for view in VIEWS:
         assert query(tmp_path, f"SELECT count(*) n FROM {view}").to_pylist() == [{"n": 0}]
 
 
@@ -67,5 +88,5 @@ def test_scalars_leave_out_missing_values():
 
 def test_schema_doc_names_every_field():
     text = DOC.read_text()
-    for name in STEP_SCHEMA.names + SERVING_SCHEMA.names:
+    for name in STEP_SCHEMA.names + SERVING_SCHEMA.names + TIMELINE_SCHEMA.names:
         assert f"`{name}`" in text, name

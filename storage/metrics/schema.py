@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
-_META = {b"rose.schema_version": str(SCHEMA_VERSION).encode()}
+META = {b"rose.schema_version": str(SCHEMA_VERSION).encode()}
 
 STEP_SCHEMA = pa.schema([
     ("run", pa.string()), ("step", pa.int64()), ("policy_version", pa.int64()),
@@ -22,7 +22,7 @@ STEP_SCHEMA = pa.schema([
     ("publish_bytes", pa.int64()), ("rerouted_turns", pa.int64()),
     ("borrowed_share", pa.float64()), ("serving_workers", pa.int64()),
     ("serving_requests", pa.int64()), ("slo_attainment", pa.float64()),
-], metadata=_META)
+], metadata=META)
 
 SERVING_SCHEMA = pa.schema([
     ("run", pa.string()), ("step", pa.int64()), ("worker", pa.string()),
@@ -30,7 +30,7 @@ SERVING_SCHEMA = pa.schema([
     ("ttft_p99_s", pa.float64()), ("tpot_p99_s", pa.float64()),
     ("slo_ttft_s", pa.float64()), ("slo_tpot_s", pa.float64()), ("slo_attainment", pa.float64()),
     ("rollout_admitted", pa.int64()), ("rollout_aborted", pa.int64()),
-], metadata=_META)
+], metadata=META)
 
 
 def step_table(run: str, summary: dict, recorded_at: datetime | None = None) -> pa.Table:

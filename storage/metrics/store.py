@@ -1,8 +1,8 @@
-"""The step-metric tables on disk, and as DuckDB views `steps` and `serving`.
+"""The step-metric tables on disk, and as DuckDB views `steps`, `serving` and `kv_timeline`.
 
-Layout: <root>/steps/run=<run>/step-<n>.parquet and <root>/serving/run=<run>/step-<n>.parquet,
-one file per (run, step) in each table, replaced atomically: a retried or resumed step rewrites
-its row, never duplicates it. `run` and `step` are columns of every file too.
+Layout: <root>/<table>/run=<run>/step-<n>.parquet, one file per (run, step) in each table,
+replaced atomically: a retried or resumed step rewrites its rows, never duplicates them. `run`
+and `step` are columns of every file too.
 """
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from storage.atomic import atomic_path
+from storage.metrics.kv_timeline import TIMELINE_SCHEMA, timeline_table
 from storage.metrics.schema import SERVING_SCHEMA, STEP_SCHEMA, serving_table, step_table
 
 METRICS_DIR = "metrics"  # <data>/metrics: the step-metric tables of every run
-TABLES = {"steps": STEP_SCHEMA, "serving": SERVING_SCHEMA}
+TABLES = {"steps": STEP_SCHEMA, "serving": SERVING_SCHEMA, "kv_timeline": TIMELINE_SCHEMA}
 _RUN_RE = re.compile(r"^[A-Za-z0-9_.-]+$")  # a directory name and a Hive partition value
 
 
@@ -33,10 +34,12 @@ class StepMetricsStore:
         return self.root / table / f"run={run}" / f"step-{int(step)}.parquet"
 
     def write_step(self, run: str, summary: dict) -> list[Path]:
-        """The step's row of `steps` and its serving workers' rows of `serving`."""
+        """The step's row of `steps`, its serving workers' rows of `serving` and their KV
+        timelines' rows of `kv_timeline`."""
         written = []
         for table, rows in (("steps", step_table(run, summary)),
-                            ("serving", serving_table(run, summary))):
+                            ("serving", serving_table(run, summary)),
+                            ("kv_timeline", timeline_table(run, summary))):
             path = self.path(table, run, summary["step"])
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp:
@@ -51,7 +54,8 @@ class StepMetricsStore:
             if files else TABLES[table].empty_table()
 
     def add_views(self, con: duckdb.DuckDBPyConnection) -> None:
-        """Create the views `steps` and `serving` on `con` (empty tables when nothing is recorded)."""
+        """Create the views `steps`, `serving` and `kv_timeline` on `con` (empty tables when
+        nothing is recorded)."""
         for table, schema in TABLES.items():
             if list((self.root / table).glob("run=*/*.parquet")):
                 glob = str(self.root / table / "run=*" / "*.parquet").replace("'", "''")
