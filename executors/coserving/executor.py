@@ -13,6 +13,7 @@ API:
     ex.start_step()    # new RL step: rollout KV budget from recent serving peak; unfreeze
     ex.admitting() -> bool                   # would a rollout turn be admitted now
     ex.metrics(fresh=False) -> dict          # counters, policy, SLO used, profiles (/metrics)
+    ex.kv_timeline() -> dict   # KV blocks and memory events since start_step (kv_timeline.py)
     ex.load_rollout_weights(version, tensors); ex.rollout_weight_matches(tensors) -> bool | None
     ex.reset_rollout_prefix_cache() -> bool  # leases dropped too (benches: cold cache per case)
     ex.close()
@@ -35,6 +36,7 @@ import torch
 
 from executors.coserving.config import CoServingConfig
 from executors.coserving.engines import open_engine, shutdown_rollout
+from executors.coserving.kv_timeline import KVTimeline
 from executors.coserving.memory import MemoryWatch
 from executors.coserving.metrics import snapshot
 from executors.coserving.rollout_side import RolloutSide
@@ -59,6 +61,7 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
         self.rollout_counters = new_counters()
         self.autoscale = EvictReload(cfg.evict_load_threshold, cfg.reload_after_s)
         self._usage: deque[tuple[float, int]] = deque()  # (time, serving blocks) samples
+        self.timeline = KVTimeline()  # the step's KV samples and events, for its step report
         self.recent_prompts: deque[int] = deque(maxlen=64)  # serving prompt lengths (admission)
         self._admitting = False
         self._snap: dict = {}

@@ -29,6 +29,7 @@ class MemoryWatch:
             self.rollout.expire_leases(now)
         if self.wiring.evict_on_burst:
             self._autoscale(now)
+        self.timeline.tick(self, now)  # events as they happen, samples every ~0.5 s
 
     def _do_start_step(self) -> None:
         now = time.monotonic()
@@ -36,6 +37,11 @@ class MemoryWatch:
         if self.policy is not None:
             self.policy.start_step(min(peak, self.total), now)
         self.counters["start_steps"] += 1
+        self.timeline.start(now)
+
+    def kv_timeline(self) -> dict:
+        """KV blocks and memory events since the step started (KVTimeline.report); any thread."""
+        return self._call(lambda: self.timeline.report(self, time.monotonic()))
 
     def _autoscale(self, now: float) -> None:
         act = self.autoscale.tick(len(self.serving.live), self.rollout is not None, now)

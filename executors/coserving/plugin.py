@@ -95,7 +95,7 @@ class CoServingPlugin(WorkerPlugin):
 
     def step_report(self) -> dict:
         """Serving over the step so far (requests, P99s, SLO attainment), and the rollout turns
-        the executor admitted and aborted in it."""
+        the executor admitted and aborted in it, and its KV timeline (kv_timeline.py)."""
         from executors.coserving.serving_window import window_report
 
         ex = self.executor
@@ -104,7 +104,8 @@ class CoServingPlugin(WorkerPlugin):
         return {"worker": get_worker().name, "endpoint": self.endpoint_url,
                 **window_report(requests, m["slo"]["ttft_s"], m["slo"]["tpot_s"]),
                 "rollout_admitted": m["rollout"]["admitted"] - self.admitted_at_step,
-                "rollout_aborted": _aborted(m["rollout"]) - self.aborted_at_step}
+                "rollout_aborted": _aborted(m["rollout"]) - self.aborted_at_step,
+                "kv_timeline": ex.kv_timeline()}
 
 
 def _aborted(rollout_metrics: dict) -> int:
