@@ -167,7 +167,8 @@ def demo(steps: int = typer.Option(5, help="RL steps."),
 @app.command()
 @clear_errors
 def query(sql: str = typer.Argument(..., help="SQL over the views `turns` (one row per turn), "
-                                     "`steps` and `serving` (per RL step).")) -> None:
+                                     "`steps`, `serving` and `kv_timeline` (per RL step) and "
+                                     "`transfer` (per publish).")) -> None:
     """DuckDB over the recorded datasets, e.g. rose query "SELECT count(*) FROM turns"."""
     from rose.launch import query as run_query
 

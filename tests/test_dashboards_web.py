@@ -12,7 +12,7 @@ from dashboards.web import routing, runs, serving, transfer
 from dashboards.web.app import PageSession
 from dashboards.web.data import list_runs, load
 from storage.metrics.store import StepMetricsStore
-from tests.dashboard_fixtures import RUNS, STEPS, recorded, step_summary  # noqa: F401
+from tests.dashboard_fixtures import RUNS, STEPS, T0, recorded, step_summary  # noqa: F401
 
 
 def build(page, data_dir, picked):
@@ -58,7 +58,7 @@ def test_runs_page_overlays_runs_and_stacks_phases(recorded):
 
 
 def test_serving_page_draws_p99s_against_the_slo(recorded):
-    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 5)
+    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 7)
     ttft = drawn["TTFT P99 per step (dashed: the worker's SLO)"]
     sources = {r.glyph.y: r.data_source.data for r in ttft}
     assert sources["ttft_ms"]["ttft_ms"] == pytest.approx([80.0, 160.0, 240.0])
@@ -67,16 +67,66 @@ def test_serving_page_draws_p99s_against_the_slo(recorded):
 
 def test_routing_page_counts_turns_per_worker(recorded):
     layout = build(routing, recorded, ["r1"])
-    drawn = assert_all_drawn(layout, 4)
+    drawn = assert_all_drawn(layout, 5)
     bars = drawn["Turns per worker per step: r1"]
     data = bars[0].data_source.data
     assert data["rollout-0 (rollout)"] == [4, 4, 4] and data["serving-0 (serving)"] == [1, 1, 1]
 
 
+def test_routing_page_draws_the_affinity_hit_rate(recorded):
+    drawn = assert_all_drawn(build(routing, recorded, list(RUNS)), 6)
+    hits = drawn["Affinity hit rate: turns on their previous turn's worker"]
+    assert len(hits) == 2 * len(RUNS)  # a line and its markers per run
+    assert hits[0].data_source.data["hit_rate"] == [0.5] * 3  # one of two later turns stayed
+    assert hits[0].data_source.data["later_turns"] == [2] * 3
+
+
 def test_transfer_page_draws_each_publish(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 4)
-    mb = drawn["Bytes shipped per publish"][0].data_source.data["publish_mb"]
-    assert mb == pytest.approx([2.000001, 2.000002, 2.000003])
+    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 5 + 2 * len(RUNS))
+    sent = {r.glyph.y: r.data_source.data for r in
+            drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]}
+    assert sent["sent_mb"]["sent_mb"] == pytest.approx([0.6] * 3)  # from the publish records
+    assert sent["dense_mb"]["dense_mb"] == pytest.approx([1.5] * 3)
+
+
+def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recorded):
+    import shutil
+
+    shutil.rmtree(recorded / "runs")
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 5)
+    sent = drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]
+    assert sent[0].data_source.data["sent_mb"] == pytest.approx([2.000001, 2.000002, 2.000003])
+
+
+def test_transfer_page_encoding_mix_stages_and_lag(recorded):
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 7)
+    mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
+    assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
+    assert mix["dense"] == pytest.approx([5 / 6] * 3)
+    stages = drawn["Publish stages, seconds (pull, apply, load: slowest worker): r1"]
+    assert len(stages) == len(transfer.STAGES)
+    data = stages[0].data_source.data
+    assert data["encode_s"] == pytest.approx([0.3] * 3) and data["pull_s"] == [0.3] * 3
+    lag = {(r.glyph.y, r.data_source.data["max_lag"][0]) for r in drawn[
+        "Policy version lag of each worker's turns: mean (solid), max (dashed)"]}
+    assert lag == {("mean_lag", 0), ("mean_lag", 1), ("max_lag", 0), ("max_lag", 1)}
+
+
+def test_serving_page_draws_kv_blocks_events_and_admission(recorded):
+    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 7)
+    kv = drawn["KV blocks, serving vs rollout: serving-0 (markers: memory events)"]
+    by_legend = {r.glyph.y if hasattr(r.glyph, "y") else None: r for r in kv}
+    samples = kv[0].data_source.data
+    assert samples["serving_blocks"] == [10, 20, 55, 30] * 3
+    assert samples["budget_blocks"][:4] == [70, 70, 35, 35]
+    assert samples["at"][0] == pytest.approx((T0 + 10) * 1e3)
+    events = {r.glyph.marker: r.data_source.data for r in kv if r.glyph.y == "blocks"}
+    assert set(events) == {serving.EVENTS[e][0] for e in ("burst", "cut", "freeze")}
+    assert events["inverted_triangle"]["count"] == [2] * 3  # the cut aborted 2 turns each step
+    assert "serving_blocks" in by_legend
+    admission = drawn["Rollout admission per second: denied (solid), admitted (dashed)"]
+    denied = next(r for r in admission if r.glyph.y == "denied_per_s").data_source.data
+    assert math.isnan(denied["denied_per_s"][0]) and denied["denied_per_s"][1:4] == [4, 12, 0]
 
 
 def test_list_runs_newest_first_and_load_filters(recorded):

@@ -1,6 +1,6 @@
-"""What the pages draw, read through DuckDB (storage.catalog): the `steps` and `serving` views and
-per-worker aggregates of `turns`, for the runs picked. Each frame is columns (name -> list),
-nulls as NaN."""
+"""What the pages draw, read through DuckDB (storage.catalog): the `steps`, `serving` and
+`kv_timeline` views, per-worker aggregates of `turns` and per-publish aggregates of `transfer`,
+for the runs picked. Each frame is columns (name -> list), nulls as NaN."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,6 +24,27 @@ _SQL = {
     "queued": "SELECT run, step, worker_kind, avg(queued_s) AS mean_s,"
               " quantile_cont(queued_s, 0.99) AS p99_s FROM turns WHERE run IN ({runs})"
               " GROUP BY run, step, worker_kind ORDER BY run, worker_kind, step",
+    # a turn after a trajectory's first is an affinity hit when it ran where the previous did
+    "affinity": "SELECT run, step, avg(CAST(worker = previous AS INT)) AS hit_rate,"
+                " count(*) AS later_turns FROM (SELECT run, step, worker, lag(worker) OVER"
+                " (PARTITION BY run, step, trajectory ORDER BY turn) AS previous FROM turns"
+                " WHERE run IN ({runs})) WHERE previous IS NOT NULL GROUP BY run, step"
+                " ORDER BY run, step",
+    # versions a worker's turns lagged the trainer: step s trains version s - 1's turns
+    "lag": "SELECT run, step, worker, any_value(worker_kind) AS worker_kind,"
+           " avg(step - 1 - policy_version) AS mean_lag, max(step - 1 - policy_version) AS max_lag"
+           " FROM turns WHERE run IN ({runs}) GROUP BY run, step, worker ORDER BY run, worker, step",
+    "kv": "SELECT * FROM kv_timeline WHERE run IN ({runs}) ORDER BY run, worker, sampled_at, event NULLS FIRST",
+    # per publish: dense (raw) vs encoded bytes and encode seconds per encoding chosen
+    "encodings": "SELECT run, step, encoding, count(*) AS tensors, sum(raw_bytes)::DOUBLE AS raw_bytes,"
+                 " sum(encoded_bytes)::DOUBLE AS encoded_bytes, sum(encode_s) AS encode_s FROM transfer"
+                 " WHERE run IN ({runs}) GROUP BY run, step, encoding ORDER BY run, step, encoding",
+    # per publish: what was pushed against the dense bytes, and the slowest worker's pull
+    "publishes": "SELECT run, step, any_value(kind) AS kind, sum(raw_bytes)::DOUBLE AS dense_bytes,"
+                 " any_value(pushed_bytes) AS pushed_bytes, sum(encode_s) AS encode_s,"
+                 " any_value(push_s) AS push_s, any_value(pull_s_max) AS pull_s,"
+                 " any_value(apply_s_max) AS apply_s, any_value(load_s_max) AS load_s"
+                 " FROM transfer WHERE run IN ({runs}) GROUP BY run, step ORDER BY run, step",
 }
 
 
@@ -34,6 +55,11 @@ class Frames:
     serving: Columns = field(default_factory=dict)
     workers: Columns = field(default_factory=dict)
     queued: Columns = field(default_factory=dict)
+    affinity: Columns = field(default_factory=dict)
+    lag: Columns = field(default_factory=dict)
+    kv: Columns = field(default_factory=dict)
+    encodings: Columns = field(default_factory=dict)
+    publishes: Columns = field(default_factory=dict)
 
 
 def list_runs(data_dir: Path) -> list[str]:

@@ -15,10 +15,11 @@ def color(i: int) -> str:
     return Category10_10[i % len(Category10_10)]
 
 
-def step_figure(title: str, y_label: str, percent: bool = False):
+def step_figure(title: str, y_label: str, percent: bool = False, log: bool = False):
     """A figure over RL steps (integer ticks), its legend on the right (a click hides a series)."""
     fig = figure(title=title, width=WIDTH, height=HEIGHT, x_axis_label="RL step",
-                 y_axis_label=y_label, tools="pan,box_zoom,wheel_zoom,reset,save")
+                 y_axis_label=y_label, tools="pan,box_zoom,wheel_zoom,reset,save",
+                 y_axis_type="log" if log else "linear")
     fig.xaxis[0].ticker.min_interval = 1
     fig.xaxis[0].ticker.num_minor_ticks = 0
     if percent:
@@ -59,3 +60,23 @@ def label(key: tuple, runs: int) -> str:
 def grid(figs: list) -> object:
     """Figures two to a row."""
     return column(*[row(*figs[i:i + 2]) for i in range(0, len(figs), 2)])
+
+
+def time_figure(title: str, y_label: str):
+    """A figure over wall-clock time (UTC), its legend on the right like step_figure's."""
+    fig = figure(title=title, width=WIDTH, height=HEIGHT, x_axis_type="datetime",
+                 x_axis_label="time (UTC)", y_axis_label=y_label,
+                 tools="pan,box_zoom,wheel_zoom,reset,save")
+    fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt", spacing=0,
+                          padding=4, margin=4), "right")
+    fig.add_tools(HoverTool(tooltips=[("time", "@at{%T}"), ("value", "$y{0.0}")],
+                            formatters={"@at": "datetime"}))
+    return fig
+
+
+def time_lines(fig, series: dict[str, ColumnDataSource], y: str, dash: str = "solid",
+               suffix: str = "", width: float = 2) -> None:
+    """One line per series over `at` (epoch milliseconds), colored by its position."""
+    for i, (name, source) in enumerate(series.items()):
+        fig.line("at", y, source=source, color=color(i), line_width=width, line_dash=dash,
+                 legend_label=name + suffix)

@@ -1,11 +1,14 @@
-"""Transfer page: per publish (one per RL step), the bytes the trainer shipped, the publish time
-(encode, relay, every rollout worker's pull and reload) and the policy version it produced."""
+"""Transfer page: per publish (one per RL step), the bytes the trainer shipped against the dense
+bf16 weights, the mix of encodings chosen (storage/delta), the seconds of each stage (encode,
+push into the relay, the slowest worker's pull, apply and engine load), the publish rate and
+version, and how many versions each worker's turns lagged the trainer (from `turns`)."""
 from __future__ import annotations
 
 from dashboards.web.data import NAN, Columns, Frames, groups, scaled
-from dashboards.web.plots import Sources, grid, lines, pick, step_figure
+from dashboards.web.plots import Sources, grid, label, lines, pick, stacked, step_figure
 
 TITLE = "Transfer"
+STAGES = ("encode_s", "push_s", "pull_s", "apply_s", "load_s")
 
 
 def data(frames: Frames) -> dict[tuple, Columns]:
@@ -13,22 +16,59 @@ def data(frames: Frames) -> dict[tuple, Columns]:
     for (run,), c in groups(frames.steps, "run").items():
         mb = scaled(c["publish_bytes"], 1e-6)
         out[("steps", run)] = {
-            "step": c["step"], "publish_mb": mb, "publish_s": c["publish_s"],
+            "step": c["step"], "publish_mb": mb, "sent_mb": mb, "publish_s": c["publish_s"],
             "mb_per_s": [m / s if s else NAN for m, s in zip(mb, c["publish_s"])],
             "policy_version": c["policy_version"]}
+    for (run,), c in groups(frames.publishes, "run").items():
+        out[("publishes", run)] = {"step": c["step"], "sent_mb": scaled(c["pushed_bytes"], 1e-6),
+                                   "dense_mb": scaled(c["dense_bytes"], 1e-6),
+                                   **{s: c[s] for s in STAGES}}
+    for (run,), c in groups(frames.encodings, "run").items():
+        steps = sorted(set(c["step"]))
+        cols: Columns = {"step": steps}
+        for step, encoding, sent in zip(c["step"], c["encoding"], c["encoded_bytes"]):
+            cols.setdefault(encoding, [0.0] * len(steps))[steps.index(step)] = sent
+        totals = [sum(v[i] for k, v in cols.items() if k != "step") for i in range(len(steps))]
+        out[("encodings", run)] = {k: v if k == "step" else [x / t if t else NAN for x, t in
+                                                           zip(v, totals)]
+                                   for k, v in cols.items()}  # shares: a full publish dwarfs deltas
+    for (run, worker), c in groups(frames.lag, "run", "worker").items():
+        out[("lag", run, worker)] = {"step": c["step"], "mean_lag": c["mean_lag"],
+                                     "max_lag": c["max_lag"]}
     return out
 
 
 def layout(sources: Sources):
     runs = {key[0]: src for key, src in pick(sources, "steps").items()}
-    figs = []
-    for title, y_label, y in (("Bytes shipped per publish", "MB", "publish_mb"),
-                              ("Publish seconds (encode, relay, pull, reload)", "seconds",
-                               "publish_s"),
-                              ("Publish rate", "MB/s", "mb_per_s"),
-                              ("Policy version after the step's publish", "version",
-                               "policy_version")):
-        fig = step_figure(title, y_label)
-        lines(fig, runs, y)
+    publishes = {key[0]: src for key, src in pick(sources, "publishes").items()}
+    # log scale: a delta is often 1000x smaller than the dense weights
+    sent = step_figure("Bytes shipped per publish (dashed: the dense bf16 weights)", "MB",
+                       log=True)
+    # the publish records (version 0's publish too), else the step table's bytes
+    lines(sent, {run: publishes.get(run, src) for run, src in runs.items()}, "sent_mb")
+    lines(sent, publishes, "dense_mb", dash="dashed", suffix=" dense")
+    figs = [sent]
+    for (run,), src in pick(sources, "encodings").items():
+        fig = step_figure(f"Encoding mix: share of the bytes sent per encoding, {run}", "bytes",
+                          percent=True)
+        encodings = sorted(c for c in src.data if c != "step")
+        stacked(fig, src, encodings, encodings)
         figs.append(fig)
-    return grid(figs)
+    for run, src in publishes.items():
+        fig = step_figure(f"Publish stages, seconds (pull, apply, load: slowest worker): {run}",
+                          "seconds")
+        stacked(fig, src, list(STAGES), [s.removesuffix("_s") for s in STAGES])
+        figs.append(fig)
+    total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
+    lines(total, runs, "publish_s")
+    rate = step_figure("Publish rate", "MB/s")
+    lines(rate, runs, "mb_per_s")
+    lag = pick(sources, "lag")
+    series = {label(key, len(runs)): src for key, src in lag.items()}
+    lagged = step_figure("Policy version lag of each worker's turns: mean (solid), max (dashed)",
+                         "versions behind")
+    lines(lagged, series, "mean_lag")
+    lines(lagged, series, "max_lag", dash="dashed", suffix=" max")
+    version = step_figure("Policy version after the step's publish", "version")
+    lines(version, runs, "policy_version")
+    return grid(figs + [total, rate, lagged, version])

@@ -28,8 +28,11 @@ CHROMIUM = find_chromium()
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(CHROMIUM is None, reason="needs chromium and chromium-driver "
                                  "(apt-get install chromium chromium-driver)")]
-PAGES = {"runs": "Mean trajectory reward", "serving": "TTFT P99", "routing": "Turns per worker",
-         "transfer": "Bytes shipped"}
+# Per page: titles (a prefix each) of plots that must be there and hold data.
+PAGES = {"runs": ["Mean trajectory reward"],
+         "serving": ["TTFT P99", "KV blocks, serving vs rollout", "Rollout admission per second"],
+         "routing": ["Turns per worker", "Affinity hit rate"],
+         "transfer": ["Bytes shipped", "Encoding mix", "Publish stages", "Policy version lag"]}
 # Per plot of the page: its title and how many of its glyph renderers hold rows.
 DRAWN = """
 const doc = window.Bokeh && Bokeh.documents && Bokeh.documents[0];
@@ -94,10 +97,13 @@ def test_every_page_draws_data(dashboard, tmp_path):
     browser = Browser(*CHROMIUM)
     shots = []
     try:
-        for page, title in PAGES.items():
+        for page, titles in PAGES.items():
             browser.open(f"{dashboard}/{page}")
             drawn = wait_drawn(browser)  # Bokeh draws in shadow DOM and canvas: ask BokehJS
-            assert any(title in t for t in drawn), drawn
+            assert all(any(t.startswith(title) for t in drawn) for title in titles), drawn
+            # the whole page in the screenshot: as tall as what Bokeh laid out
+            height = browser.script("return document.documentElement.scrollHeight") or 0
+            browser.resize(1400, max(1000, int(height) + 140))
             time.sleep(1)  # let the canvases paint
             shots.append(browser.screenshot(tmp_path / f"dashboard-{page}.png"))
     finally:

@@ -88,6 +88,11 @@ class Browser:
                 raise AssertionError(f"page lacks {missing}; it shows: {text[:800]!r}")
             time.sleep(0.5)
 
+    def resize(self, width: int, height: int) -> None:
+        """The window's size (a taller one screenshots a whole long page)."""
+        self._call("POST", f"/session/{self.session}/window/rect",
+                   {"width": width, "height": height})
+
     def screenshot(self, path: Path) -> Path:
         png = self._call("GET", f"/session/{self.session}/screenshot")
         Path(path).write_bytes(base64.b64decode(png))
