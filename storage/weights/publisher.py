@@ -27,6 +27,7 @@ import torch
 
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest, pack_buckets,
                              verify_bucket)
+from storage.weights.parallel import ordered_map
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
 
 KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
@@ -109,12 +110,14 @@ class PublishStats:
 
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
-                    meta: dict[str, Any] | None = None, part: str = "") -> PublishStats:
+                    meta: dict[str, Any] | None = None, part: str = "",
+                    workers: int = 1) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version). With `part` (e.g. "full") the
     payloads go under the version's sub-prefix instead, next to what is published there, and
-    neither `latest` nor the held versions change.
+    neither `latest` nor the held versions change. `workers` threads run `encoder` ahead of
+    the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version must be an int >= 0, got {version!r}")
@@ -123,11 +126,14 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     held = set() if part else _prune(relay, run, version)
     relay.remove_prefix(version_prefix(run, version, part))  # a re-publish leaves no stale bucket
 
+    def encode(item: tuple[str, torch.Tensor]) -> tuple[str, Buffer, dict[str, Any]]:
+        name, tensor = item
+        data, entry_meta = encoder(name, tensor)
+        return name, data, {"dtype": str(tensor.dtype).removeprefix("torch."),
+                            "shape": list(tensor.shape), **entry_meta}
+
     def items() -> Iterator[tuple[str, Buffer, dict[str, Any]]]:
-        for name, tensor in tensors.items():
-            data, entry_meta = encoder(name, tensor)
-            yield name, data, {"dtype": str(tensor.dtype).removeprefix("torch."),
-                               "shape": list(tensor.shape), **entry_meta}
+        return ordered_map(encode, tensors.items(), workers, _nbytes)
 
     infos, total, serialize_s = [], 0, 0.0
     t = time.perf_counter()
@@ -188,7 +194,8 @@ def read_manifest(relay: Relay, run: str, version: int, part: str = "") -> Manif
 def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes: int = 1 << 30,
                  base: dict[str, torch.Tensor] | None = None, base_version: int | None = None,
                  stats: dict[str, float] | None = None, part: str = "",
-                 manifest: Manifest | None = None) -> tuple[int, dict[str, torch.Tensor]]:
+                 manifest: Manifest | None = None,
+                 workers: int = 1) -> tuple[int, dict[str, torch.Tensor]]:
     """Fetch `version` of `run` (None: the latest) and return (version, tensors).
 
     Buckets are fetched `batch_bytes` at a time and each is verified on arrival; tensors are
@@ -196,7 +203,8 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     Raw tensors are views over the fetched buffers (no extra copy). `base`/`base_version` are
     what the receiver holds, for delta encodings (a payload whose base differs raises
     storage.delta.DeltaError). `stats`, if given, receives timings. `part` reads a snapshot
-    pushed under the version's sub-prefix; `manifest` saves re-reading one already read.
+    pushed under the version's sub-prefix; `manifest` saves re-reading one already read;
+    `workers` threads decode (raw payloads are views: they cost nothing to decode).
     """
     t0 = time.perf_counter()
     if version is None:
@@ -217,10 +225,18 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     t1 = time.perf_counter()
     if stats is not None:  # before decoding: a payload refused there was still fetched
         stats.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=t1 - t0)
-    out: dict[str, torch.Tensor] = {}
-    for bucket, entry in manifest.entries():
+    def decode(item: tuple[Any, Any]) -> torch.Tensor:
+        bucket, entry = item
         payload = views[bucket.index][entry.offset:entry.offset + entry.length]
-        out[entry.name] = _decode(entry.name, payload, entry.meta, base, base_version)
+        return _decode(entry.name, payload, entry.meta, base, base_version)
+
+    def cost(item: tuple[Any, Any]) -> int:
+        meta = item[1].meta
+        return 0 if meta.get("encoding") == "raw" else _shape_bytes(meta)
+
+    entries = list(manifest.entries())
+    out = {entry.name: t for (_, entry), t in zip(entries, ordered_map(decode, entries, workers,
+                                                                     cost))}
     if stats is not None:
         stats["decode_s"] = time.perf_counter() - t1
     return version, out
@@ -238,6 +254,18 @@ def _decode(name: str, payload: memoryview, meta: dict[str, Any],
         raise CorruptBucket(f"tensor {name!r} decoded as {tensor.dtype}{list(tensor.shape)}, "
                             f"manifest says {meta['dtype']}{meta['shape']}")
     return tensor
+
+
+def _nbytes(item: tuple[str, torch.Tensor]) -> int:
+    return item[1].numel() * item[1].element_size()
+
+
+def _shape_bytes(meta: dict[str, Any]) -> int:
+    dtype = _DTYPES.get(meta.get("dtype", ""), torch.uint8)
+    n = 1
+    for d in meta.get("shape", []):
+        n *= int(d)
+    return n * dtype.itemsize
 
 
 def _batches(manifest: Manifest, batch_bytes: int) -> Iterator[list[int]]:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from storage.weights.buckets import CorruptBucket, Manifest
+from storage.weights.parallel import available_cores
 from storage.delta import DeltaError
 from storage.relay.base import Relay, RelayError, RelayKeyMissing
 from storage.weights.sparse_publisher import tensors_digest
@@ -60,8 +61,11 @@ class WeightReceiver:
 
     def __init__(self, relay: Relay, run: str, requester: str = "receiver",
                  batch_bytes: int = 1 << 30, full_timeout_s: float = 120.0,
-                 poll_s: float = 0.05, rerequest_s: float = 2.0) -> None:
+                 poll_s: float = 0.05, rerequest_s: float = 2.0,
+                 workers: int | None = None) -> None:
+        """`workers`: decoding threads (None: every core this process may use)."""
         self.relay, self.run, self.requester = relay, run, requester
+        self.workers = available_cores() if workers is None else max(1, workers)
         self.batch_bytes, self.full_timeout_s = batch_bytes, full_timeout_s
         self.poll_s, self.rerequest_s = poll_s, rerequest_s
         self.tensors: dict[str, torch.Tensor] | None = None
@@ -121,7 +125,8 @@ class WeightReceiver:
             _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
                                       base=self.tensors if delta else None,
                                       base_version=self.version if delta else None,
-                                      stats=stats, part=part, manifest=manifest)
+                                      stats=stats, part=part, manifest=manifest,
+                                      workers=self.workers)
         finally:  # count what crossed the wire even when the version turned out unusable
             report.bytes += int(stats.get("bytes", 0))
             report.buckets += int(stats.get("buckets", 0))

@@ -17,6 +17,12 @@ that lost its objects) ask for a full snapshot; the design chosen here is republ
     (Mooncake master restart, eviction) it republishes that version in full, under its own key.
 Only the held (newest) version can be served: a receiver further behind takes the newest.
 No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
+
+With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
+(storage/delta/time_model.py): a tensor goes raw (its bytes as they are, encoding "raw") when
+that reaches the receiver sooner, judged before the change scan (tiny tensors, fast links)
+and again once its best encoding's size is known. Tensors are encoded by a pool of `workers`
+threads (storage/weights/parallel.py); the receiver decodes with its own.
 """
 from __future__ import annotations
 
@@ -31,9 +37,11 @@ import xxhash
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
+from storage.delta import time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shards.layout import layer_index
+from storage.weights.parallel import available_cores
 from storage.weights.transfer_metrics import (PublishReport, TensorStat, changed_count,
                                       changed_in_payload)
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
@@ -58,8 +66,13 @@ class SparsePublisher:
     """Publishes versions of one run through one relay; see the module docstring."""
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 sparse: bool = True) -> None:
+                 sparse: bool = True, link_gbps: float | None = None,
+                 workers: int | None = None) -> None:
+        """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
+        bytes alone); `workers`: encoding threads (None: every core this process may use)."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
+        self.link_gbps = link_gbps
+        self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
         self._held: dict[str, torch.Tensor] | None = None
         self._lock = threading.RLock()  # publish and serve_requests share the held copy
@@ -107,18 +120,25 @@ class SparsePublisher:
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
         report = PublishReport(version, kind, base_version, reason, part)
+        link = None if self.link_gbps is None else time_model.Link(self.link_gbps, self.workers)
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
             t = time.perf_counter()
             old = None if base is None else base[name]
             changed = None
-            if tensor.dtype in DTYPE_CODES:
+            nbytes = tensor.numel() * tensor.element_size()
+            if tensor.dtype in DTYPE_CODES and not (
+                    link and old is not None and time_model.raw_before_scan(nbytes, link)):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
                 meta, encoding = {"encoding": "rsdt"}, read_header(data).encoding
                 if old is not None:
                     changed = changed_in_payload(data)
-            else:  # a dtype the codec does not know: its raw bytes, always whole
+                if link and old is not None and time_model.raw_after_encode(
+                        encoding, nbytes, memoryview(data).nbytes, link):
+                    data, meta = raw_encoder(name, tensor)
+                    encoding = "raw"
+            else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
                 data, meta = raw_encoder(name, tensor)
                 encoding = "raw"
             ref = None if compare is None else compare.get(name)
@@ -137,7 +157,8 @@ class SparsePublisher:
         digest_s = time.perf_counter() - t
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
                                 encoder, {"kind": kind, "base_version": base_version,
-                                          "reason": reason, "digest": report.digest}, part)
+                                          "reason": reason, "digest": report.digest}, part,
+                                workers=self.workers)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0

@@ -1,0 +1,140 @@
+"""Choosing each tensor's form by predicted time (storage/delta/time_model.py) and coding it on
+every core (storage/weights/parallel.py): raw on fast links and tiny tensors, coded on slow
+links, bit-exact either way, with one thread or several."""
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rose.config import PublishConfig
+from storage.delta import time_model as tm
+from storage.relay.filesystem import FilesystemRelay
+from storage.weights.parallel import ordered_map
+from storage.weights.publisher import pull_weights, read_manifest
+from storage.weights.receiver import WeightReceiver
+from storage.weights.sparse_publisher import SparsePublisher
+
+
+def versions(seed: int = 0) -> tuple[dict, dict]:
+    """A base and a next version where ~2% of each tensor's bf16 elements move."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"model.embed_tokens.weight": (2048, 256), "model.layers.0.mlp.up_proj.weight":
+              (512, 256), "model.norm.weight": (256,), "model.tiny": (3,)}
+    old = {n: (0.02 * torch.randn(s, generator=g)).to(torch.bfloat16) for n, s in shapes.items()}
+    new = {}
+    for n, t in old.items():
+        moved = torch.rand(t.shape, generator=g) < 0.02
+        new[n] = torch.where(moved, (t.float() * 1.01 + 1e-3).to(torch.bfloat16), t)
+    return old, new
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def entry_encodings(relay, run: str, version: int) -> dict[str, str]:
+    from storage.delta import read_header
+
+    manifest, out = read_manifest(relay, run, version), {}
+    blobs = relay.get_many([f"rose/{run}/v{version}/bucket-{b.index}" for b in manifest.buckets])
+    for b, e in manifest.entries():
+        if e.meta["encoding"] == "raw":
+            out[e.name] = "raw"
+        else:
+            out[e.name] = read_header(memoryview(blobs[b.index])[e.offset:e.offset + e.length]
+                                      ).encoding
+    return out
+
+
+def test_model_flips_between_raw_and_coded():
+    big = 64 << 20
+    assert tm.raw_before_scan(big, tm.Link(100, 2))       # fast link: not worth a scan
+    assert not tm.raw_before_scan(big, tm.Link(1, 2))     # slow link: code it
+    assert tm.raw_before_scan(2 * 896, tm.Link(1, 2))     # tiny: fixed costs dominate
+    assert tm.raw_after_encode("ef", big, big // 40, tm.Link(100, 2))
+    assert not tm.raw_after_encode("ef", big, big // 40, tm.Link(1, 2))
+    # more cores make coding cheaper, never dearer
+    assert tm.tensor_s("ef", big, big // 40, tm.Link(10, 8)) < tm.tensor_s("ef", big, big // 40,
+                                                                           tm.Link(10, 1))
+    assert tm.pipelined_s(125_000_000, 0.5, 4.0, tm.Link(1, 2)) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        tm.Link(0)
+    with pytest.raises(ValueError):
+        tm.Link(1, cores=0)
+
+
+def test_config_link_rate_validated():
+    assert PublishConfig().link_gbps > 0
+    assert PublishConfig(link_gbps=0.5).link_gbps == 0.5
+    for bad in (0, -1, 1e6):
+        with pytest.raises(ValidationError):
+            PublishConfig(link_gbps=bad)
+
+
+@pytest.mark.parametrize("gbps,workers", [(1000.0, 1), (1000.0, 2), (0.01, 1), (0.01, 2)])
+def test_publish_by_time_bit_exact(tmp_path, gbps, workers):
+    relay = FilesystemRelay(tmp_path)
+    old, new = versions()
+    pub = SparsePublisher(relay, "r", bucket_bytes=256 << 10, link_gbps=gbps, workers=workers)
+    rx = WeightReceiver(relay, "r", full_timeout_s=1, workers=workers)
+    pub.publish(0, old)
+    rx.pull(0)
+    report = pub.publish(1, new)
+    got = rx.pull(1)
+    assert got.mode == "delta" and not got.fallback
+    assert all(bits(rx.tensors[n]) == bits(new[n]) for n in new)
+    picked = entry_encodings(relay, "r", 1)
+    assert picked["model.tiny"] == "raw"  # fixed costs dominate at any rate
+    big = "model.embed_tokens.weight"
+    if gbps > 100:  # a fast link: nothing is worth coding
+        assert set(picked.values()) == {"raw"}
+        assert report.pushed_bytes >= sum(t.numel() * 2 for t in new.values())
+    else:  # a slow link: the large tensors go coded, and far smaller
+        assert picked[big] not in ("raw", "dense")
+        assert report.pushed_bytes < sum(t.numel() * 2 for t in new.values()) / 4
+    stats = {s.name: s for s in report.tensors}
+    assert stats[big].changed == int((bits_of(new[big]) != bits_of(old[big])).sum())
+
+
+def bits_of(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16)
+
+
+def test_no_link_rate_keeps_choosing_by_bytes(tmp_path):
+    relay = FilesystemRelay(tmp_path)
+    old, new = versions(1)
+    pub = SparsePublisher(relay, "r")
+    pub.publish(0, old)
+    pub.publish(1, new)
+    assert "raw" not in entry_encodings(relay, "r", 1).values()
+
+
+def test_parallel_pull_equals_serial(tmp_path):
+    relay = FilesystemRelay(tmp_path)
+    old, new = versions(2)
+    pub = SparsePublisher(relay, "r", bucket_bytes=128 << 10, workers=2)
+    pub.publish(0, old)
+    pub.publish(1, new)
+    one = pull_weights(relay, "r", 1, base=old, base_version=0, workers=1)[1]
+    two = pull_weights(relay, "r", 1, base=old, base_version=0, workers=2)[1]
+    assert list(one) == list(two) == list(new)
+    assert all(bits(one[n]) == bits(two[n]) == bits(new[n]) for n in new)
+
+
+def test_ordered_map_order_chunks_and_errors():
+    items = list(range(200))
+    assert list(ordered_map(lambda x: x * x, items, 2, cost=lambda _: 1, chunk_bytes=7)) == \
+        [x * x for x in items]
+    assert list(ordered_map(lambda x: -x, items, 1)) == [-x for x in items]
+
+    def boom(x: int) -> int:
+        if x == 150:
+            raise RuntimeError("bad tensor")
+        return x
+
+    seen = []
+    with pytest.raises(RuntimeError, match="bad tensor"):
+        for y in ordered_map(boom, items, 2, cost=lambda _: 1, chunk_bytes=10):
+            seen.append(y)
+    assert seen == items[:150]
