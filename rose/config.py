@@ -118,6 +118,9 @@ class PublishConfig(Strict):
     bucket_bytes: int = Field(64 * MB, ge=1 * MB)
     pull_batch_bytes: int = Field(1024 * MB, ge=1 * MB)
     sparse: bool = True  # lossless bf16 deltas after the first full snapshot
+    # the trainer-to-engines link: each tensor goes coded or raw, whichever the time model
+    # (storage/delta/time_model.py) says reaches the engines first over this rate
+    link_gbps: float = Field(10.0, gt=0, le=10_000)
     # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
     # the background (at least RunConfig.max_staleness, which holds for every turn)
     max_staleness: int = Field(1, ge=0)

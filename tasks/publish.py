@@ -51,7 +51,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     weights = weights_of(cfg.run_id, version)
     t0 = time.perf_counter()
     publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
-                                  cfg.publish.sparse)
+                                  cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
     report = publisher.publish(version, weights, copy=False)  # fresh tensors
     digest = report.digest  # = executors.workers.rollout_worker.weights_digest of the bf16 weights
     pushed_s = time.perf_counter() - t0

@@ -39,14 +39,15 @@ FULL_TIMEOUT_S = 120.0  # how long a worker waits for a requested full snapshot
 
 # ---- trainer side ----------------------------------------------------------------------------
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
-                      serve: bool = True) -> SparsePublisher:
-    """This process's publisher of `run` (kept across steps), its request server running."""
+                      serve: bool = True, link_gbps: float | None = None) -> SparsePublisher:
+    """This process's publisher of `run` (kept across steps), its request server running;
+    `link_gbps` makes it choose each tensor's form by time over that link."""
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
             pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
             _publishers[relay_kind, run] = pub
-        pub.bucket_bytes, pub.sparse = bucket_bytes, sparse
+        pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
     if serve:
         pub.start_server()
     return pub
