@@ -49,10 +49,15 @@ def entry_encodings(relay, run: str, version: int) -> dict[str, str]:
 
 def test_model_flips_between_raw_and_coded():
     big = 64 << 20
-    assert tm.raw_before_scan(big, tm.Link(100, 2))       # fast link: not worth a scan
-    assert not tm.raw_before_scan(big, tm.Link(1, 2))     # slow link: code it
-    assert tm.raw_before_scan(2 * 896, tm.Link(1, 2))     # tiny: fixed costs dominate
-    assert tm.raw_after_encode("ef", big, big // 40, tm.Link(100, 2))
+    assert tm.raw_before_scan(big, 2, 0.02, tm.Link(100, 2))    # fast link: not worth a scan
+    assert not tm.raw_before_scan(big, 2, 0.02, tm.Link(1, 2))  # slow link: code it
+    assert tm.raw_before_scan(2 * 896, 2, 0.02, tm.Link(1, 2))  # tiny: fixed costs dominate
+    assert tm.raw_before_scan(big, 2, 1.0, tm.Link(10, 2))      # everything moved: ternary's
+    assert not tm.raw_before_scan(big, 2, 1.0, tm.Link(1, 2))   # cost wins only on slow links
+    assert tm.coded_estimate(0.02, big, 2)[0] == "ef"
+    assert tm.coded_estimate(0.5, big, 2)[0] == "ternary"
+    assert tm.coded_estimate(0.0, big, 2)[1] == 0 < tm.coded_estimate(0.02, big, 2)[1] < big / 10
+    assert tm.raw_after_encode("ef", big, big // 40, tm.Link(1000, 2))
     assert not tm.raw_after_encode("ef", big, big // 40, tm.Link(1, 2))
     # more cores make coding cheaper, never dearer
     assert tm.tensor_s("ef", big, big // 40, tm.Link(10, 8)) < tm.tensor_s("ef", big, big // 40,

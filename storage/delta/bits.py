@@ -87,6 +87,14 @@ def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:
     return changed / (len(windows) * SAMPLE_WINDOW)
 
 
+def estimated_density(new: np.ndarray, base: np.ndarray) -> float:
+    """sampled_density, or the exact fraction where the tensor is small enough to look at."""
+    sampled = sampled_density(new, base)
+    if sampled is not None:
+        return sampled
+    return int(np.count_nonzero(new != base)) / new.size if new.size else 0.0
+
+
 def changes(new: np.ndarray, base: np.ndarray, density: float | None = None) -> Changes:
     """Every element whose bit pattern differs, with its difference (one pass, chunked).
 

@@ -10,18 +10,22 @@ Bytes are not the goal, publish-to-applied time is. Per tensor of `n` dense byte
 The live path is not pipelined (encode, push, pull and apply follow each other per version),
 so the time of a version is the SUM of the three over its tensors; that sum is additive per
 tensor, so choosing per tensor is optimal for it. `pipelined_s` gives the issue's model for a
-pipelined path, max(wire, encode, apply) summed over the version, which bench/transfer.py
-reports next to the measured time.
+pipelined path, the largest of the three each summed over the version, which
+bench/transfer.py reports next to the measured time.
 
 "raw" is the tensor's bytes as they are (storage.weights.publisher.raw_encoder: no header, no
 copy before the bucket, a view on the receiver): dense at its cheapest. Speeds are GB/s of
-dense bytes on one core, measured on this project's 2-core CPU machine (bf16 4096 x 4096
-AdamW deltas at lr 1e-6 and 1e-5, one thread: bench/transfer_calibrate.py) and rounded
-down; the fixed costs are a 896-element tensor's encode/apply (header, checksums, sampling,
-scan). Two threads measured 1.6-1.9x one thread's encode (numpy and zstd release the GIL).
+dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
+(bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
+1e-6 to 5e-4, one thread) and rounded to the slow side (100 KB ternary tensors measured up to
+2x the fit). Dividing by the cores is optimistic here: two threads encode 1.4-1.9x as fast as
+one, but apply only ~1.0x (bench/results/transfer_calibrate.json). Coding costs depend on how many
+elements moved: Elias-Fano where few did, ternary (~5x slower per byte, ~400 us fixed) where
+most did, so before the scan a sampled density picks the cost and estimates the coded size.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
@@ -40,15 +44,22 @@ class Cost:
 COSTS: dict[str, Cost] = {
     "raw": Cost(4.0, 8.0, 5e-6, 5e-6),  # bucket copy + checksums; a view and a digest
     "dense": Cost(0.75, 1.0, 15e-6, 10e-6),
-    "ef": Cost(0.75, 1.0, 80e-6, 60e-6),
-    "ternary": Cost(0.95, 1.1, 80e-6, 60e-6),
-    "xor_zstd": Cost(0.6, 0.8, 80e-6, 60e-6),
-    "coo": Cost(1.0, 2.0, 80e-6, 60e-6),
+    "ef": Cost(1.2, 2.5, 50e-6, 40e-6),  # fit: 43 us + 1.73 GB/s, 35 us + 4.95 GB/s
+    "ternary": Cost(0.35, 0.5, 400e-6, 50e-6),  # fit: 348 us + 0.61 GB/s, 8 us + 0.63 GB/s
+    "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
+    "coo": Cost(1.0, 2.0, 40e-6, 20e-6),
 }
-# Before scanning a tensor its best encoding is unknown: the typical sparse one (Elias-Fano or
-# ternary, what the chooser picks on AdamW deltas) with nothing on the wire bounds what coding
-# could achieve. If raw beats even that, the scan is skipped.
-CODED_FLOOR = Cost(0.8, 1.1, 80e-6, 60e-6)
+TERNARY_DENSITY = 0.15  # the chooser's switch (payload.py) from Elias-Fano to ternary
+VALUE_BITS = 5.5  # coded bits per changed value (values.py on AdamW deltas: 4-6)
+
+
+def coded_estimate(density: float, dense_bytes: int, itemsize: int) -> tuple[str, int]:
+    """(likely encoding, its size) at `density` before any scan: n H(density) bits for the
+    positions plus VALUE_BITS per change, what both Elias-Fano and ternary come close to."""
+    d = min(max(density, 0.0), 1.0)
+    h = 0.0 if d in (0.0, 1.0) else -(d * math.log2(d) + (1 - d) * math.log2(1 - d))
+    method = "ternary" if d >= TERNARY_DENSITY else "ef"
+    return method, int(dense_bytes * (h + VALUE_BITS * d) / (8 * itemsize))
 
 
 @dataclass(frozen=True)
@@ -83,11 +94,14 @@ def tensor_s(method: str, dense_bytes: int, coded_bytes: int, link: Link) -> flo
     return sum(stages_s(COSTS[method], dense_bytes, coded_bytes, link))
 
 
-def raw_before_scan(dense_bytes: int, link: Link) -> bool:
-    """True when sending the tensor raw beats any coding of it, even one of zero bytes: the
-    change scan is not worth starting (tiny tensors, fast links)."""
-    floor = sum(stages_s(CODED_FLOOR, dense_bytes, 0, link))
-    return tensor_s("raw", dense_bytes, dense_bytes, link) <= floor
+def raw_before_scan(dense_bytes: int, itemsize: int, density: float, link: Link) -> bool:
+    """True when sending the tensor raw is predicted to beat coding it (tiny tensors, fast
+    links, most elements moved): the change scan is then not worth starting."""
+    raw = tensor_s("raw", dense_bytes, dense_bytes, link)
+    if raw <= tensor_s("ef", dense_bytes, 0, link):  # beats even a free, empty coding
+        return True
+    method, coded = coded_estimate(density, dense_bytes, itemsize)
+    return raw <= tensor_s(method, dense_bytes, coded, link)
 
 
 def raw_after_encode(method: str, dense_bytes: int, coded_bytes: int, link: Link) -> bool:

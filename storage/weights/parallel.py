@@ -1,16 +1,21 @@
 """Encode and decode tensors on every core: an ordered, bounded map over a shared thread pool.
 
 Threads, not processes: the codec's kernels are vectorised numpy, zstd and xxhash, which
-release the GIL for their large loops, so threads scale (two threads encode 1.6-1.9x as fast
-as one on this project's 2-core machine, bench/transfer_calibrate.py) without pickling
-tensors to another process. numba-compiled kernels were not adopted: the per-element work is
-already inside numpy's C loops, and the remaining cost is memory traffic, which a JIT does
-not remove. Small tensors are grouped into tasks of at least `chunk_bytes`, since a task's
-hand-off (~20 us) would otherwise dominate them; at most `window` tasks run ahead of the
-consumer, which bounds the memory held by finished results.
+release the GIL for most of their work, so threads scale without pickling tensors to another
+process: on this project's 2-core machine two threads encode 1.4-1.9x as fast as one
+(bench/transfer_calibrate.py). Applying scales ~1.0x here: its base copy, fancy-index scatter
+and result checksum are memory-bound (a bare 16 MB copy or xxh3 gains 1.1x from a second
+thread; the scatter none). numba-compiled kernels were not adopted: the per-element work is
+already in numpy's C loops and what remains is memory traffic, which a JIT does not remove
+(a judgement from the copy and hash numbers above, not a numba measurement).
+
+Small tensors are grouped into tasks of at least `chunk_bytes`, since a task's hand-off
+(~20 us) would otherwise dominate them, and a model that fits in one task is coded inline; at
+most `window` tasks run ahead of the consumer, which bounds the memory held by results.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import deque
@@ -20,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 1 << 20
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
@@ -63,11 +68,17 @@ def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int,
     if workers <= 1:
         yield from map(fn, items)
         return
+    chunks = _chunks(items, cost, chunk_bytes)
+    first = next(chunks, [])
+    second = next(chunks, None)
+    if second is None:  # one task's worth in all (a tiny model): the hand-off would only cost
+        yield from map(fn, first)
+        return
     pool, window = _pool(workers), window or 2 * workers
     pending: deque[Future] = deque()
     run = lambda chunk: [fn(item) for item in chunk]  # noqa: E731
     try:
-        for chunk in _chunks(items, cost, chunk_bytes):
+        for chunk in itertools.chain([first, second], chunks):
             pending.append(pool.submit(run, chunk))
             while len(pending) >= window:
                 yield from pending.popleft().result()

@@ -37,7 +37,7 @@ import xxhash
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
-from storage.delta import time_model
+from storage.delta import bits, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shards.layout import layer_index
@@ -60,6 +60,16 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def _raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
+    """The time model's verdict before the change scan, from a sampled density (not even
+    sampled when raw beats coding nothing at all: tiny tensors, fast links)."""
+    nbytes, size = new.numel() * new.element_size(), new.element_size()
+    if time_model.raw_before_scan(nbytes, size, 0.0, link):
+        return True
+    density = bits.estimated_density(bits.to_bits(new), bits.to_bits(old))
+    return time_model.raw_before_scan(nbytes, size, density, link)
 
 
 class SparsePublisher:
@@ -127,8 +137,8 @@ class SparsePublisher:
             old = None if base is None else base[name]
             changed = None
             nbytes = tensor.numel() * tensor.element_size()
-            if tensor.dtype in DTYPE_CODES and not (
-                    link and old is not None and time_model.raw_before_scan(nbytes, link)):
+            if tensor.dtype in DTYPE_CODES and not (link and old is not None and _raw_first(
+                    tensor, old, link)):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
                 meta, encoding = {"encoding": "rsdt"}, read_header(data).encoding
