@@ -65,3 +65,20 @@ def test_bounded_samples_thin_to_cover_the_step_and_events_are_capped():
 def test_thinning_keeps_every_decision():
     samples = [[i, 0, 0, None, 1, 2] for i in range(5)]
     assert thinned(samples) == [[1, 0, 0, None, 2, 4], [3, 0, 0, None, 2, 4], [4, 0, 0, None, 1, 2]]
+
+
+def test_a_sample_holds_the_peak_since_the_last_one():
+    policy = KVMemoryPolicy(100, reserve_fraction=0.2)
+    policy.start_step(0, 0.0)
+    ex, tl = executor(policy), KVTimeline(every_s=0.5)
+    tl.start(0.0)
+    tl.tick(ex, 0.0)
+    policy.observe_serving(12, 0.1)  # a short serving request, gone before the next sample
+    policy.on_rollout_alloc("a", 9, 0.1)
+    tl.tick(ex, 0.1)
+    policy.observe_serving(0, 0.2)
+    policy.on_rollout_free("a")
+    tl.tick(ex, 0.2)
+    tl.tick(ex, 0.5)
+    tl.tick(ex, 1.0)
+    assert [s[1:3] for s in tl.samples] == [[0, 0], [12, 9], [0, 0]]

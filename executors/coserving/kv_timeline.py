@@ -1,12 +1,13 @@
 """A serving worker's KV memory over one RL step, small enough to ride in its step report.
 
-Samples (serving and rollout KV blocks, the rollout budget, admission decisions since the last
-sample) at most every `every_s`, and events as they happen: `burst` (serving's usage crossed the
-burst watermark going up, or a cut fired), `cut` (the policy cut the rollout budget), `freeze` (the cut's aborts
-are freed: no budget growth until the next step), `lease_reclaim` (leased rollout prefixes
-freed: expired, reclaimed for room or dropped by a cut), `evict` / `reload` (the evict/reload
-baseline's rollout engine). Bounded: past `max_samples` the samples are thinned by half and the
-interval doubled (the whole step stays covered), past `max_events` events are counted, not kept.
+Samples (the most KV blocks serving and rollout held since the last sample, the rollout budget,
+admission decisions since the last sample) at most every `every_s`, and events as they happen:
+`burst` (serving's usage crossed the burst watermark going up, or a cut fired), `cut` (the policy
+cut the rollout budget), `freeze` (the cut's aborts are freed: no budget growth until the next
+step), `lease_reclaim` (leased rollout prefixes freed: expired, reclaimed for room or dropped by
+a cut), `evict` / `reload` (the evict/reload baseline's rollout engine). Bounded: past
+`max_samples` the samples are thinned by half and the interval doubled (the whole step stays
+covered), past `max_events` events are counted, not kept.
 
 Lives on the executor's loop thread (executors/coserving/memory.py ticks it every iteration):
 between samples a tick is a few attribute reads.
@@ -35,12 +36,14 @@ class KVTimeline:
         self._above = self._frozen = False
         self._cuts = self._leases = self._decisions = None
         self._aborted = 0
+        self._peak = (0, 0)  # the most KV blocks serving and rollout held since the last sample
         self._up: bool | None = None
 
     def tick(self, ex, now: float) -> None:
         """Called every loop iteration with the executor (CoServingExecutor)."""
         p, up = ex.policy, ex.rollout is not None
-        if p is not None:
+        if p is not None:  # peaks between samples: a short serving request is seen too
+            self._peak = (max(self._peak[0], p.serving_used), max(self._peak[1], p.rollout_used))
             # A cut lowers the budget and so raises the watermark in the same policy call: by
             # now serving may be under it again, so a cut counts as the burst that fired it.
             cut = self._cuts is not None and p.cuts > self._cuts
@@ -78,7 +81,10 @@ class KVTimeline:
         admitted, denied = ex.counters["admitted"], sum(ex.counters["denied"].values())
         last = self._decisions or (admitted, denied)
         self._decisions = admitted, denied
-        self.samples.append([round(now - self.started, 3), *self._blocks(ex),
+        serving, rollout, budget = self._blocks(ex)
+        serving, rollout = max(serving, self._peak[0]), max(rollout, self._peak[1])
+        self._peak = (0, 0)
+        self.samples.append([round(now - self.started, 3), serving, rollout, budget,
                              admitted - last[0], denied - last[1]])
         if len(self.samples) > self.max_samples:  # keep the whole step: half the points
             self.samples = thinned(self.samples)
@@ -102,7 +108,8 @@ class KVTimeline:
 
 
 def thinned(samples: list[list]) -> list[list]:
-    """Every second sample, each carrying the admission counts of the one dropped before it
-    (counts are per interval since the previous sample: none is lost)."""
-    out = [[*b[:4], a[4] + b[4], a[5] + b[5]] for a, b in zip(samples[::2], samples[1::2])]
+    """Every second sample, each carrying the admission counts and peaks of the one dropped
+    before it (both are per interval since the previous sample: none is lost)."""
+    out = [[b[0], max(a[1], b[1]), max(a[2], b[2]), b[3], a[4] + b[4], a[5] + b[5]]
+           for a, b in zip(samples[::2], samples[1::2])]
     return out + samples[-1:] if len(samples) % 2 else out
