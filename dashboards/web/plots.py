@@ -62,11 +62,11 @@ def grid(figs: list) -> object:
     return column(*[row(*figs[i:i + 2]) for i in range(0, len(figs), 2)])
 
 
-def time_figure(title: str, y_label: str):
+def time_figure(title: str, y_label: str, log: bool = False):
     """A figure over wall-clock time (UTC), its legend on the right like step_figure's."""
     fig = figure(title=title, width=WIDTH, height=HEIGHT, x_axis_type="datetime",
                  x_axis_label="time (UTC)", y_axis_label=y_label,
-                 tools="pan,box_zoom,wheel_zoom,reset,save")
+                 tools="pan,box_zoom,wheel_zoom,reset,save", y_axis_type="log" if log else "linear")
     fig.add_layout(Legend(click_policy="hide", label_text_font_size="8pt", spacing=0,
                           padding=4, margin=4), "right")
     fig.add_tools(HoverTool(tooltips=[("time", "@at{%T}"), ("value", "$y{0.0}")],

@@ -58,8 +58,9 @@ def per_second(cols: Columns, name: str) -> list:
 
 
 def kv_figure(run_worker: str, kv, events: dict[str, object]):
+    # log scale: the budget is often 100x what either side uses (a sample of 0 leaves a gap)
     fig = time_figure(f"KV blocks, serving vs rollout: {run_worker} (markers: memory events)",
-                      "KV blocks")
+                      "KV blocks (peak per sample)", log=True)
     for i, (y, name, dash) in enumerate(KV_LINES):
         line = fig.line("at", y, source=kv, color=color(i), line_width=2, line_dash=dash,
                         legend_label=name)
