@@ -45,11 +45,16 @@ COSTS: dict[str, Cost] = {
     "raw": Cost(4.0, 8.0, 5e-6, 5e-6),  # bucket copy + checksums; a view and a digest
     "dense": Cost(0.75, 1.0, 15e-6, 10e-6),
     "ef": Cost(1.2, 2.5, 50e-6, 40e-6),  # fit: 43 us + 1.73 GB/s, 35 us + 4.95 GB/s
-    "ternary": Cost(0.35, 0.5, 400e-6, 50e-6),  # fit: 348 us + 0.61 GB/s, 8 us + 0.63 GB/s
+    # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
+    # tensors 1-2 ms: they also pay an exact xor_zstd trial, big ones 0.4 GB/s)
+    "ternary": Cost(0.5, 0.6, 150e-6, 30e-6),
+    "ternary_dense": Cost(0.25, 0.4, 600e-6, 50e-6),
     "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
     "coo": Cost(1.0, 2.0, 40e-6, 20e-6),
 }
 TERNARY_DENSITY = 0.15  # the chooser's switch (payload.py) from Elias-Fano to ternary
+DENSE_CHANGE = 0.5  # above it, ternary's escapes dominate: "ternary_dense" costs
+DENSE_CHANGE_BITS = 3.0  # a ternary body above this many bits per element: the same regime
 VALUE_BITS = 5.5  # coded bits per changed value (values.py on AdamW deltas: 4-6)
 
 
@@ -58,7 +63,7 @@ def coded_estimate(density: float, dense_bytes: int, itemsize: int) -> tuple[str
     positions plus VALUE_BITS per change, what both Elias-Fano and ternary come close to."""
     d = min(max(density, 0.0), 1.0)
     h = 0.0 if d in (0.0, 1.0) else -(d * math.log2(d) + (1 - d) * math.log2(1 - d))
-    method = "ternary" if d >= TERNARY_DENSITY else "ef"
+    method = "ef" if d < TERNARY_DENSITY else "ternary" if d < DENSE_CHANGE else "ternary_dense"
     return method, int(dense_bytes * (h + VALUE_BITS * d) / (8 * itemsize))
 
 
@@ -104,9 +109,12 @@ def raw_before_scan(dense_bytes: int, itemsize: int, density: float, link: Link)
     return raw <= tensor_s(method, dense_bytes, coded, link)
 
 
-def raw_after_encode(method: str, dense_bytes: int, coded_bytes: int, link: Link) -> bool:
+def raw_after_encode(method: str, dense_bytes: int, coded_bytes: int, itemsize: int,
+                     link: Link) -> bool:
     """Once encoded (its encode time spent), whether raw still reaches the receiver first:
     compare what is left, wire + apply, against raw's wire + apply (+ its cheap encode)."""
+    if method == "ternary" and coded_bytes * 8 * itemsize >= DENSE_CHANGE_BITS * dense_bytes:
+        method = "ternary_dense"
     wire, _, apply = stages_s(COSTS[method], dense_bytes, coded_bytes, link)
     return tensor_s("raw", dense_bytes, dense_bytes, link) < wire + apply
 

@@ -42,8 +42,7 @@ from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shards.layout import layer_index
 from storage.weights.parallel import available_cores
-from storage.weights.transfer_metrics import (PublishReport, TensorStat, changed_count,
-                                      changed_in_payload)
+from storage.weights.transfer_metrics import PublishReport, TensorStat, changed_in_payload
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
                                       request_key)
 
@@ -145,7 +144,7 @@ class SparsePublisher:
                 if old is not None:
                     changed = changed_in_payload(data)
                 if link and old is not None and time_model.raw_after_encode(
-                        encoding, nbytes, memoryview(data).nbytes, link):
+                        encoding, nbytes, memoryview(data).nbytes, tensor.element_size(), link):
                     data, meta = raw_encoder(name, tensor)
                     encoding = "raw"
             else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
@@ -153,13 +152,13 @@ class SparsePublisher:
                 encoding = "raw"
             ref = None if compare is None else compare.get(name)
             same = ref is not None and ref.shape == tensor.shape and ref.dtype == tensor.dtype
-            if changed is None:
-                changed = changed_count(tensor, ref) if same else tensor.numel()
             layer = layer_index(name)
-            report.tensors.append(TensorStat(
-                name, -1 if layer is None else layer, tensor.numel(), changed, encoding,
-                tensor.numel() * tensor.element_size(), memoryview(data).nbytes,
-                time.perf_counter() - t))
+            stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
+                              tensor.numel() if changed is None else changed, encoding, nbytes,
+                              memoryview(data).nbytes, time.perf_counter() - t)
+            if changed is None and same:  # counted when the report is read, off the push path
+                report.defer_changed(stat, tensor, ref)
+            report.tensors.append(stat)
             return data, meta
 
         t = time.perf_counter()

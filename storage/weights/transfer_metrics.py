@@ -60,9 +60,21 @@ class PublishReport:
     push_s: float = 0.0
     seconds: float = 0.0
     tensors: list[TensorStat] = field(default_factory=list)
+    # (stat, new, base) whose change count is taken when the report is read: a compare pass
+    # over every tensor sent raw or ternary would otherwise sit between encode and push
+    _deferred: list = field(default_factory=list, repr=False, compare=False)
+
+    def defer_changed(self, stat: TensorStat, new: torch.Tensor, base: torch.Tensor) -> None:
+        self._deferred.append((stat, new, base))
+
+    def _resolve(self) -> None:
+        while self._deferred:
+            stat, new, base = self._deferred.pop()
+            stat.changed = changed_count(new, base)
 
     def summary(self) -> dict[str, Any]:
         """Step-level numbers (JSON-able): sizes, density overall and per layer, timings."""
+        self._resolve()
         raw = sum(t.raw_bytes for t in self.tensors)
         numel = sum(t.numel for t in self.tensors)
         changed = sum(t.changed for t in self.tensors)
@@ -84,6 +96,7 @@ class PublishReport:
                 "publish_s": self.seconds}
 
     def rows(self) -> list[dict[str, Any]]:
+        self._resolve()
         return [{**asdict(t), "density": t.density} for t in self.tensors]
 
 
