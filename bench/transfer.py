@@ -19,11 +19,13 @@ Workloads (bench/transfer_workloads.py): (a) grpo: consecutive versions of our o
 `rose train --steps 3`); (b) synthetic: Qwen2.5-0.5B-shaped, AdamW at each --lrs for each
 --steps; --checkpoints OLD NEW: any two safetensors directories.
 End to end (bench/transfer_e2e.py): publish-to-applied time of one version through a real
-Mooncake relay, sender paced to each --gbps (emulated link), dense batch baseline vs ours, on
-the last grpo pair and on the synthetic model at --e2e-params / --e2e-lr.
+Mooncake relay, sender paced to each --gbps (emulated link; 0 = unpaced loopback), dense batch
+baseline vs ours (each tensor coded or raw by the time model at that rate, on every core), on
+the last grpo pair, the demo's own policy shape (1.7 MB, at --demo-lr, the demo's lr), and the
+synthetic model at --e2e-params / --e2e-lr; with the time model and measured / model.
 
 Defaults (about 8-10 minutes on 2 busy cores): --params 200e6 (the full 0.5B shape is
---params 494e6), --lrs 1e-6 1e-5, --steps 1 3, --gbps 1 10 20, --e2e-params 100e6,
+--params 494e6), --lrs 1e-6 1e-5, --steps 1 3, --gbps 1 10 25 100 0, --e2e-params 100e6,
 --e2e-lr 1e-6, --e2e-repeat 2 (best of 2: the machine is shared).
 
     .venv/bin/python bench/transfer.py
@@ -120,14 +122,17 @@ def main() -> None:
     p.add_argument("--no-synthetic", action="store_true")
     p.add_argument("--no-grpo", action="store_true")
     p.add_argument("--no-e2e", action="store_true")
-    p.add_argument("--gbps", type=float, nargs="+", default=[1, 10, 20])
+    p.add_argument("--gbps", type=float, nargs="+", default=[1, 10, 25, 100, 0],
+                   help="emulated link rates; 0 = unpaced loopback")
+    p.add_argument("--demo-lr", type=float, default=5e-4, help="lr of the demo-policy workload")
+    p.add_argument("--no-demo", action="store_true", help="skip the demo-policy e2e workload")
     p.add_argument("--e2e-params", type=float, default=100e6)
     p.add_argument("--e2e-lr", type=float, default=1e-6)
     p.add_argument("--e2e-steps", type=int, default=1)
     p.add_argument("--e2e-repeat", type=int, default=2, help="best of N end-to-end runs")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer.json")
     args = p.parse_args()
-    torch.set_num_threads(1)  # the codecs are single-threaded; keep the comparison fair
+    torch.set_num_threads(1)  # the per-method table times one thread; e2e codes in a pool
 
     console = Console() if sys.stdout.isatty() else Console(width=150)
     t_start = time.perf_counter()
@@ -152,6 +157,10 @@ def main() -> None:
     summaries = [r.summary() for r in results]
     print_cases(console, [{k: v for k, v in s.items() if k != "tensors"} for s in summaries])
     e2e_rows: list[dict] = []
+    if not args.no_e2e and not args.no_demo:
+        old, new = wl.demo_policy_model(args.demo_lr, args.e2e_steps, args.seed)
+        e2e_work.append((f"demo policy {wl.numel(new) / 1e6:.2f}M lr={args.demo_lr:g} "
+                         f"steps={args.e2e_steps}", old, new))
     if not args.no_e2e:
         old, new, _ = wl.synthetic_model(args.e2e_params, args.e2e_lr, args.e2e_steps, args.seed)
         e2e_work.append((f"synthetic {wl.numel(new) / 1e6:.0f}M lr={args.e2e_lr:g} "

@@ -2,18 +2,24 @@
 
 Link emulation (a token bucket on the push side, depth 0): each relay put of n bytes returns
 no earlier than n * 8 / rate seconds after the previous put's bytes left, so the sender never
-exceeds `rate` (1, 10, 20 Gbps by default) and a put that is really slower than the link keeps
-its real time. Reads are not paced (a second process on loopback TCP). This stands in for a
-cross-cluster link; it is not a measurement of one.
+exceeds `rate` (1, 10, 25, 100 Gbps by default) and a put that is really slower than the link
+keeps its real time. Reads are not paced (a second process on loopback TCP). This stands in for
+a cross-cluster link; it is not a measurement of one. Rate 0 is unpaced loopback: as fast as
+the relay goes on this machine (its rate, for the time model, is dense's measured push rate).
 
 Per workload and rate, two ways to move version v1 to a receiver that holds v0:
   dense   the dense batch baseline (RollArt-style relay): raw bf16 of every tensor in 64 MB
-          buckets (storage.weights.publisher.publish_weights), pulled in 1 GB batches
+          buckets (storage.weights.publisher.publish_weights), pulled in 1 GB batches; v0 is
+          published (untimed) first, so the relay holds what it holds for ours
   ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
-          pulled untimed first), pulled and applied by storage.weights.receiver
+          pulled untimed first), pulled and applied by storage.weights.receiver, each tensor
+          coded or raw by the time model at the link's rate (storage/delta/time_model.py),
+          encoded and decoded on every core
 Time = sender (encode + paced push) + receiver (fetch + apply + checksums), measured as wall
 time from the start of the publish to the receiver's answer; every receiver checks the whole
-set's digest against the trainer's.
+set's digest against the trainer's. Each row also gives the issue's time model of a pipelined
+publish, max(bytes / rate, sender CPU s / cores, receiver CPU s / cores), with the CPU seconds
+of each process (all threads) measured over the run.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from pathlib import Path
 
 import torch
 
+from storage.delta.time_model import Link, pipelined_s
 from storage.relay.base import Buffer, Relay
+from storage.weights.parallel import available_cores
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -80,30 +88,38 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         op, run, version = msg
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         if op == "dense":
             stats: dict = {}
             _, tensors = pull_weights(relay, run, version, batch_bytes, stats=stats)
             digest = tensors_digest(tensors)
             stats["digest_s"] = time.perf_counter() - t - stats["fetch_s"] - stats["decode_s"]
+            stats["cpu_s"] = time.process_time() - cpu
             conn.send((time.perf_counter() - t, stats, digest))
         elif op == "sparse":
             rx = receivers.setdefault(run, WeightReceiver(relay, run, "bench-reader",
                                                           batch_bytes, full_timeout_s=60))
             report = rx.pull(version)
-            conn.send((time.perf_counter() - t, report.as_dict(), rx.digest))
+            conn.send((time.perf_counter() - t, {**report.as_dict(),
+                                                 "cpu_s": time.process_time() - cpu}, rx.digest))
         else:
             receivers.pop(run, None)
             conn.send((0.0, {}, ""))
     relay.close()
 
 
+def _link(writer: Relay, rate: float) -> Relay:
+    return PacedRelay(writer, rate) if rate > 0 else writer  # 0: unpaced loopback
+
+
 def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_bytes: int,
                 want: str) -> dict:
     from storage.weights.publisher import publish_weights
 
-    t0 = time.perf_counter()
-    stats = publish_weights(PacedRelay(writer, rate), run, 1, new, bucket_bytes)
+    publish_weights(writer, run, 0, new, bucket_bytes)  # untimed: the relay holds v0, as for ours
+    t0, cpu = time.perf_counter(), time.process_time()
+    stats = publish_weights(_link(writer, rate), run, 1, new, bucket_bytes)
+    sender_cpu = time.process_time() - cpu
     t1 = time.perf_counter()
     conn.send(("dense", run, 1))
     pull_s, pstats, digest = conn.recv()
@@ -114,21 +130,21 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
     return {"method": "dense", "bytes": stats.bytes, "publish_s": t1 - t0,
             "encode_s": stats.serialize_s, "push_s": stats.push_s, "pull_s": pull_s,
             "fetch_s": pstats["fetch_s"], "apply_s": pstats["decode_s"] + pstats["digest_s"],
-            "total_s": t2 - t0}
+            "sender_cpu_s": sender_cpu, "receiver_cpu_s": pstats["cpu_s"], "total_s": t2 - t0}
 
 
 def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
-               bucket_bytes: int, want: str) -> dict:
+               bucket_bytes: int, want: str, link_gbps: float) -> dict:
     from storage.weights.sparse_publisher import SparsePublisher
 
-    pub = SparsePublisher(writer, run, bucket_bytes)
+    pub = SparsePublisher(writer, run, bucket_bytes, link_gbps=link_gbps)
     pub.publish(0, old, copy=False)  # the receiver's base: untimed, not paced
     conn.send(("sparse", run, 0))
     conn.recv()
-    pub.relay = PacedRelay(writer, rate)
-    t0 = time.perf_counter()
+    pub.relay = _link(writer, rate)
+    t0, cpu = time.perf_counter(), time.process_time()
     report = pub.publish(1, new, copy=False)  # as the trainer: fresh tensors, not copied
-    t1 = time.perf_counter()
+    t1, sender_cpu = time.perf_counter(), time.process_time() - cpu
     conn.send(("sparse", run, 1))
     pull_s, pull, digest = conn.recv()
     t2 = time.perf_counter()
@@ -140,7 +156,17 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
                              f"bit-exact {digest == want}")
     return {"method": "ours", "bytes": report.pushed_bytes, "publish_s": t1 - t0,
             "encode_s": report.encode_s, "push_s": report.push_s, "pull_s": pull_s,
-            "fetch_s": pull["fetch_s"], "apply_s": pull["apply_s"], "total_s": t2 - t0}
+            "fetch_s": pull["fetch_s"], "apply_s": pull["apply_s"], "sender_cpu_s": sender_cpu,
+            "receiver_cpu_s": pull["cpu_s"], "total_s": t2 - t0,
+            "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
+            "tensors": len(report.tensors)}
+
+
+def _with_model(row: dict, gbps: float) -> dict:
+    """The row with the pipelined time model at `gbps` and measured / model."""
+    model = pipelined_s(row["bytes"], row["sender_cpu_s"], row["receiver_cpu_s"],
+                        Link(gbps, available_cores()))
+    return {**row, "model_gbps": gbps, "model_s": model, "over_model": row["total_s"] / model}
 
 
 def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
@@ -173,15 +199,20 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
             for w, (label, old, new) in enumerate(workloads):
                 want = tensors_digest(new)
                 for rate in rates_gbps:
-                    runs = [(_dense_once(writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
-                                         bucket_bytes, want),
-                             _ours_once(writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new,
-                                        rate, bucket_bytes, want)) for i in range(repeat)]
+                    runs = []
+                    for i in range(repeat):
+                        d = _dense_once(writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
+                                        bucket_bytes, want)
+                        # unpaced: the rate the relay reached for dense, as the link's rate
+                        gbps = rate or d["bytes"] * 8 / 1e9 / max(d["push_s"], 1e-9)
+                        runs.append((_with_model(d, gbps), _with_model(_ours_once(
+                            writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
+                            bucket_bytes, want, gbps), gbps)))
                     dense = min((d for d, _ in runs), key=lambda r: r["total_s"])
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])
                     for row in (dense, ours):
                         rows.append({"workload": label, "gbps": rate, "repeat": repeat, **row})
-                    log(f"  e2e {label} @ {rate:g} Gbps: dense {dense['total_s']:.2f} s, "
+                    log(f"  e2e {label} @ {rate or 'unpaced'} Gbps: dense {dense['total_s']:.2f} s, "
                         f"ours {ours['total_s']:.2f} s ({dense['total_s'] / ours['total_s']:.1f}x)")
         finally:
             if proc is not None and proc.is_alive():

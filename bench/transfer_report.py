@@ -33,10 +33,14 @@ def print_cases(console: Console, summaries: list[dict]) -> None:
 
 
 def print_e2e(console: Console, rows: list[dict]) -> None:
+    sizes = {r["workload"]: r["bytes"] for r in rows if r["method"] == "dense"}
     table = Table(title="Publish-to-applied through Mooncake, sender paced to the link rate "
-                        "(emulated token bucket); wall seconds")
-    for col in ("workload", "Gbps", "method", "MB sent", "encode", "push", "pull", "apply",
-                "total", "speedup"):
+                        "(emulated token bucket; loopback = unpaced); wall seconds; models: "
+                        + ", ".join(f"{w} = {b / 1e6:.1f} MB bf16" for w, b in sizes.items())
+                        + "; model = max(bytes / rate, sender CPU s / cores, receiver CPU s / "
+                        "cores)")
+    for col in ("workload", "Gbps", "method", "MB sent", "raw/tensors", "encode", "push",
+                "pull", "apply", "total", "speedup", "model", "x model"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     dense = {(r["workload"], r["gbps"]): r for r in rows if r["method"] == "dense"}
     last = None
@@ -45,9 +49,12 @@ def print_e2e(console: Console, rows: list[dict]) -> None:
             table.add_section()
         last = (r["workload"], r["gbps"])
         base = dense.get(last)
-        speedup = f"{base['total_s'] / r['total_s']:.1f}x" if base else ""
-        table.add_row(r["workload"], f"{r['gbps']:g}", r["method"], f"{r['bytes'] / 1e6:.2f}",
-                      f"{r['encode_s']:.2f}", f"{r['push_s']:.2f}", f"{r['fetch_s']:.2f}",
-                      f"{r['apply_s']:.2f}", f"{r['total_s']:.2f}", speedup,
+        speedup = f"{base['total_s'] / r['total_s']:.2f}x" if base else ""
+        gbps = f"{r['gbps']:g}" if r["gbps"] else f"loopback ({r.get('model_gbps', 0):.1f})"
+        mix = f"{r['raw_tensors']}/{r['tensors']}" if "tensors" in r else ""
+        table.add_row(r["workload"], gbps, r["method"], f"{r['bytes'] / 1e6:.2f}", mix,
+                      f"{r['encode_s']:.3f}", f"{r['push_s']:.3f}", f"{r['fetch_s']:.3f}",
+                      f"{r['apply_s']:.3f}", f"{r['total_s']:.3f}", speedup,
+                      f"{r.get('model_s', 0):.3f}", f"{r.get('over_model', 0):.2f}",
                       style="bold" if r["method"] == "ours" else None)
     console.print(table)

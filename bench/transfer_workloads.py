@@ -89,6 +89,27 @@ def synthetic_model(params: float, lr: float, steps: int, seed: int = 0,
     return old, new, dims
 
 
+def demo_policy_model(lr: float, steps: int, seed: int = 0) -> tuple[dict, dict]:
+    """(v0, v{steps}) of the demo's own policy shape (rose/models/build.py: Qwen3, hidden 128,
+    4 layers, vocab 768, ~0.9M params = 1.7 MB bf16), each tensor trained as in (b)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from rose.models.build import BuildSpec
+
+    d = BuildSpec().policy
+    config = Qwen3Config(vocab_size=BuildSpec().vocab_size, hidden_size=d.hidden,
+                         num_hidden_layers=d.layers, num_attention_heads=d.heads,
+                         num_key_value_heads=d.kv_heads, head_dim=d.head_dim,
+                         intermediate_size=d.intermediate, tie_word_embeddings=d.tied)
+    with torch.device("meta"):
+        shapes = [(n, tuple(p.shape)) for n, p in Qwen3ForCausalLM(config).named_parameters()]
+    old, new = {}, {}
+    for i, (name, shape) in enumerate(shapes):
+        versions = adamw_versions(name, shape, lr, steps, seed + i)
+        old[name], new[name] = versions[0], versions[steps]
+    return old, new
+
+
 # ---- (a) grpo checkpoints ------------------------------------------------------------------
 def _load_bf16(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file

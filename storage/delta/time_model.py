@@ -48,7 +48,7 @@ COSTS: dict[str, Cost] = {
     # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
     # tensors 1-2 ms: they also pay an exact xor_zstd trial, big ones 0.4 GB/s)
     "ternary": Cost(0.5, 0.6, 150e-6, 30e-6),
-    "ternary_dense": Cost(0.25, 0.4, 600e-6, 50e-6),
+    "ternary_dense": Cost(0.25, 0.4, 1e-3, 50e-6),
     "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
     "coo": Cost(1.0, 2.0, 40e-6, 20e-6),
 }

@@ -25,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 4 << 20
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
