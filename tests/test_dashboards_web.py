@@ -115,15 +115,15 @@ def test_transfer_page_encoding_mix_stages_and_lag(recorded):
 def test_serving_page_draws_kv_blocks_events_and_admission(recorded):
     drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 7)
     kv = drawn["KV blocks, serving vs rollout: serving-0 (markers: memory events)"]
-    by_legend = {r.glyph.y if hasattr(r.glyph, "y") else None: r for r in kv}
-    samples = kv[0].data_source.data
+    by_y = {r.glyph.y: r for r in kv}  # (a plot's renderers come in no fixed order)
+    samples = by_y["serving_blocks"].data_source.data
     assert samples["serving_blocks"] == [10, 20, 55, 30] * 3
     assert samples["budget_blocks"][:4] == [70, 70, 35, 35]
     assert samples["at"][0] == pytest.approx((T0 + 10) * 1e3)
     events = {r.glyph.marker: r.data_source.data for r in kv if r.glyph.y == "blocks"}
     assert set(events) == {serving.EVENTS[e][0] for e in ("burst", "cut", "freeze")}
     assert events["inverted_triangle"]["count"] == [2] * 3  # the cut aborted 2 turns each step
-    assert "serving_blocks" in by_legend
+    assert {"rollout_blocks", "budget_blocks"} <= set(by_y)
     admission = drawn["Rollout admission per second: denied (solid), admitted (dashed)"]
     denied = next(r for r in admission if r.glyph.y == "denied_per_s").data_source.data
     assert math.isnan(denied["denied_per_s"][0]) and denied["denied_per_s"][1:4] == [4, 12, 0]
