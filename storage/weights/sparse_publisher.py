@@ -171,7 +171,7 @@ class SparsePublisher:
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0
-        report.push_s = report.seconds - report.encode_s
+        report.push_s = stats.push_s  # relay puts and pruning (encode_s sums threads)
         return report
 
     # -- full snapshots on request ----------------------------------------------------------
