@@ -103,7 +103,8 @@ def test_transfer_page_encoding_mix_stages_and_lag(recorded):
     mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
     assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
     assert mix["dense"] == pytest.approx([5 / 6] * 3)
-    stages = drawn["Publish stages, seconds (pull, apply, load: slowest worker): r1"]
+    stages = drawn["Publish stages, s (encode: sum over tensors; pull, apply, load: slowest "
+                   "worker): r1"]
     assert len(stages) == len(transfer.STAGES)
     data = stages[0].data_source.data
     assert data["encode_s"] == pytest.approx([0.3] * 3) and data["pull_s"] == [0.3] * 3

@@ -55,8 +55,9 @@ def layout(sources: Sources):
         stacked(fig, src, encodings, encodings)
         figs.append(fig)
     for run, src in publishes.items():
-        fig = step_figure(f"Publish stages, seconds (pull, apply, load: slowest worker): {run}",
-                          "seconds")
+        # encode_s is per tensor in the records: their sum is CPU seconds when coding is parallel
+        fig = step_figure(f"Publish stages, s (encode: sum over tensors; pull, apply, load: "
+                          f"slowest worker): {run}", "seconds")
         stacked(fig, src, list(STAGES), [s.removesuffix("_s") for s in STAGES])
         figs.append(fig)
     total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
