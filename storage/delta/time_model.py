@@ -18,10 +18,11 @@ copy before the bucket, a view on the receiver): dense at its cheapest. Speeds a
 dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
 (bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
 1e-6 to 5e-4, one thread) and rounded to the slow side (100 KB ternary tensors measured up to
-2x the fit). Dividing by the cores is optimistic here: two threads encode 1.4-1.9x as fast as
-one, but apply only ~1.0x (bench/results/transfer_calibrate.json). Coding costs depend on how many
-elements moved: Elias-Fano where few did, ternary (~5x slower per byte, ~400 us fixed) where
-most did, so before the scan a sampled density picks the cost and estimates the coded size.
+2x the fit). Dividing by the cores is optimistic here: two threads encode 1.4-1.9x as fast
+as one, but apply only ~1.0x (bench/results/transfer_calibrate.json). Coding costs depend on
+how many elements moved: Elias-Fano where few did, ternary where more did, and ternary where
+nearly all did is 4-10x slower again, so before the scan a sampled density picks the cost
+and estimates the coded size.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ COSTS: dict[str, Cost] = {
     "dense": Cost(0.75, 1.0, 15e-6, 10e-6),
     "ef": Cost(1.2, 2.5, 50e-6, 40e-6),  # fit: 43 us + 1.73 GB/s, 35 us + 4.95 GB/s
     # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
-    # tensors 1-2 ms: they also pay an exact xor_zstd trial, big ones 0.4 GB/s)
+    # tensors 1-2 ms: below 512k elements the chooser scans every change before ternary;
+    # big ones 0.4 GB/s)
     "ternary": Cost(0.5, 0.6, 150e-6, 30e-6),
     "ternary_dense": Cost(0.25, 0.4, 1e-3, 50e-6),
     "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
