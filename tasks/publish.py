@@ -1,7 +1,10 @@
 """Publish phase: the trainer pushes the new policy through the relay, the engines pull it.
 
 The push is sparse (storage/weights/sparse_publisher.py): a lossless bf16 delta against the version
-published before, or a full snapshot when there is none. Every engine worker then pulls in the
+published before, or a full snapshot when there is none; in a delta each tensor is coded or sent
+raw, whichever storage/delta/time_model.py predicts reaches the engines sooner over
+`publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
+worker then pulls in the
 background (executors/workers/weight_sync.py) and reloads in place when its pull completes: a delta
 onto the weights it holds, or a full snapshot when it cannot (skew, damage, a lost relay).
 
