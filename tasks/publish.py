@@ -4,9 +4,9 @@ The push is sparse (storage/weights/sparse_publisher.py): a lossless bf16 delta 
 published before, or a full snapshot when there is none; in a delta each tensor is coded or sent
 raw, whichever storage/delta/time_model.py predicts reaches the engines sooner over
 `publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
-worker then pulls in the
-background (executors/workers/weight_sync.py) and reloads in place when its pull completes: a delta
-onto the weights it holds, or a full snapshot when it cannot (skew, damage, a lost relay).
+worker then pulls in the background (executors/workers/weight_sync.py) and reloads in place when
+its pull completes: a delta onto the weights it holds, or a full snapshot when it cannot (skew,
+damage, a lost relay).
 
 When the task returns (`wait_for`):
   "dedicated" (default) the push is done and the dedicated rollout workers run the version (the
