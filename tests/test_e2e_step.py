@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stack_fixtures import flow_runs
+
 pytestmark = pytest.mark.slow
 
 
@@ -84,19 +86,7 @@ def test_one_rl_step_end_to_end(stack):
 
 
 def _assert_prefect_runs(run_id: str) -> None:
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-
-    async def fetch():
-        async with get_client() as client:
-            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                name=FlowRunFilterName(any_=[f"{run_id}-step-1"])))
-            tasks = await client.read_task_runs() if runs else []
-            return runs, [t for t in tasks if t.flow_run_id == runs[0].id] if runs else []
-
-    runs, tasks = asyncio.run(fetch())
+    runs = flow_runs(f"{run_id}-step-1")
     assert len(runs) == 1 and runs[0].state.is_completed()
-    assert {t.name.split("-")[0] for t in tasks} >= {"rollout", "reward", "train", "publish"}
-    assert all(t.state.is_completed() for t in tasks)
+    assert {t.name.split("-")[0] for t in runs[0].tasks} >= {"rollout", "reward", "train", "publish"}
+    assert all(t.state.is_completed() for t in runs[0].tasks)
