@@ -1,21 +1,17 @@
-"""A minimal W3C WebDriver client for Debian's chromium + chromium-driver (no Python package).
+"""Headless Debian chromium driven by selenium through the system chromium-driver.
 
-Only what the UI checks need: open a page, read its visible text, take a screenshot. The
-browser runs headless with a fresh profile and without background network traffic, and only
-ever loads loopback addresses.
+Only what the UI checks need: open a page, run a script, read its visible text, take a
+screenshot. The browser runs headless with a fresh profile and without background network
+traffic, and only ever loads loopback addresses. Both binaries are given explicitly, so
+selenium never looks for (or downloads) a driver of its own.
 """
 from __future__ import annotations
 
-import base64
+import os
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-
-import httpx
-
-from rose.stack.ports import free_port
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
@@ -32,46 +28,29 @@ def find_chromium() -> tuple[str, str] | None:
 
 class Browser:
     def __init__(self, browser: str, driver: str, timeout: float = 30.0):
-        self.profile = tempfile.mkdtemp(prefix="rose-chromium-")
-        port = free_port()
-        self.driver = subprocess.Popen([driver, f"--port={port}"], stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=timeout,
-                                 trust_env=False)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if self.http.get("/status").json()["value"]["ready"]:
-                    break
-            except (httpx.HTTPError, KeyError, ValueError):
-                pass
-            if time.monotonic() > deadline or self.driver.poll() is not None:
-                self.close()
-                raise RuntimeError(f"chromedriver {driver} did not become ready")
-            time.sleep(0.1)
-        caps = {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": browser, "args": [*CHROMIUM_ARGS, f"--user-data-dir={self.profile}"]}}
-        try:
-            self.session = self._call("POST", "/session",
-                                      {"capabilities": {"alwaysMatch": caps}})["sessionId"]
-        except BaseException:
-            self.close()
-            raise
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
 
-    def _call(self, method: str, path: str, body: dict | None = None):
-        resp = self.http.request(method, path, json=body)
-        value = resp.json().get("value")
-        if resp.status_code >= 400:
-            raise RuntimeError(f"webdriver {method} {path}: {value}")
-        return value
+        os.environ.setdefault("SE_AVOID_STATS", "true")  # no usage pings from selenium
+        self.profile = tempfile.mkdtemp(prefix="rose-chromium-")
+        options = webdriver.ChromeOptions()
+        options.binary_location = browser
+        for arg in [*CHROMIUM_ARGS, f"--user-data-dir={self.profile}"]:
+            options.add_argument(arg)
+        try:
+            self.driver = webdriver.Chrome(service=Service(executable_path=driver),
+                                           options=options)
+        except BaseException:
+            shutil.rmtree(self.profile, ignore_errors=True)
+            raise
+        self.driver.set_page_load_timeout(timeout)
 
     def open(self, url: str) -> None:
-        self._call("POST", f"/session/{self.session}/url", {"url": url})
+        self.driver.get(url)
 
     def script(self, js: str):
         """Run `js` (a function body) in the page; what it returns."""
-        return self._call("POST", f"/session/{self.session}/execute/sync",
-                          {"script": js, "args": []})
+        return self.driver.execute_script(js)
 
     def text(self) -> str:
         return self.script("return document.body ? document.body.innerText : ''") or ""
@@ -90,24 +69,14 @@ class Browser:
 
     def resize(self, width: int, height: int) -> None:
         """The window's size (a taller one screenshots a whole long page)."""
-        self._call("POST", f"/session/{self.session}/window/rect",
-                   {"width": width, "height": height})
+        self.driver.set_window_size(width, height)
 
     def screenshot(self, path: Path) -> Path:
-        png = self._call("GET", f"/session/{self.session}/screenshot")
-        Path(path).write_bytes(base64.b64decode(png))
+        self.driver.save_screenshot(str(path))
         return Path(path)
 
     def close(self) -> None:
         try:
-            if getattr(self, "session", None):
-                self._call("DELETE", f"/session/{self.session}")
-        except (httpx.HTTPError, RuntimeError, ValueError):
-            pass
-        self.http.close()
-        self.driver.terminate()
-        try:
-            self.driver.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.driver.kill()
-        shutil.rmtree(self.profile, ignore_errors=True)
+            self.driver.quit()
+        finally:
+            shutil.rmtree(self.profile, ignore_errors=True)
