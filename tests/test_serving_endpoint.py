@@ -244,3 +244,21 @@ def test_a_flood_is_answered_503_with_retry_after_and_the_admitted_are_served(tm
         assert again.status_code == 200  # every slot came back
     finally:
         stop_endpoint("flood-0")
+
+
+def test_http_replay_reads_the_token_stream(fake):
+    """The replay's SSE reader against the real endpoint: tokens counted, TTFT/TPOT taken;
+    a prompt past the context is a recorded HTTP 400, not a crash of the replay."""
+    from rose.serve.replay import replay_over_http
+    from rose.serve.trace import ReplayRequest
+
+    def req(i: int, prompt_len: int) -> ReplayRequest:
+        return ReplayRequest(index=i, trace_row=i, trace_arrival_s=0.0, send_at_s=0.01 * i,
+                             prompt_len=prompt_len, max_tokens=5, context_tokens=prompt_len,
+                             generated_tokens=5)
+
+    records = replay_over_http([req(0, 8), req(1, 12), req(2, CONTEXT + 10)], [fake[0].url],
+                               "tiny-serving", vocab_size=300)
+    ok, too_long = records[:2], records[2]
+    assert all(r.ok and r.output_tokens == 5 and r.ttft_s > 0 and r.tpot_s > 0 for r in ok)
+    assert not too_long.ok and too_long.error.startswith("HTTP 400")

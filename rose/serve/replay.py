@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 import numpy as np
+from httpx_sse import aconnect_sse
 
 from rose.serve.trace import ReplayRequest, synthetic_prompt
 from storage.atomic import atomic_path, write_atomic
@@ -82,18 +83,16 @@ def http_sender(endpoints: list[str], model: str, client, temperature: float = 0
         start = time.perf_counter()
         first = last = None
         chunks, usage = 0, None
-        async with client.stream("POST", f"{base}/v1/completions", json=body) as resp:
+        async with aconnect_sse(client, "POST", f"{base}/v1/completions", json=body) as source:
+            resp = source.response
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 rec.error = f"HTTP {resp.status_code}: {text[:200]}"
                 return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            async for event in source.aiter_sse():
+                if event.data == "[DONE]":
                     break
-                obj = json.loads(payload)
+                obj = event.json()
                 if "error" in obj:
                     rec.error = str(obj["error"].get("message", obj["error"]))[:300]
                     return
