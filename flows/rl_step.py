@@ -108,6 +108,7 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "arrow_path": rolled["path"], "rerouted_turns": rolled["rerouted_turns"],
         "interrupted_turns": rolled.get("interrupted_turns", {}),
         "dead_workers": rolled.get("dead_workers", []),
+        "publish_left_out": published.get("left_out", {}),  # engines not waited for, and why
         "engine_rollout_s": rolled["rollout_s"], "engine_train_s": trained.get("train_s", 0.0),
         "serving_workers": served.get("serving_workers", 0),
         "slo_attainment": served.get("slo_attainment"),

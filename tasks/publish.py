@@ -62,11 +62,15 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         kinds = workers_by_kind(client)
         dedicated = require(kinds, "rollout")
         serving = sorted(n for n, k in kinds.items() if k == "serving")
+        # a worker that is gone, restarting or silent is not waited for (never a hang): it
+        # pulls this version before the rollout scheduler routes turns to it again
+        left: dict[str, str] = {}
         started = start_pulls(client, dedicated + serving, cfg.stack.relay, cfg.run_id, version,
-                              cfg.publish.pull_batch_bytes)
-        engines = [n for n in dedicated + serving if "skipped" not in started[n]]
-        waited = {"dedicated": dedicated, "none": [], "all": engines}[wait_for]
-        pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s)
+                              cfg.publish.pull_batch_bytes, left_out=left)
+        engines = [n for n in started if "skipped" not in started[n]]
+        waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
+                  "all": engines}[wait_for]
+        pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
     wrong = sorted(w for w, p in pulled.items()
                    if p.get("version") == version and p.get("digest") != digest)
     if wrong:
@@ -74,7 +78,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     summary = {**report.summary(), **_pull_summary(pulled), "digest": digest,
                "bytes": report.pushed_bytes, "pushed_s": pushed_s,
                "synced_s": time.perf_counter() - t0, "wait_for": wait_for,
-               "pending": sorted(set(engines) - set(waited)),
+               "pending": sorted(set(engines) - set(waited)), "left_out": left,
                "skipped": sorted(n for n in started if "skipped" in started[n]),
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from distributed import Client, get_worker
 
+from executors.workers.pinned import gather_live, submit_pinned
 from storage.relay.pool import shared_relay
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.receiver import WeightReceiver
@@ -239,23 +240,36 @@ def pull_status(run: str) -> dict[str, Any]:
 
 
 # ---- client side ----------------------------------------------------------------------------
-def _pinned(client: Client, fn, workers: list[str], *args) -> dict[str, Any]:
-    """worker -> future of fn(*args) on it (pinned by name: stable across restarts)."""
-    futures = {n: client.submit(fn, *args, workers=[n], allow_other_workers=False, pure=False)
-               for n in workers}
-    return futures
+START_TIMEOUT_S = 60.0  # start_pull returns at once on a live worker
 
 
 def start_pulls(client: Client, workers: list[str], relay_kind: str, run: str, version: int,
-                batch_bytes: int = 1 << 30) -> dict[str, dict]:
-    """Start pulls everywhere at once; worker -> its agent status (or "skipped")."""
-    futures = _pinned(client, start_pull, workers, relay_kind, run, version, batch_bytes)
-    return dict(zip(futures, client.gather(list(futures.values()))))
+                batch_bytes: int = 1 << 30,
+                left_out: dict[str, str] | None = None) -> dict[str, dict]:
+    """Start pulls everywhere at once; worker -> its agent status (or "skipped"). Workers not
+    running, gone, or silent for START_TIMEOUT_S are not waited for (pinned.py): they go into
+    `left_out` with the reason."""
+    pinned, left = submit_pinned(client, start_pull, workers, relay_kind, run, version,
+                                 batch_bytes)
+    started, late = gather_live(client, pinned, START_TIMEOUT_S)
+    if left_out is not None:
+        left_out.update(left, **late)
+    return started
 
 
 def wait_versions(client: Client, workers: list[str], run: str, version: int,
-                  timeout: float = 600.0) -> dict[str, dict]:
+                  timeout: float = 600.0,
+                  left_out: dict[str, str] | None = None) -> dict[str, dict]:
     """Block until every worker's engine runs >= version; worker -> its last pull record.
-    Raises the first worker's error (TimeoutError, or the pull's failure)."""
-    futures = _pinned(client, wait_pull, workers, run, version, timeout)
-    return dict(zip(futures, client.gather(list(futures.values()))))
+    Raises a worker's error (TimeoutError, or the pull's failure). A worker that leaves the
+    cluster or restarts meanwhile is not waited for: it goes into `left_out` (the caller
+    passes one to go on without it) or, without `left_out`, raises RuntimeError."""
+    pinned, left = submit_pinned(client, wait_pull, workers, run, version, timeout)
+    # the worker's own wait times out first and says why; this bound is for a silent worker
+    pulled, late = gather_live(client, pinned, timeout + 30.0)
+    left.update(late)
+    if left and left_out is None:
+        raise RuntimeError(f"workers left while waiting for v{version}: {left}")
+    if left_out is not None:
+        left_out.update(left)
+    return pulled
