@@ -1,0 +1,194 @@
+"""Chaos bench: faults a cluster throws, each injected into a short training run on a fresh
+local stack (Mooncake relay), and what the run made of it.
+
+    python bench/chaos.py [--faults 1,2,3] [--steps 2] [--root /tmp/rose-chaos]
+
+Per fault: `rose up` in its own data directory, `rose train` of a few small steps while the
+fault (bench/chaos_faults.py) strikes at its phase, any follow-up the fault needs (`rose
+resume`), then `rose down`. Each command has a deadline: past it the command is killed and
+the row reads "hang". Columns (bench/chaos_stack.py reads them from outside the product):
+  recovered   every step trained and checkpointed, no trajectory lost, no row duplicated
+  recover s   injection -> the next checkpoint the run wrote (it trained again)
+  lost        expected trajectories not whole (turns 0..n, done, advantage) in the Arrow data
+  rerouted    turns recorded as rerouted to another worker
+  failed      serving requests that failed at the client (rows with a serving replay)
+  weights     the final checkpoint equals a trainer replaying the run's own trajectories
+              (two stack runs never sample the same trajectories: see weights_check)
+Rows are merged into bench/results/chaos.json by fault, so faults can be run one at a time.
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+import json
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench.chaos_faults import FAULTS, Fault  # noqa: E402
+from bench.chaos_serving import ServingLoad  # noqa: E402
+from bench.chaos_stack import Bed, Progress, dataset_check, weights_check  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+OUT = RESULTS / "chaos.json"
+
+
+def run_config(args, stack: dict) -> dict:
+    return {"steps": args.steps, "seed": 7,
+            "stack": {"relay": "mooncake", **stack},
+            "rollout": {"groups": args.groups, "group_size": args.group_size,
+                        "max_turns": args.max_turns, "max_concurrency_per_worker": 8}}
+
+
+def run_fault(fault: Fault, args, console: Console) -> dict:
+    bed = Bed.fresh(Path(args.root), f"f{fault.key}", Path(args.models),
+                    run_config(args, fault.stack))
+    row: dict = {"fault": fault.key, "title": fault.title, "where": fault.where,
+                 "deadline_s": fault.deadline_s, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                     time.gmtime())}
+    record: dict = {}
+    progress = Progress(bed)
+    try:
+        console.print(f"[bold]fault {fault.key}[/]: {fault.title} ({bed.data})")
+        bed.up()
+        progress.start()
+        injector = threading.Thread(target=_strike, args=(fault, bed, progress, record),
+                                    daemon=True)
+        injector.start()
+        with ServingLoad(bed) if fault.serving else nullcontext() as load:
+            out = bed.rose(["train", "-c", str(bed.config_file), "--run-id", bed.run_id],
+                           fault.deadline_s)
+        if load is not None:
+            row.update(load.report(record.get("at")))
+        if fault.after is not None:
+            out = fault.after(bed, out, record)
+        injector.join(30)
+        row.update(rc=out.rc, hung=out.hung, run_s=round(out.seconds, 1), tail=out.tail(300))
+    except Exception as e:  # noqa: BLE001 - a harness failure is a row too
+        row.update(rc=None, hung=False, error=f"{type(e).__name__}: {e}",
+                   tail=traceback.format_exc()[-600:])
+    finally:
+        progress.stop()
+        if bed.keep is not None:
+            bed.keep.close()
+        down = bed.down()
+        row["down_rc"] = down.rc
+    row["injected"] = record
+    row["recover_s"] = None if progress.recovered_s is None else round(progress.recovered_s, 1)
+    row.update(dataset_check(bed))
+    row.update(_summary(bed))
+    try:
+        row.update(weights_check(bed))
+    except Exception as e:  # noqa: BLE001
+        row.update(weights_equal=None, weights_error=f"{type(e).__name__}: {e}")
+    row["recovered"] = bool(row.get("rc") == 0 and record and not record.get("error")
+                            and row.get("final_checkpoint") == args.steps
+                            and row["trajectories_lost"] == 0 and row["duplicate_rows"] == 0)
+    return row
+
+
+def _strike(fault: Fault, bed: Bed, progress: Progress, record: dict) -> None:
+    try:
+        fault.inject(bed, progress, record)
+    except Exception as e:  # noqa: BLE001 - the row says the fault never struck
+        record["error"] = f"{type(e).__name__}: {e}"
+
+
+def _summary(bed: Bed) -> dict:
+    """Rerouted turns and dead workers as the run's own step summaries report them."""
+    try:
+        steps = json.loads((bed.run_dir / "summary.json").read_text())["steps"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {"rerouted_turns": sum(s.get("rerouted_turns") or 0 for s in steps),
+            "dead_workers": sorted({w for s in steps for w in s.get("dead_workers") or ()}),
+            "publish_left_out": {w: why for s in steps
+                                 for w, why in (s.get("publish_left_out") or {}).items()},
+            "phases_reused": {s["step"]: [p for p, st in (s.get("phase_states") or {}).items()
+                                          if st == "Cached"] for s in steps},
+            "rejoined_workers": sorted({w for s in steps
+                                        for w in s.get("rejoined_workers") or ()})}
+
+
+def table(rows: list[dict]) -> Table:
+    t = Table(title="Chaos: one fault per short run on the local stack (Mooncake relay)",
+              header_style="bold cyan")
+    for c in ("fault", "where injected", "recovered", "recover s", "lost", "dup rows",
+              "rerouted", "serving failed", "weights = replay"):
+        t.add_column(c, justify="left" if c in ("fault", "where injected") else "right")
+    for r in rows:
+        state = "hang" if r.get("hung") else ("yes" if r["recovered"] else "NO")
+        if r["recovered"] and r["injected"].get("resumed") is not None:
+            state = "yes, rose resume"
+        weights = {True: "equal", False: "DIFFER", None: "n/a"}[r.get("weights_equal")]
+        t.add_row(f"{r['fault']}. {r['title']}", r["where"], state,
+                  "-" if r.get("recover_s") is None else f"{r['recover_s']:.0f}",
+                  str(r["trajectories_lost"]), str(r["duplicate_rows"]),
+                  str(r.get("rerouted_turns", r["rerouted_rows"])), serving_cell(r), weights)
+    return t
+
+
+def serving_cell(r: dict) -> str:
+    flood = r["injected"] if "clients" in r["injected"] else None
+    if flood is not None:
+        return (f"{flood['failed']} of {flood['admitted_ok'] + flood['failed']} admitted; "
+                f"{flood['refused']} refused {'/'.join(map(str, flood['refused_codes']))} "
+                f"({flood['refused_with_retry_after']} Retry-After)")
+    if "serving_failed" in r:
+        return (f"{r['serving_failed']} of {r['serving_requests']} "
+                f"({r['serving_failed_in_flight']} in flight)")
+    return "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default=",".join(f.key for f in FAULTS))
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--root", default="/tmp/rose-chaos")
+    parser.add_argument("--models", default=".rose/models", help="built models (rose models "
+                        "build); linked into each fault's data directory")
+    args = parser.parse_args()
+    console = Console(width=160)
+    wanted = args.faults.split(",")
+    known = {f.key: f for f in FAULTS}
+    rows = []
+    for key in wanted:
+        row = run_fault(known[key], args, console)
+        rows.append(row)
+        console.print(table([row]))
+        if not row["recovered"]:
+            console.print(f"[red]{row.get('error', '')}[/] {row.get('tail', '')}",
+                          highlight=False)
+        _merge(row, args)
+    console.print(table(_merge(None, args)))
+    console.print(f"wrote {OUT}")
+
+
+def _merge(row: dict | None, args) -> list[dict]:
+    """Rows of earlier invocations stay (one fault at a time is a valid use); a rerun of a
+    fault replaces its row."""
+    RESULTS.mkdir(exist_ok=True)
+    try:
+        rows = {r["fault"]: r for r in json.loads(OUT.read_text())["rows"]}
+    except (OSError, ValueError, KeyError):
+        rows = {}
+    if row is not None:
+        rows[row["fault"]] = {**row, "config": run_config(args, {})}
+    ordered = [rows[k] for k in sorted(rows, key=lambda k: (int(k.rstrip('abc')), k))]
+    OUT.write_text(json.dumps({"command": "python bench/chaos.py", "rows": ordered}, indent=1,
+                              default=str))
+    return ordered
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The chaos bench's quick faults as slow tests: each on its own local stack (Mooncake relay),
+two small RL steps with the fault injected from outside the product by the bench's own code
+(bench/chaos_faults.py), judged by the bench's own reading of what the run left behind
+(bench/chaos_stack.py). The slower faults stay in `python bench/chaos.py`.
+
+    .venv/bin/pytest -m slow tests/test_chaos.py
+"""
+from __future__ import annotations
+
+from argparse import Namespace
+
+import pytest
+from rich.console import Console
+
+from tests.stack_fixtures import shared_models
+
+pytestmark = pytest.mark.slow
+
+QUICK = ["1", "1b", "2", "6"]  # under a minute of training each on this 2-core machine
+
+
+@pytest.mark.parametrize("key", QUICK)
+def test_fault_recovered_with_nothing_lost(key, tmp_path, tmp_path_factory):
+    from bench.chaos import run_fault
+    from bench.chaos_faults import FAULTS
+
+    [fault] = [f for f in FAULTS if f.key == key]
+    args = Namespace(root=str(tmp_path), models=str(shared_models(tmp_path_factory)), steps=2,
+                     groups=4, group_size=4, max_turns=4)
+    row = run_fault(fault, args, Console(stderr=True))
+    assert not row.get("hung"), f"fault {key} hung past its deadline: {row.get('tail')}"
+    assert row["injected"] and not row["injected"].get("error"), row["injected"]
+    assert row["recovered"], row
+    assert row["trajectories_lost"] == 0 and row["duplicate_rows"] == 0
+    assert row["weights_equal"] is True  # the final checkpoint = a replay of its trajectories
+    assert row["down_rc"] == 0  # `rose down` left no process behind
