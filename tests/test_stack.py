@@ -180,6 +180,12 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     pids = [p.pid for p in handle.processes]
     family = [q.pid for pid in pids for q in [psutil.Process(pid), *psutil.Process(pid).children(True)]]
     try:
+        # every service listens on loopback only (Dask's /health and /metrics HTTP servers
+        # bound 0.0.0.0 until told otherwise); checked before any worker opens a Mooncake
+        # client, whose transfer engine listens on all interfaces (README, Reliability)
+        exposed = [(c.laddr, pid) for pid in family for c in psutil.Process(pid).net_connections()
+                   if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")]
+        assert not exposed, exposed
         assert handle.relay == "mooncake"
         assert handle.workers == {"trainer-0": "trainer", "rollout-0": "rollout"}
         assert json_load(run_dir / "stack.json")["dask_scheduler"] == handle.dask_scheduler

@@ -115,7 +115,9 @@ def start_scheduler(run_dir: Path, port: int | None = None) -> tuple[str, Manage
     port = pick_port(port)
     proc = ManagedProcess("dask-scheduler", [
         venv_binary("dask"), "scheduler", "--host", LOCALHOST, "--port", str(port),
-        "--no-dashboard"], run_dir,
+        # without the dashboard Dask still serves /health and /metrics over HTTP, on 0.0.0.0
+        # (:8787 on the scheduler, a random port on each worker) unless told where
+        "--no-dashboard", "--dashboard-address", f"{LOCALHOST}:0"], run_dir,
         env={"DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask")})
     proc.start()
     proc.wait_for_port(LOCALHOST, port, timeout=60)
@@ -130,6 +132,7 @@ def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
         venv_binary("dask"), "worker", scheduler, "--name", spec.name,
         "--nthreads", str(spec.nthreads), "--nworkers", "1", "--nanny",
         "--resources", f"{spec.resource}=1", "--host", LOCALHOST, "--no-dashboard",
+        "--dashboard-address", f"{LOCALHOST}:0",
         "--local-directory", str(local_dir),
         "--death-timeout", "60",  # exit on its own if the scheduler is gone: no orphan
     ], run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT, nice=spec.nice).start()
