@@ -371,6 +371,35 @@ def test_a_hung_but_live_worker_fails_its_health_check(cluster):
     assert {r["status"] for r in report.rows} == {"ok", "rerouted"}
 
 
+def test_a_worker_dying_with_finished_results_costs_a_reroute_not_a_hang(cluster, monkeypatch):
+    """rollout-1 finishes a batch and dies before the scheduler fetched the results: Dask then
+    recomputes the batch on the dead address, so an unbounded fetch waited forever (chaos
+    bench fault 3: serving-0 killed while lent)."""
+    import executors.scheduling.scheduler as sched_mod
+
+    c, client = cluster
+    sched = scheduler(client, TWO, result_timeout_s=1.0)
+    real_wait, killed = sched_mod.wait, []
+
+    def wait_then_kill(futures, **kw):
+        done, rest = real_wait(futures, **kw)
+        if not killed and any(sched.inflight.get(f, ("",))[0] == "rollout-1" for f in done):
+            killed.append(True)  # its results are in its memory only, not fetched yet
+            c.sync(c.workers["rollout-1"].close, executor_wait=False)
+        return done, rest
+
+    monkeypatch.setattr(sched_mod, "wait", wait_then_kill)
+    out: list = []
+    runner = threading.Thread(target=lambda: out.append(sched.run(episodes(2, 3))), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive(), "the rollout hung on a dead worker's results"
+    [report] = out
+    assert killed and report.dead_workers == ["rollout-1"]
+    assert len(report.episodes) == 6 and all(ep.done for ep in report.episodes)
+    assert report.rerouted_turns > 0
+
+
 def test_scheduler_config_is_validated_once():
     from executors.scheduling.config import SchedulerConfig
 

@@ -17,6 +17,9 @@ class SchedulerConfig:
     max_attempts_per_turn: int = 5  # a turn rerouted more often fails its trajectory
     turn_timeout_s: float = 120.0  # health check: a batch unanswered this long
     stuck_after_s: float = 600.0  # no turn finished this long: RolloutStuck
+    # fetching a finished batch's results; a worker that died holding them makes Dask
+    # recompute the batch on that dead address, i.e. wait forever: rerouted instead
+    result_timeout_s: float = 30.0
     max_batch_failures: int = 3  # failed batches before a worker is excluded
     # a borrowed serving worker may run a policy this many versions older than the step's
     # (its pull finishes in the background: weight_sync.policy_floor); dedicated ones may not
@@ -29,7 +32,8 @@ class SchedulerConfig:
                      "max_batch_failures"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("admission_refresh_s", "heartbeat_s", "turn_timeout_s", "stuck_after_s"):
+        for name in ("admission_refresh_s", "heartbeat_s", "turn_timeout_s", "stuck_after_s",
+                     "result_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_rejoins < 0 or self.serving_lag < 0:

@@ -155,8 +155,9 @@ class RolloutScheduler:
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
         worker, tids, _ = self.inflight.pop(fut)
         try:
-            results = fut.result()
-        except Exception as exc:  # worker died, or the batch failed on a live worker
+            results = fut.result(timeout=self.config.result_timeout_s)
+        except Exception as exc:  # worker died (also: with the results), or the batch failed
+            fut.cancel()  # never recomputed on a dead worker's address
             self._batch_failed(worker, tids, exc)
             return False
         stale, progressed = [], False
