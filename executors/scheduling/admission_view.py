@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from executors.coserving.plugin import coserving_state
+from executors.workers.pinned import fetch_result
 
 log = logging.getLogger("rose.rollout")
 
@@ -68,7 +69,7 @@ class ServingAdmission:
                 continue
             del self._poll[name]
             try:
-                state = fut.result()
+                state = fetch_result(fut)  # bounded: the worker may have died holding it
             except Exception as exc:  # the worker is going away; liveness reroutes its turns
                 log.warning("admission poll on %s failed: %s", name, exc)
                 self.admitting[name] = False

@@ -28,6 +28,7 @@ from executors.scheduling.config import SchedulerConfig
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
+from executors.workers.pinned import fetch_result
 from executors.workers.rollout_worker import generate_turns
 from executors.policies.router import TurnRouter
 from executors.scheduling.worker_pool import WorkerPool
@@ -155,9 +156,8 @@ class RolloutScheduler:
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
         worker, tids, _ = self.inflight.pop(fut)
         try:
-            results = fut.result(timeout=self.config.result_timeout_s)
+            results = fetch_result(fut, self.config.result_timeout_s)
         except Exception as exc:  # worker died (also: with the results), or the batch failed
-            fut.cancel()  # never recomputed on a dead worker's address
             self._batch_failed(worker, tids, exc)
             return False
         stale, progressed = [], False

@@ -19,6 +19,7 @@ from typing import Callable
 from executors.policies.router import TurnRouter, WorkerInfo
 from executors.scheduling.admission_view import ServingAdmission
 from executors.scheduling.liveness import WorkerLiveness
+from executors.workers.pinned import fetch_result
 
 log = logging.getLogger("rose.rollout")
 
@@ -88,7 +89,7 @@ class WorkerPool:
         for fut in [f for f in self.resyncing if f.done()]:
             name = self.resyncing.pop(fut)
             try:
-                fut.result()
+                fetch_result(fut)  # bounded: the worker may have died holding it
             except Exception as exc:
                 log.warning("weight sync on %s failed (%s): it stays out", name, exc)
                 continue

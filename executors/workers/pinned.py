@@ -23,6 +23,25 @@ from distributed.client import FutureCancelledError
 from distributed.scheduler import KilledWorker
 
 Pinned = dict[str, tuple[str, Future]]  # worker name -> (address pinned to, future)
+FETCH_TIMEOUT_S = 30.0  # fetching a finished (small) result from a live worker takes ms
+
+
+class LostResult(TimeoutError):
+    """A finished task's result could not be fetched in time (its worker died holding it)."""
+
+
+def fetch_result(fut: Future, timeout_s: float = FETCH_TIMEOUT_S) -> Any:
+    """The result of a finished pinned future. A worker that died holding it makes Dask
+    recompute the task on that dead address, so an unbounded result() never returns: after
+    `timeout_s` the future is cancelled and LostResult raised (the caller treats the worker
+    as lost). The function's own errors are raised as they are."""
+    try:
+        return fut.result(timeout=timeout_s)
+    except TimeoutError as e:
+        if fut.status == "error":  # the function itself raised a TimeoutError
+            raise
+        fut.cancel()
+        raise LostResult(f"result of {fut.key} not fetched within {timeout_s:g} s") from e
 
 
 def running_workers(client: Client) -> dict[str, str]:
@@ -62,8 +81,8 @@ def gather_live(client: Client, pinned: Pinned, timeout_s: float,
             if fut.done():
                 del pending[name]
                 try:
-                    results[name] = fut.result()
-                except (KilledWorker, CancelledError, FutureCancelledError) as e:
+                    results[name] = fetch_result(fut)
+                except (KilledWorker, CancelledError, FutureCancelledError, LostResult) as e:
                     left[name] = f"worker lost while it ran: {type(e).__name__}"
         if not pending:
             break
