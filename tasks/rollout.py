@@ -16,6 +16,7 @@ from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.scheduler import RolloutScheduler
 from executors.coserving.plugin import start_coserving_step
+from executors.workers.pinned import running_workers
 from executors.workers.weight_sync import sync_weights
 from rose.config import RunConfig
 from storage.atomic import write_atomic
@@ -154,7 +155,12 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
             serving_lag=cfg.publish.max_staleness)
         report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it
+        live = running_workers(client)
         for name, started in zip(serving, step_starts):
+            if name not in live and not started.done():  # died during the rollout
+                started.cancel()
+                log.warning("serving worker %s left during the rollout: no step window", name)
+                continue
             try:
                 started.result(timeout=30)
             except Exception as e:  # noqa: BLE001 - the step's trajectories matter more
