@@ -25,6 +25,7 @@ from executors.workers.trainer import TrainerPlugin, local_trainer
 from flows.pipeline import run_pipelined
 from flows.rl_step import rl_step
 from rose.config import RunConfig
+from rose.stack.run_lease import RunLease, driving
 from rose.stack.serving import start_serving
 from storage.atomic import write_atomic
 from tasks.publish import publish_and_sync
@@ -125,7 +126,15 @@ def pin_step_identity(first_step: int) -> None:
 
 @flow(name="train", flow_run_name="{cfg.run_id}", log_prints=True)
 def train(cfg: RunConfig = RunConfig()) -> list[dict]:
-    """Run steps (last completed + 1) .. cfg.steps; each step is an `rl_step` flow run."""
+    """Run steps (last completed + 1) .. cfg.steps; each step is an `rl_step` flow run.
+
+    One driver per run: the run lease is taken first (a second driver is refused, naming the
+    first, before it touches the saved config or the stack) and held until the flow returns."""
+    with driving(cfg.run_dir(), cfg.run_id) as lease:
+        return _train(cfg, lease)
+
+
+def _train(cfg: RunConfig, lease: RunLease) -> list[dict]:
     save_run_config(cfg)
     address, version = prepare(cfg)
     emit("run_start", run=cfg.run_id, start_version=version, steps=cfg.steps)
@@ -137,7 +146,10 @@ def train(cfg: RunConfig = RunConfig()) -> list[dict]:
         if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
             summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(address))
         else:
-            summaries = [step_flow(cfg, step) for step in range(version + 1, cfg.steps + 1)]
+            summaries = []
+            for step in range(version + 1, cfg.steps + 1):
+                lease.check()  # taken over (our renewals stalled): stop before the next step
+                summaries.append(step_flow(cfg, step))
     finally:
         detach_serving(address)
     publish_run_artifact(cfg.run_id, summaries)
@@ -152,6 +164,11 @@ def run_step(cfg: RunConfig = RunConfig(), step: int | None = None) -> dict:
     Only that step or the trainer's own version (a step whose publish did not finish) can run:
     any other would train on trajectories of a policy the trainer no longer holds.
     """
+    with driving(cfg.run_dir(), cfg.run_id):
+        return _run_step(cfg, step)
+
+
+def _run_step(cfg: RunConfig, step: int | None) -> dict:
     address, version = prepare(cfg)
     step = version + 1 if step is None else step
     if step not in (version, version + 1) or step < 1:

@@ -68,7 +68,14 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
                  traffic=None) -> list[dict]:
     """Models, stack, then the run. With `traffic` (rose.serve.background.BackgroundTraffic) and
     serving workers, a background replay drives their endpoints while the run trains."""
+    from rose.stack.run_lease import driving
+
     console = console or Console()
+    with driving(cfg.run_dir(), cfg.run_id):  # refused now, not after the stack and models
+        return _run_training(cfg, console, live, traffic)
+
+
+def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list[dict]:
     ensure_models(cfg, console)
     handle = ensure_stack(cfg, console)
     console.print(dashboard_hint())  # live while the run trains
