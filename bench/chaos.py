@@ -128,6 +128,8 @@ def table(rows: list[dict]) -> Table:
         if r["recovered"] and r["injected"].get("resumed") is not None:
             state = "yes, rose resume"
         weights = {True: "equal", False: "DIFFER", None: "n/a"}[r.get("weights_equal")]
+        if r.get("weights_equal") and not r.get("weights_moved"):
+            weights = "equal, no update"  # zero advantages: the check proves nothing
         t.add_row(f"{r['fault']}. {r['title']}", r["where"], state,
                   "-" if r.get("recover_s") is None else f"{r['recover_s']:.0f}",
                   str(r["trajectories_lost"]), str(r["duplicate_rows"]),
@@ -152,8 +154,10 @@ def main() -> None:
     parser.add_argument("--faults", default=",".join(f.key for f in FAULTS))
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--groups", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-turns", type=int, default=4)
+    # 4 x 8 trajectories of up to 8 turns: enough for some groups to differ in reward, so
+    # GRPO moves the weights and the final-weights check means something
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--root", default="/tmp/rose-chaos")
     parser.add_argument("--models", default=".rose/models", help="built models (rose models "
                         "build); linked into each fault's data directory")

@@ -26,11 +26,12 @@ def test_fault_recovered_with_nothing_lost(key, tmp_path, tmp_path_factory):
 
     [fault] = [f for f in FAULTS if f.key == key]
     args = Namespace(root=str(tmp_path), models=str(shared_models(tmp_path_factory)), steps=2,
-                     groups=4, group_size=4, max_turns=4)
+                     groups=4, group_size=8, max_turns=8)
     row = run_fault(fault, args, Console(stderr=True))
     assert not row.get("hung"), f"fault {key} hung past its deadline: {row.get('tail')}"
     assert row["injected"] and not row["injected"].get("error"), row["injected"]
     assert row["recovered"], row
     assert row["trajectories_lost"] == 0 and row["duplicate_rows"] == 0
     assert row["weights_equal"] is True  # the final checkpoint = a replay of its trajectories
+    assert row["weights_moved"]  # GRPO updated them: the comparison is not vacuous
     assert row["down_rc"] == 0  # `rose down` left no process behind
