@@ -23,12 +23,16 @@ def test_sweep_runs_one_task_per_simulation_and_matches_a_local_run(monkeypatch,
 
     from distributed import LocalCluster
 
+    from prefect.testing.utilities import prefect_test_harness
+
     from flows.cluster_sim import cluster_sim, simulate
 
-    for name in ("PREFECT_API_URL", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"):
-        monkeypatch.delenv(name, raising=False)  # Prefect's own temporary server
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))  # no local stack here
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+    # The harness scopes a temporary server to this block; Prefect's implicit one would stay
+    # the default for every later in-process flow and take their flow runs (test_e2e_step
+    # then found its flow run there and its Dask workers' task runs on the stack's server).
+    with prefect_test_harness(), \
+            LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
         sweep = SimSweep(scales=[4, 8], configs=["rose"], off_policy=[0, 1], steps=2,
                          dask_scheduler=cluster.scheduler_address)
         rows = cluster_sim(sweep)
