@@ -16,6 +16,9 @@ except ImportError as e:  # e.g. the Debian package libibverbs1 is missing
     MOONCAKE_IMPORT_ERROR = str(e)
 
 
+TEST_KEYS = "t"  # every test key starts with it: `ns` ("t/<test>") and run names made from it
+
+
 def skip_without_mooncake() -> None:
     if MOONCAKE_IMPORT_ERROR:
         pytest.skip(f"mooncake.store does not import: {MOONCAKE_IMPORT_ERROR}")
@@ -47,14 +50,19 @@ def mooncake_pair(mooncake):
 
 @pytest.fixture(params=["filesystem", "mooncake"])
 def relays(request, tmp_path):
-    """(writer, reader) of one kind; tests keep their keys apart with `ns`."""
+    """(writer, reader) of one kind; tests keep their keys apart with `ns`. The Mooncake pair
+    is shared by a module: what a test put is removed after it, so no test runs on space (or
+    objects) that another one left, whichever tests a selection runs before it."""
     if request.param == "filesystem":
         relay = FilesystemRelay(tmp_path / "relay")
-        return relay, relay
-    return request.getfixturevalue("mooncake_pair")
+        yield relay, relay
+        return
+    writer, reader = request.getfixturevalue("mooncake_pair")
+    yield writer, reader
+    writer.remove_prefix(TEST_KEYS)
 
 
 @pytest.fixture
 def ns(request):
     """A key prefix unique to the test (Mooncake fixtures are shared by a module)."""
-    return "t/" + "".join(c if c.isalnum() or c in "_.-" else "-" for c in request.node.name)
+    return TEST_KEYS + "/" + "".join(c if c.isalnum() or c in "_.-" else "-" for c in request.node.name)
