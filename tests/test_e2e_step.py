@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import flow_runs
+from tests.stack_fixtures import engine_mismatches, flow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,9 @@ def test_one_rl_step_end_to_end(stack):
             lambda: weights_digest(local_trainer(run).weights_bf16()),
             resources={"train_gpu": 1}, pure=False).result()
     assert state["version"] == 1 and state["run"] == run
-    assert state["digest"] == trainer_digest  # bit-identical on both sides of the relay
+    assert state["digest"] == trainer_digest  # the receiver got what the trainer published
+    # and the engine runs it: every weight read from inside vLLM equals the trainer's bf16 one
+    assert engine_mismatches(stack.dask_scheduler, run) == []
 
     _assert_prefect_runs(cfg.run_id)
 

@@ -116,3 +116,40 @@ def test_reload_drops_the_prefix_cache_even_with_turns_in_flight(policy):
     rerun = [r for r in results if r.policy_version == 1]
     assert len(rerun) == resubmitted
     assert all(len(r.logprobs) == len(r.response_ids) > 0 for r in results)
+
+
+def _same(got: dict, want: dict) -> list[str]:
+    """Names whose engine-side weight differs from `want` (bf16 -> fp32 is exact)."""
+    return [n for n in sorted(set(got) | set(want)) if n not in got or n not in want
+            or got[n].shape != want[n].shape or not torch.equal(got[n].float(), want[n].float())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["policy", "serving"])  # tied Qwen3; untied Qwen2 with biases
+def test_engine_weights_read_what_the_engine_computes_with(policy, which):
+    """executors/engine/weights_view.py reads the engine's packed GEMM copies, not the receiver's
+    tensors: after a reload that skips the head re-pack (the old bug) it shows the stale head."""
+    from transformers import AutoModelForCausalLM
+
+    from executors.engine.weights_view import HEAD, engine_weights
+
+    path = policy if which == "policy" else policy.parent / "serving"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    loaded = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
+    tied = HEAD not in loaded
+    embed = "model.embed_tokens.weight"
+    gen = torch.Generator().manual_seed(0)
+    new = {n: (t.float() + torch.randn(t.shape, generator=gen) * 0.05).to(torch.bfloat16)
+           for n, t in loaded.items()}
+    with_head = (lambda w: {**w, HEAD: w[embed]}) if tied else (lambda w: w)
+    loop = EngineLoop(EngineSpec(path, max_model_len=256), f"view-{which}", "rollout")
+    try:
+        assert _same(loop.call(engine_weights), with_head(loaded)) == []
+        if tied and not torch.cuda.is_available():  # vLLM CPU packs the tied head apart
+            loop.call(lambda e: e.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(new.items())}))
+            assert _same(loop.call(engine_weights), with_head(new)) == [HEAD]  # stale, and seen
+        loop.call(lambda engine: reload_weights(engine, new))
+        assert _same(loop.call(engine_weights), with_head(new)) == []
+    finally:
+        loop.close()

@@ -157,6 +157,12 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             return bool(self.rollout.engine.reset_prefix_cache())
         return self._call(reset)
 
+    def rollout_engine_weights(self) -> dict[str, torch.Tensor] | None:
+        """The rollout engine's weights as it computes with them (read-only); None if detached."""
+        from executors.engine.weights_view import engine_weights
+
+        return self._call(lambda: None if self.rollout is None else engine_weights(self.rollout.engine))
+
     def rollout_weight_matches(self, tensors: dict[str, torch.Tensor]) -> bool | None:
         """Does the rollout engine hold these embeddings bit for bit (None: cannot tell)."""
         from executors.engine.vllm_engine import read_weight

@@ -73,3 +73,28 @@ def worker_state() -> dict:
     return {"worker": get_worker().name, "kind": plugin.kind, "run": plugin.run,
             "version": plugin.loop.policy_version, "inflight": plugin.loop.num_inflight(),
             "digest": plugin.weights_digest, "idle_s": time.monotonic() - plugin.loop.last_progress}
+
+
+def weight_digests(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Per tensor, a digest of its values as fp32 bits (exact for bf16): two holders compare
+    by value even if one keeps a weight in another dtype, and a mismatch names the tensor."""
+    return {name: xxhash.xxh3_64(t.detach().float().contiguous().view(torch.uint8).numpy()
+                                 .tobytes()).hexdigest() + f":{tuple(t.shape)}"
+            for name, t in tensors.items()}
+
+
+def engine_weight_digests() -> dict[str, str]:
+    """Runs on a rollout or serving worker: weight_digests of what its rollout engine computes
+    with, read from the engine itself (HF names; `lm_head.weight` even when tied), not from what
+    the receiver pulled: the check that the policy sampled is the policy trained."""
+    from executors.coserving.plugin import coserving_plugin
+    from executors.engine.weights_view import engine_weights
+
+    coserving = coserving_plugin()
+    if coserving is not None:
+        weights = coserving.executor.rollout_engine_weights()
+        if weights is None:
+            raise RuntimeError(f"worker {get_worker().name} has no rollout engine attached")
+    else:
+        weights = _plugin().loop.call(engine_weights)
+    return weight_digests(weights)
