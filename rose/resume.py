@@ -53,12 +53,14 @@ def resume(run_id: str, steps: int | None = None, console=None) -> list[dict]:
     from rich.console import Console
 
     from rose.launch import run_training
+    from rose.stack.run_lease import driving
 
     console = console or Console()
     cfg = saved_run_config(run_id, steps)
-    point = resume_point(cfg)
-    console.print(f"resuming run [bold]{run_id}[/]: last checkpoint "
-                  f"{'none' if point.checkpoint is None else f'step {point.checkpoint}'}, "
-                  f"trajectories of steps {point.trajectory_steps or 'none'}, "
-                  f"target step {point.target}")
-    return run_training(cfg, console)
+    with driving(cfg.run_dir(), cfg.run_id):  # a run another driver drives is not resumed
+        point = resume_point(cfg)
+        console.print(f"resuming run [bold]{run_id}[/]: last checkpoint "
+                      f"{'none' if point.checkpoint is None else f'step {point.checkpoint}'}, "
+                      f"trajectories of steps {point.trajectory_steps or 'none'}, "
+                      f"target step {point.target}")
+        return run_training(cfg, console)

@@ -153,6 +153,7 @@ def test_second_driver_refused_while_the_train_flow_runs(tmp_path, monkeypatch):
         out = CliRunner().invoke(app, ["resume", "r1", "--steps", "9"])
         assert out.exit_code == 1
         assert "being driven by another driver" in out.output and f"pid {first.pid} " in out.output
+        assert "resuming run" not in out.output  # refused before it claims to resume
         with pytest.raises(RunLeaseHeld, match=f"pid {first.pid} "):
             train.fn(RunConfig(run_id="r1", steps=7, stack={"dask_scheduler": address}))
         assert (run_dir / "config.json").read_text() == saved and first.poll() is None
