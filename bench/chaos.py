@@ -137,15 +137,28 @@ def table(rows: list[dict]) -> Table:
     return t
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table as the README shows it (same cells as the rich table)."""
+    t = table(rows)
+    cells = [[str(c) for c in col._cells] for col in t.columns]
+    head = [str(col.header) for col in t.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in zip(*cells)]
+    return "\n".join(lines)
+
+
 def serving_cell(r: dict) -> str:
     flood = r["injected"] if "clients" in r["injected"] else None
     if flood is not None:
         return (f"{flood['failed']} of {flood['admitted_ok'] + flood['failed']} admitted; "
                 f"{flood['refused']} refused {'/'.join(map(str, flood['refused_codes']))} "
                 f"({flood['refused_with_retry_after']} Retry-After)")
-    if "serving_failed" in r:
-        return (f"{r['serving_failed']} of {r['serving_requests']} "
-                f"({r['serving_failed_in_flight']} in flight)")
+    inj = r["injected"]
+    if "in_flight" in inj:  # the killed worker's own requests, then the replay around it
+        return (f"in flight: {inj['in_flight_failed']} of {inj['in_flight']} failed at the "
+                f"client after {inj['in_flight_error_after_s']} s, {inj['in_flight_hung']} hung; "
+                f"replay: {r['serving_failed']} of {r['serving_requests']} failed "
+                f"({r['serving_failed_after']} sent after the kill, to the gone endpoint)")
     return "-"
 
 
@@ -159,9 +172,14 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--root", default="/tmp/rose-chaos")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the rows of bench/results/chaos.json as a markdown table")
     parser.add_argument("--models", default=".rose/models", help="built models (rose models "
                         "build); linked into each fault's data directory")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(OUT.read_text())["rows"]))
+        return
     console = Console(width=160)
     wanted = args.faults.split(",")
     known = {f.key: f for f in FAULTS}

@@ -5,8 +5,6 @@ records what it did; nothing in the product knows about it.
 """
 from __future__ import annotations
 
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,6 +13,8 @@ import psutil
 from distributed import Client
 
 from bench.chaos_stack import Bed, Outcome, Progress
+from bench.chaos_watch import (freeze_new_child, kill_pid, pull_records, scheduler_of,
+                               wait_checkpoint, wait_task)
 from tests.faults import KillMidRollout
 
 Inject = Callable[[Bed, Progress, dict], None]
@@ -31,28 +31,6 @@ class Fault:
     after: After | None = None  # follow-up once the train command returned (e.g. resume)
     deadline_s: float = 900.0  # the train command (and each follow-up) is killed after this
     serving: bool = False  # a replay drives the serving endpoint while the run trains
-
-
-def scheduler_of(bed: Bed) -> str:
-    return bed.stack()["dask_scheduler"]
-
-
-def address_of(client: Client, name: str) -> str:
-    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
-                if w["name"] == name)
-
-
-def wait_task(client: Client, worker: str, prefix: str, timeout_s: float) -> None:
-    """Until `worker` runs a task whose key starts with `prefix` (a Prefect task's Dask key
-    is its task name and a token: `train-1a2b`, `publish-...`)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        address = address_of(client, worker)
-        if any(str(k).startswith(prefix) for k in client.processing(workers=[address])
-               .get(address, ())):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"{worker} never ran a {prefix!r} task within {timeout_s:g} s")
 
 
 def kill_serving(bed: Bed, progress: Progress, record: dict) -> None:
@@ -94,22 +72,6 @@ def kill_rollout(with_nanny: bool, freeze_restart: bool = False) -> Inject:
     return inject
 
 
-def freeze_new_child(parent: int, known: set[int], timeout_s: float = 120.0) -> int:
-    """SIGSTOP the first new worker process `parent` spawns (not multiprocessing's resource
-    tracker; the worker renames itself `dask worker [...]` once started, so match by pid)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for child in psutil.Process(parent).children():
-            try:
-                if child.pid not in known and "resource_tracker" not in " ".join(child.cmdline()):
-                    os.kill(child.pid, signal.SIGSTOP)
-                    return child.pid
-            except psutil.Error:
-                continue
-        time.sleep(0.01)
-    raise TimeoutError(f"process {parent} started no new worker within {timeout_s:g} s")
-
-
 def kill_service(service: str, task_prefix: str, after_step: int = 0) -> Inject:
     """SIGKILL a stack service (its pid from the stack file) once the trainer runs a task of
     `task_prefix` after step `after_step` checkpointed."""
@@ -149,25 +111,6 @@ def corrupt_bucket(bed: Bed, progress: Progress, record: dict) -> None:
     record["pulls"] = pull_records(bed, version=1)
 
 
-def pull_records(bed: Bed, version: int, timeout_s: float = 300) -> dict:
-    """Each engine worker's pull of `version`, as its pull agent reports it (via Dask)."""
-    from executors.workers.weight_sync import pull_status
-
-    deadline = time.monotonic() + timeout_s
-    with Client(scheduler_of(bed), timeout=30) as client:
-        engines = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
-                   if w["name"] != "trainer-0"]
-        while time.monotonic() < deadline:
-            st = client.gather([client.submit(pull_status, bed.run_id, workers=[a],
-                                               pure=False) for a in engines])
-            last = {s["worker"]: s.get("last") or {} for s in st if s.get("last")}
-            if last and all((r.get("version") or -1) >= version for r in last.values()):
-                return {w: {k: r.get(k) for k in ("version", "mode", "fallback", "error")}
-                        for w, r in last.items()}
-            time.sleep(0.2)
-    return {"error": f"no pull of v{version} finished within {timeout_s:g} s"}
-
-
 def down_mid_step(bed: Bed, progress: Progress, record: dict) -> None:
     """`rose down` (SIGTERM to every service) while step 2's rollout runs."""
     wait_checkpoint(bed, 1)
@@ -189,14 +132,6 @@ def flood_endpoint(bed: Bed, progress: Progress, record: dict) -> None:
                                           stack["endpoints"]["serving-0"]))
 
 
-def wait_checkpoint(bed: Bed, step: int, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while step not in bed.checkpoints():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"step {step} never checkpointed")
-        time.sleep(0.1)
-
-
 def kill_trainer_mid_train(bed: Bed, progress: Progress, record: dict) -> None:
     """SIGKILL the trainer's worker process (its nanny restarts it) while step 2 trains."""
     nanny = bed.pid_of("worker-trainer-0")
@@ -210,10 +145,26 @@ def kill_trainer_mid_train(bed: Bed, progress: Progress, record: dict) -> None:
     record.update(worker="trainer-0", pid=worker, nanny_pid=nanny, at=time.time())
 
 
+def second_driver(bed: Bed, progress: Progress, record: dict) -> None:
+    """`rose resume` of the run while `rose train` drives it (step 1's rollout): refused, with
+    the holder of the run lease named; the first driver goes on undisturbed."""
+    with Client(scheduler_of(bed), timeout=30) as client:
+        wait_task(client, "trainer-0", "rollout-", 600)
+    progress.injected()
+    record["at"] = time.time()
+    second = bed.rose(["resume", bed.run_id], 300)
+    said = second.tail(400)
+    record.update(second_rc=second.rc, second_s=round(second.seconds, 1), second_said=said)
+    if second.rc in (0, None) or "being driven by another driver" not in said:
+        raise RuntimeError(f"the second driver was not refused (rc {second.rc}): {said}")
+
+
 def resume_if_failed(up_first: bool) -> After:
     """The operator's recovery: (`rose up`, then) `rose resume <run>` when the run failed."""
     def after(bed: Bed, out: Outcome, record: dict) -> Outcome:
         record["train_rc"] = out.rc
+        if "at" in record:  # how long the failed driver took to give up after the fault
+            record["train_gave_up_s"] = round(time.time() - record["at"], 1)
         if out.rc == 0 or out.hung:
             return out
         if up_first:
@@ -247,14 +198,9 @@ FAULTS: list[Fault] = [
           after=resume_if_failed(up_first=False)),
     Fault("8", "`rose down` mid-step, `rose up`, `rose resume`", "rollout, step 2",
           down_mid_step, after=resume_if_failed(up_first=True)),
+    Fault("9", "a second driver on a running run (`rose resume`)",
+          "rollout, step 1", second_driver),
     Fault("10", "endpoint flooded: 1,000 concurrent streaming clients",
           "rollout, step 1", flood_endpoint,
           stack={"rollout_workers": 1, "serving_workers": 1}),
 ]
-
-
-def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
