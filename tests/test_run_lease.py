@@ -163,3 +163,21 @@ def test_second_driver_refused_while_the_train_flow_runs(tmp_path, monkeypatch):
     finally:
         first.kill()
         silent.close()
+
+
+def test_driver_command_names_what_the_user_ran(monkeypatch):
+    """The refusal names the other driver as its user typed it: `python -m rose.cli ...` shows
+    the interpreter's own arguments (sys.argv[0] is only cli.py there), a script its name, and
+    a deployment's process its Prefect flow run."""
+    from rose.stack import run_lease
+
+    monkeypatch.setattr(sys, "argv", ["/x/.venv/bin/rose", "train", "--steps", "5"])
+    monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
+    assert run_lease.driver_command() == "rose train --steps 5"
+    monkeypatch.setattr(sys, "argv", ["/x/rose/cli.py", "resume", "r1"])
+    monkeypatch.setattr(sys, "orig_argv", ["/usr/bin/python3", "-m", "rose.cli", "resume", "r1"])
+    assert run_lease.driver_command() == "python3 -m rose.cli resume r1"
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "abc")
+    assert run_lease.driver_command().endswith("(Prefect flow run abc)")
+    monkeypatch.setattr(sys, "argv", ["rose", "x" * 300])
+    assert len(run_lease.driver_command().split(" (Prefect")[0]) == 200

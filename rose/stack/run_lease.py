@@ -102,6 +102,19 @@ def _locked(run_dir: Path, timeout_s: float = 30.0) -> Iterator[None]:
         os.close(fd)  # closing drops the flock
 
 
+def driver_command() -> str:
+    """This process's command line as a user would recognise it: `rose train --steps 5`,
+    `python -m rose.cli resume r1`, plus the Prefect flow run a deployment's process runs."""
+    script = Path(sys.argv[0]).name
+    if script in ("", "-c", "-m", "cli.py", "__main__.py"):
+        cmd = " ".join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+    else:
+        cmd = " ".join([script, *sys.argv[1:]])
+    flow_run = os.environ.get("PREFECT__FLOW_RUN_ID")
+    cmd = cmd if len(cmd) <= 200 else cmd[:197] + "..."
+    return f"{cmd} (Prefect flow run {flow_run})" if flow_run else cmd
+
+
 def _process_start(pid: int) -> float:
     return psutil.Process(pid).create_time()
 
@@ -112,7 +125,7 @@ class RunLease:
     def __init__(self, run_dir: Path, run_id: str, command: str | None = None,
                  ttl_s: float = LEASE_TTL_S) -> None:
         self.run_dir, self.run_id, self.ttl_s = Path(run_dir), run_id, ttl_s
-        self.command = command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        self.command = command or driver_command()
         self.holder: Holder | None = None
         self.lost: str | None = None  # set when the lease is found taken from us
         self._stop = threading.Event()
