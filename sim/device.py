@@ -5,26 +5,24 @@ serving has work, then a rollout step if the real policies allow it: `plan_steps
 from the rollout profile, `DualSLOAdmission.admit` holds it against both SLO slacks, and
 `KVMemoryPolicy` grants its KV blocks (budget per RL step, burst cut, leases on prefix caches).
 A started turn that admission keeps idle is reported by `StallDetector` and kept or aborted by
-`keep_stalled`. Serving steps: queued prefills run monolithic together with the decodes
-(P_serving of their summed prompts), else one decode step D_serving(B).
+`keep_stalled`. Serving steps are sim/serving.py's engine.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from executors.policies.kv_memory import KVMemoryPolicy
+from executors.policies.kv_memory import KVMemoryPolicy, MemoryState
 from executors.policies.latency_profile import LatencyProfile
-from executors.policies.slo_admission import DualSLOAdmission, ServingDecode, ServingPrefill
+from executors.policies.slo_admission import DualSLOAdmission
 from executors.policies.stall import StallDetector, keep_stalled
 from executors.policies.step_plan import plan_steps
 from sim.events import EventLoop
+from sim.serving import BLOCK, ServingEngine, ServingStats
 from sim.workload import ServingRequest
 
-BLOCK = 32  # tokens per KV block (executors/coserving/config.py BLOCK_SIZE)
 CHUNK = 512
-MAX_SERVING_PREFILL = 4096  # serving prompt tokens batched in one step (vLLM max_num_batched_tokens)
 POLL_S = 0.01  # how often an idle device with denied rollout work looks again
 
 
@@ -38,20 +36,6 @@ class Turn:
     rid: int = 0
     started: bool = False  # the engine computed some of it (aborting it loses work)
     cached: int = 0  # prompt tokens served from the prefix cache
-
-
-@dataclass(slots=True)
-class _Serve:
-    req: ServingRequest
-    first: float = -1.0
-    last: float = 0.0
-    left: int = 0
-
-
-@dataclass
-class ServingStats:
-    done: list[tuple[float, float]] = field(default_factory=list)  # (TTFT, TPOT) per finished request
-    busy_s: float = 0.0
 
 
 class Device:
@@ -68,11 +52,8 @@ class Device:
         self.waiting: list[Turn] = []
         self.running: list[Turn] = []
         self.on_iter, self.borrowed = on_iter, kind == "serving"
-        self._arrivals = arrivals
-        self._next = next(arrivals, None) if arrivals is not None else None
-        self.queued: list[_Serve] = []
-        self.active: list[_Serve] = []
-        self.stats = ServingStats()
+        self.engine = ServingEngine(serving, arrivals) if serving is not None and arrivals is not None else None
+        self.stats = self.engine.stats if self.engine is not None else ServingStats()
         self.busy = False
         self.eligible = rollout is not None  # staleness: holds a policy version the step may use
         self.rollout_tokens = 0
@@ -81,8 +62,8 @@ class Device:
         self._denied_at = -math.inf
         self._rids = 0
         self._fresh = False  # a turn arrived during the current iteration
-        if self._next is not None:
-            loop.at(self._next.arrival, self._wake)
+        if self.engine is not None and self.engine.next is not None:
+            loop.at(self.engine.next.arrival, self._wake)
 
     # ---- inputs ---------------------------------------------------------------------------
     def submit(self, turn: Turn, prefix_hit: bool) -> None:
@@ -101,15 +82,17 @@ class Device:
 
     def start_step(self, now: float) -> None:
         if self.memory is not None:
-            peak = min(self.memory.total_blocks, self._serving_blocks())
-            self.memory.start_step(peak, now)
+            self.memory.start_step(min(self.memory.total_blocks, self._serving_blocks()), now)
 
     def admitting(self) -> bool:
         """Cheap flag for the router (the executor's `admitting()`): eligible and memory allows."""
         if not self.eligible:
             return False
         m = self.memory
-        return m is None or (m.state.value != "pressure" and m.rollout_used < m.budget)
+        return m is None or (m.state is not MemoryState.PRESSURE and m.rollout_used < m.budget)
+
+    def _serving_busy(self) -> bool:
+        return self.engine is not None and self.engine.busy
 
     # ---- the iteration --------------------------------------------------------------------
     def _wake(self, _=None) -> None:
@@ -118,61 +101,36 @@ class Device:
             self.loop.at(self.loop.now, self._iterate)
 
     def _iterate(self, _=None) -> None:
-        now = self.loop.now
+        now, engine = self.loop.now, self.engine
         self._fresh = False
-        self._take_arrivals(now)
+        if engine is not None:
+            engine.take_arrivals(now)
         if self.memory is not None:
             self.memory.expired_leases(now)  # lapsed prefix caches free their blocks
-        cost = self._serving_step(now) if (self.queued or self.active) else 0.0
+        cost = self._serving_step(now) if engine is not None and engine.busy else 0.0
         self.stats.busy_s += cost
-        cost += self._rollout_step(now + cost)
+        if self.rollout is not None and (self.waiting or self.running):
+            cost += self._rollout_step(now + cost)
         if self.on_iter is not None:
             self.on_iter(self)
         if cost > 0 or self._fresh:  # a turn routed here by on_iter starts now, not at the next arrival
             self.loop.at(now + cost, self._iterate)
             return
         self.busy = False
-        if self._next is not None:
-            self.loop.at(self._next.arrival, self._wake)
-
-    def _take_arrivals(self, now: float) -> None:
-        while self._next is not None and self._next.arrival <= now:
-            self.queued.append(_Serve(self._next))
-            self._next = next(self._arrivals, None)
+        if engine is not None and engine.next is not None:
+            self.loop.at(engine.next.arrival, self._wake)
 
     def _serving_step(self, now: float) -> float:
-        prof = self.serving
-        batch, tokens = [], 0
-        for s in self.queued:
-            if batch and tokens + s.req.prompt > MAX_SERVING_PREFILL:
-                break
-            batch.append(s)
-            tokens += s.req.prompt
-        if batch:
-            del self.queued[:len(batch)]
-            cost = prof.prefill(tokens)
-        else:
-            cost = prof.decode_step(len(self.active))
-        end = now + cost
-        for s in self.active:
-            s.left -= 1
-            s.last = end
-        for s in batch:
-            s.first, s.last, s.left = end, end, s.req.output - 1
-            self.active.append(s)
-        done = [s for s in self.active if s.left <= 0]
-        if done:
-            self.active = [s for s in self.active if s.left > 0]
-            self.stats.done.extend((s.first - s.req.arrival, (s.last - s.first) / max(1, s.req.output - 1))
-                                   for s in done)
+        cost = self.engine.step(now)
         if self.memory is not None:
-            for act in self.memory.observe_serving(min(self.memory.total_blocks, self._serving_blocks()), end):
+            end = now + cost
+            for act in self.memory.observe_serving(min(self.memory.total_blocks, self.engine.blocks), end):
                 if act.kind == "abort":
                     self._abort(act.request_id)
         return cost
 
     def _serving_blocks(self) -> int:
-        return sum(math.ceil((s.req.prompt + s.req.output - s.left) / BLOCK) for s in self.active)
+        return self.engine.blocks if self.engine is not None else 0
 
     def _rollout_step(self, now: float) -> float:
         if self.rollout is None or not (self.waiting or self.running):
@@ -180,7 +138,7 @@ class Device:
         self._start_waiting(now)
         if not self.running:
             self._check_stalls(now)
-            return 0.0 if (self.queued or self.active) else self._idle_poll()
+            return 0.0 if self._serving_busy() else self._idle_poll()
         decodes = sum(1 for t in self.running if t.prefill_left == 0)
         prefill = sum(t.prefill_left for t in self.running)
         plans = plan_steps(decodes, prefill, 0, BLOCK, self.rollout, CHUNK)
@@ -192,7 +150,7 @@ class Device:
         plan = self._admit(plans, now)
         if plan is None:
             self._check_stalls(now)
-            return 0.0 if (self.queued or self.active) else self._idle_poll()
+            return 0.0 if self._serving_busy() else self._idle_poll()
         budget = plan.tokens - (decodes if plan.kind != "decode" else plan.tokens)
         for t in self.running:
             t.started = True
@@ -218,9 +176,8 @@ class Device:
     def _admit(self, plans, now: float):
         if self.admission is None or not self.slo_aware:
             return plans[0] if plans else None
-        queued = [ServingPrefill(s.req.arrival, s.req.prompt) for s in self.queued]
-        active = [ServingDecode(s.last) for s in self.active]
-        kv_ok = self.memory is None or self.memory.state.value != "pressure"
+        queued, active = self.engine.admission_view()
+        kv_ok = self.memory is None or self.memory.state is not MemoryState.PRESSURE
         reason = "kv_headroom"
         for plan in plans:
             decision = self.admission.admit(plan.cost_s, queued, active, now, kv_ok)

@@ -20,7 +20,7 @@ def load_profile(name: str) -> LatencyProfile:
     path = PROFILE_DIR / f"{name}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no simulator profile {name!r} in {PROFILE_DIR}")
-    return LatencyProfile.load(path)
+    return _memoized(LatencyProfile.load(path))
 
 
 def profile_source(name: str) -> str:
@@ -33,7 +33,30 @@ def scaled(profile: LatencyProfile, factor: float) -> LatencyProfile:
         raise ValueError(f"scale factor must be > 0, got {factor}")
 
     def s(c: Curve) -> Curve:
-        return Curve(c.xs, tuple(y * factor for y in c.ys))
+        return _MemoCurve(c.xs, tuple(y * factor for y in c.ys))
 
     return LatencyProfile(s(profile.monolithic), s(profile.chunked), s(profile.decode),
                           profile.chunk_size, f"{profile.name} x{factor:g}")
+
+
+class _MemoCurve(Curve):
+    """A Curve that remembers its answer per size: the simulator asks the same few sizes
+    (batch sizes, chunk and prompt lengths) millions of times. Each answer is Curve's own
+    evaluation, computed once, so every prediction the policies see is unchanged."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "_memo", {})
+
+    def __call__(self, x: float) -> float:
+        y = self._memo.get(x)
+        if y is None:
+            y = self._memo[x] = Curve.__call__(self, x)
+        return y
+
+
+def _memoized(p: LatencyProfile) -> LatencyProfile:
+    def m(c: Curve) -> Curve:
+        return _MemoCurve(c.xs, c.ys)
+
+    return LatencyProfile(m(p.monolithic), m(p.chunked), m(p.decode), p.chunk_size, p.name)
