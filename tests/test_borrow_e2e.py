@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from tests.stack_fixtures import cli_stack_env, new_data_dir, prefect_for, rose_cli
+from tests.stack_fixtures import cli_stack_env, engine_mismatches, new_data_dir, prefect_for, rose_cli
 
 pytestmark = pytest.mark.slow
 
@@ -127,4 +127,6 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
         published = client.submit(lambda: weights_digest(local_trainer(run).weights_bf16()),
                                   resources={"train_gpu": 1}, pure=False).result()
     assert state["version"] == 2 and state["digest"] == published
+    # the serving worker's rollout engine itself runs the trained weights, read from inside vLLM
+    assert engine_mismatches(handle.dask_scheduler, run, "serving-0") == []
     assert state["rollout_in_flight"] == 0  # the run ended: its rollout side detached
