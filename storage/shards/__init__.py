@@ -1,4 +1,5 @@
 """Tensor-parallel / pipeline-parallel shard rules (rules.py), which slice each rank holds and its
-relay key (layout.py), and transfer plans between layouts (plan.py). Pure tensor bookkeeping:
-imports nothing else of storage.
+relay key (layout.py), transfer plans between layouts (plan.py), and what a sharded trainer
+publishes as objects grouped into parts, and which of them each receiver rank pulls (grain.py).
+Pure tensor bookkeeping: imports nothing else of storage.
 """

@@ -56,10 +56,11 @@ class ShardSlice:
         return tuple(shape)
 
     def numel(self, full_shape: Sequence[int]) -> int:
-        return _numel(self.local_shape(full_shape))
+        return numel(self.local_shape(full_shape))
 
 
-def _numel(shape: Iterable[int]) -> int:
+def numel(shape: Iterable[int]) -> int:
+    """Elements of a tensor of this shape (1 for a scalar)."""
     n = 1
     for s in shape:
         n *= s

@@ -8,7 +8,6 @@ TP/PP layout, the sub-boxes of published shards that fill its own slices: no byt
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -20,16 +19,13 @@ from storage.shards.layout import (
     Rank,
     ShardSlice,
     layer_index,
+    numel,
     overlaps,
     shard_key,
     slice_for,
     stages_of,
 )
 from storage.shards.rules import ShardRule
-
-
-def _numel(shape: Iterable[int]) -> int:
-    return math.prod(shape)
 
 
 @dataclass(frozen=True)
@@ -79,7 +75,7 @@ class PullPiece:
 
     @property
     def nbytes(self) -> int:
-        return _numel(e - s for s, e in self.src) * self.itemsize
+        return numel(e - s for s, e in self.src) * self.itemsize
 
     def src_byte_runs(self) -> list[tuple[int, int]]:
         """(offset, length) byte runs of `src` in the row-major published shard: a ranged read
@@ -87,7 +83,7 @@ class PullPiece:
         k = len(self.src_shape) - 1  # first dim from which the box spans everything after it
         while k > 0 and self.src[k] == (0, self.src_shape[k]):
             k -= 1
-        inner = _numel(self.src_shape[k + 1:]) * self.itemsize
+        inner = numel(self.src_shape[k + 1:]) * self.itemsize
         run = (self.src[k][1] - self.src[k][0]) * inner if self.src else self.itemsize
         runs: list[tuple[int, int]] = []
         for outer in itertools.product(*(range(s, e) for s, e in self.src[:k])):
@@ -102,7 +98,8 @@ class PullPiece:
         return runs
 
 
-def _model_facts(params: Sequence[ParamSpec], num_layers: int | None, tied: bool | None) -> tuple[int, bool]:
+def model_facts(params: Sequence[ParamSpec], num_layers: int | None, tied: bool | None) -> tuple[int, bool]:
+    """(layers, tied embeddings), from the names unless given: no lm_head/output_layer = tied."""
     layers = [i for p in params if (i := layer_index(p.name)) is not None]
     n = num_layers if num_layers is not None else (max(layers) + 1 if layers else 1)
     has_head = any(k in p.name for p in params for k in ("lm_head", "output_layer"))
@@ -123,15 +120,15 @@ def publish_plan(params: Sequence[ParamSpec], trainer_layout: ParallelLayout, *,
     holding it (DP replicas, TP replicas of replicated tensors) by largest-first to least loaded.
     num_layers/tied default to what the names say (no lm_head/output_layer: tied embeddings)."""
     lay = trainer_layout
-    n_layers, is_tied = _model_facts(params, num_layers, tied)
+    n_layers, is_tied = model_facts(params, num_layers, tied)
     pieces = []
     for p in params:
         stages = stages_of(p.name, n_layers, lay.pp, is_tied)
         for sl, tps in _distinct_slices(p, lay.tp).items():
             shape = sl.local_shape(p.shape)
-            if _numel(shape) == 0:
+            if numel(shape) == 0:
                 continue  # a rank holding only vocab padding has nothing to publish
-            spec = ShardSpec(p.name, shard_key(p.name, p.rule, sl, version), sl, shape, _numel(shape) * p.itemsize)
+            spec = ShardSpec(p.name, shard_key(p.name, p.rule, sl, version), sl, shape, numel(shape) * p.itemsize)
             holders = [(t, s, d) for s in stages for t in tps for d in range(lay.dp)]
             pieces.append((spec, holders))
     plan: dict[Rank, list[ShardSpec]] = {r: [] for r in lay.ranks()}
@@ -148,7 +145,7 @@ def pull_plan(params: Sequence[ParamSpec], server_layout: ParallelLayout, traine
               tied: bool | None = None) -> dict[Rank, list[PullPiece]]:
     """Per server rank: the (published key, source box, destination box) pieces that fill its
     local shards exactly. server_rules overrides a parameter's rule on the serving side."""
-    n_layers, is_tied = _model_facts(params, num_layers, tied)
+    n_layers, is_tied = model_facts(params, num_layers, tied)
     plan: dict[Rank, list[PullPiece]] = {}
     for t, s, d in server_layout.ranks():
         pieces = plan.setdefault((t, s, d), [])

@@ -168,6 +168,16 @@ def _prune(relay: Relay, run: str, version: int) -> set[int]:
     return keep
 
 
+def commit_version(relay: Relay, run: str, version: int, manifest: Manifest) -> None:
+    """Make `version` visible with `manifest` when its payloads went out as parts pushed by
+    others (storage/weights/sharded.py): prune as publish_weights does, then the manifest,
+    then `latest`, then the versions held, in the order a reader relies on."""
+    held = _prune(relay, run, version)
+    relay.put(manifest_key(run, version), manifest.to_json())
+    relay.put(latest_key(run), json.dumps({"version": version}).encode())
+    relay.put(_versions_key(run), json.dumps(sorted(held | {version})).encode())
+
+
 def latest_version(relay: Relay, run: str) -> int | None:
     """The newest complete version of `run` in the relay, or None if none was published."""
     try:

@@ -105,15 +105,17 @@ class SparsePublisher:
         return ""
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
-                copy: bool = True) -> PublishReport:
+                copy: bool = True, part: str = "") -> PublishReport:
         """Push `version`: a delta against the last published version when possible, else full.
         Keeps `tensors` as the next base (only once the manifest is in the relay): a copy, or
         the tensors themselves with copy=False (the caller then never modifies them, as with
-        Trainer.weights_bf16, which builds fresh ones)."""
+        Trainer.weights_bf16, which builds fresh ones). With `part`, everything goes under the
+        version's sub-prefix and `latest` is untouched: one part of a version that another
+        commits (storage/weights/sharded.py, one publisher per part)."""
         with self._lock:
             reason = self._full_reason(version, tensors)
             base = None if reason else self._held
-            report = self._push(version, tensors, base, reason, compare=self._held)
+            report = self._push(version, tensors, base, reason, part, compare=self._held)
             held = {n: t.detach().to("cpu") for n, t in tensors.items()}
             self._held = {n: t.clone(memory_format=torch.contiguous_format) if copy
                           else t.contiguous() for n, t in held.items()}

@@ -1,0 +1,134 @@
+"""Sharded publishing: each trainer rank pushes its own shards, one commit makes the version.
+
+Relay keys of a sharded version (next to the unsharded ones, storage/weights/publisher.py):
+  rose/<run>/v<v>/shards/r<t>.<p>.<d>/<group>/bucket-<i>, .../manifest
+      one part per trainer rank and object group (storage/shards/grain.py): its own buckets and
+      manifest, pushed by that rank alone, full or as a delta of the rank's previous push
+  rose/<run>/v<v>/manifest   kind "sharded", written by `commit_sharded` once every part's
+      manifest is in the relay: the layout, the parameters (name, shape, rule) and each part's
+      published_at and digest. Then `latest`. A version is never visible half-published: a
+      receiver reads parts only through a committed manifest, and refuses a part whose stamp
+      differs from the one committed.
+
+Each part is pushed by a storage.weights.sparse_publisher.SparsePublisher of its own (the same
+delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from storage.relay.base import Relay, RelayKeyMissing
+from storage.shards.grain import PublishLayout, cut, rank_parts
+from storage.shards.layout import ParallelLayout, Rank, slice_for
+from storage.shards.plan import ParamSpec
+from storage.shards.rules import ShardRule
+from storage.weights.buckets import DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest
+from storage.weights.publisher import commit_version, read_manifest
+from storage.weights.sparse_publisher import SparsePublisher
+from storage.weights.transfer_metrics import PublishReport
+
+SHARDED = "sharded"
+
+
+def specs_meta(params: list[ParamSpec]) -> list[dict[str, Any]]:
+    return [{"name": p.name, "shape": list(p.shape), "rule": asdict(p.rule), "itemsize": p.itemsize}
+            for p in params]
+
+
+def specs_from_meta(meta: list[dict[str, Any]]) -> list[ParamSpec]:
+    return [ParamSpec(m["name"], tuple(m["shape"]), ShardRule(**m["rule"]), int(m["itemsize"])) for m in meta]
+
+
+def layout_meta(layout: PublishLayout) -> dict[str, int]:
+    t = layout.trainer
+    return {"tp": t.tp, "pp": t.pp, "dp": t.dp, "split": layout.split}
+
+
+def layout_from_meta(meta: dict[str, int]) -> PublishLayout:
+    return PublishLayout(ParallelLayout(meta["tp"], meta["pp"], meta["dp"]), meta["split"])
+
+
+class ShardedPublisher:
+    """Publishes one trainer rank's shards of `run`; see the module docstring."""
+
+    def __init__(self, relay: Relay, run: str, layout: PublishLayout, rank: Rank,
+                 params: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 sparse: bool = True, link_gbps: float | None = None,
+                 workers: int | None = None) -> None:
+        if rank not in layout.trainer.ranks():
+            raise ValueError(f"rank {rank} is not a rank of trainer layout {layout.trainer}")
+        self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
+        self.params = {p.name: p for p in params}
+        self.parts = rank_parts(params, layout)[rank]
+        self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers)
+                      for part in self.parts}
+
+    def objects(self, local: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+        """part -> {object name: tensor}, cut from this rank's local shards (param name ->
+        the tensor this rank holds, as its layout slices it)."""
+        t = self.rank[0]
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        for part, objs in self.parts.items():
+            out[part] = {}
+            for obj in objs:
+                p = self.params[obj.name]
+                held = slice_for(p.rule, p.shape, t, self.layout.trainer.tp)
+                shard = local.get(obj.name)
+                if shard is None:
+                    raise KeyError(f"rank {self.rank} must publish {obj.key} but holds no {obj.name!r}")
+                if tuple(shard.shape) != held.local_shape(p.shape):
+                    raise ValueError(f"{obj.name}: rank {self.rank} holds {tuple(shard.shape)}, its "
+                                     f"layout says {held.local_shape(p.shape)}")
+                out[part][obj.key] = cut(shard.detach().to("cpu", torch.bfloat16), held, obj.slice, p.shape)
+        return out
+
+    def publish(self, version: int, local: dict[str, torch.Tensor]) -> dict[str, PublishReport]:
+        """Push this rank's parts of `version` (not visible until commit_sharded); per part its
+        report: a delta against this rank's previous push of it when possible, else full."""
+        return {part: self._pubs[part].publish(version, tensors, part=part)
+                for part, tensors in self.objects(local).items()}
+
+
+def expected_parts(params: list[ParamSpec], layout: PublishLayout) -> list[str]:
+    return sorted(part for parts in rank_parts(params, layout).values() for part in parts)
+
+
+def commit_sharded(relay: Relay, run: str, version: int, layout: PublishLayout, params: list[ParamSpec],
+                   timeout_s: float = 120.0, poll_s: float = 0.05) -> Manifest:
+    """Make `version` visible once every trainer rank's parts are in the relay (waits up to
+    timeout_s for the others; TimeoutError naming the missing parts)."""
+    want, infos = expected_parts(params, layout), {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for part in [p for p in want if p not in infos]:
+            try:
+                m = read_manifest(relay, run, version, part)
+            except RelayKeyMissing:
+                continue
+            infos[part] = {"published_at": m.meta["published_at"], "digest": m.meta.get("digest"),
+                           "kind": m.meta.get("kind"), "base_version": m.meta.get("base_version"),
+                           "bytes": m.nbytes}
+        missing = [p for p in want if p not in infos]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"run {run!r} v{version}: parts {missing[:4]} ({len(missing)} in all) "
+                               f"not pushed within {timeout_s:g} s")
+        time.sleep(poll_s)
+    manifest = Manifest(version, [], {"kind": SHARDED, "run": run, "layout": layout_meta(layout),
+                                      "params": specs_meta(params), "parts": infos,
+                                      "published_at": time.time()})
+    commit_version(relay, run, version, manifest)
+    return manifest
+
+
+def read_sharded(relay: Relay, run: str, version: int) -> tuple[Manifest, PublishLayout, list[ParamSpec]]:
+    """The committed manifest of a sharded `version`, its layout and parameters."""
+    manifest = read_manifest(relay, run, version)
+    if manifest.meta.get("kind") != SHARDED:
+        raise CorruptBucket(f"run {run!r} v{version} was published {manifest.meta.get('kind')!r}, not sharded")
+    return manifest, layout_from_meta(manifest.meta["layout"]), specs_from_meta(manifest.meta["params"])

@@ -1,0 +1,138 @@
+"""The receiving side of sharded publishing: one rank of a serving layout pulls only its slices.
+
+`ShardedReceiver.pull(v)` reads v's committed manifest (storage/weights/sharded.py), computes
+from the trainer's layout and its own (storage/shards/grain.receiver_pieces) which published
+objects overlap its slices, fetches only the parts holding them (pull_weights: every bucket
+verified, deltas decoded onto the objects it holds), checks each part against the digest the
+commit recorded, and assembles its local tensors from the pieces. Like WeightReceiver it never
+applies a version partially: everything is built aside and swapped in by one assignment.
+
+A part published as a delta is applied only onto the held objects of its base version; a
+receiver without them (it joined late, or its layout changed) raises NeedsFullSnapshot: the
+full-snapshot-on-request fallback of the unsharded path is not wired for sharded versions yet.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from storage.relay.base import Relay, RelayKeyMissing
+from storage.shards.grain import PublishLayout, receiver_pieces, rank_parts
+from storage.shards.layout import ParallelLayout, Rank
+from storage.shards.plan import apply_pull
+from storage.shards.rules import ShardRule
+from storage.weights.buckets import CorruptBucket
+from storage.weights.parallel import available_cores
+from storage.weights.publisher import latest_version, pull_weights, read_manifest
+from storage.weights.sharded import read_sharded
+from storage.weights.sparse_publisher import tensors_digest
+
+
+class NeedsFullSnapshot(RuntimeError):
+    """A needed part is a delta onto objects this receiver does not hold."""
+
+
+@dataclass
+class ShardPullReport:
+    version: int
+    mode: str  # "full", "delta" (every fetched part a delta), "mixed" or "noop"
+    base_version: int | None
+    bytes: int = 0  # bucket bytes fetched
+    buckets: int = 0
+    parts: list[str] = field(default_factory=list)
+    published_bytes: int = 0  # every part of the version: what an unsharded pull would fetch
+    fetch_s: float = 0.0
+    apply_s: float = 0.0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ShardedReceiver:
+    """Holds one serving rank's slices of one run's weights as last pulled."""
+
+    def __init__(self, relay: Relay, run: str, layout: ParallelLayout = ParallelLayout(1),
+                 rank: Rank = (0, 0, 0), server_rules: dict[str, ShardRule] | None = None,
+                 batch_bytes: int = 1 << 30, workers: int | None = None) -> None:
+        if rank not in layout.ranks():
+            raise ValueError(f"rank {rank} is not a rank of receiver layout {layout}")
+        self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
+        self.server_rules, self.batch_bytes = server_rules, batch_bytes
+        self.workers = available_cores() if workers is None else max(1, workers)
+        self.tensors: dict[str, torch.Tensor] | None = None  # param name -> this rank's slice
+        self.version: int | None = None
+        self.digest = ""  # tensors_digest of `tensors`
+        self._objects: dict[str, torch.Tensor] = {}  # published objects held: the deltas' base
+        self._parts: dict[str, Any] = {}  # part -> published_at of what is held
+
+    def pull(self, version: int | None = None) -> ShardPullReport:
+        """Hold `version` (None: the latest) afterwards, or raise holding what was held."""
+        t0 = time.perf_counter()
+        target = version if version is not None else latest_version(self.relay, self.run)
+        if target is None:
+            raise RelayKeyMissing(f"no weights of run {self.run!r} in the {self.relay.name} relay")
+        manifest, layout, params = read_sharded(self.relay, self.run, target)
+        parts_meta = manifest.meta["parts"]
+        report = ShardPullReport(target, "noop", self.version,
+                                 published_bytes=sum(int(p["bytes"]) for p in parts_meta.values()))
+        committed = {part: parts_meta[part]["published_at"] for part in parts_meta}
+        if self.version == target and all(committed.get(p) == at for p, at in self._parts.items()):
+            return report
+        pieces = receiver_pieces(params, layout, self.layout, self.rank, server_rules=self.server_rules)
+        needed = self._needed_parts(params, layout, {piece.key for piece in pieces})
+        objects: dict[str, torch.Tensor] = {}
+        modes = set()
+        for part in needed:
+            modes.add(self._fetch_part(target, part, parts_meta[part], objects, report))
+        t = time.perf_counter()
+        try:
+            local = apply_pull(pieces, objects.__getitem__)
+        except KeyError as e:
+            raise CorruptBucket(f"v{target}: object {e} missing from the parts that should hold it") from None
+        digest = tensors_digest(local)
+        report.apply_s += time.perf_counter() - t
+        # the only mutation, all or nothing
+        self.tensors, self.version, self.digest = local, target, digest
+        self._objects, self._parts = objects, {p: committed[p] for p in needed}
+        report.mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else "full")
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    @staticmethod
+    def _needed_parts(params: list, layout: PublishLayout, names: set[str]) -> list[str]:
+        """Parts holding any object this rank needs (they are whole units: one fetch each)."""
+        return sorted(part for parts in rank_parts(params, layout).values()
+                      for part, objs in parts.items() if any(o.key in names for o in objs))
+
+    def _fetch_part(self, target: int, part: str, committed: dict[str, Any],
+                    objects: dict[str, torch.Tensor], report: ShardPullReport) -> str:
+        """Fetch, verify and decode one part into `objects`; its mode ("full" or "delta")."""
+        manifest = read_manifest(self.relay, self.run, target, part)
+        if manifest.meta.get("published_at") != committed["published_at"]:
+            raise CorruptBucket(f"v{target}/{part} was pushed again after the version was committed")
+        delta = manifest.meta.get("kind") == "delta"
+        names = {entry.name for _, entry in manifest.entries()}
+        if delta and (self.version != manifest.meta.get("base_version") or not names <= self._objects.keys()):
+            raise NeedsFullSnapshot(f"v{target}/{part} is a delta onto v{manifest.meta.get('base_version')}, "
+                                    f"this receiver holds v{self.version}")
+        stats: dict[str, float] = {}
+        try:
+            _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
+                                      base=self._objects if delta else None,
+                                      base_version=self.version if delta else None, stats=stats,
+                                      part=part, manifest=manifest, workers=self.workers)
+        finally:  # count what crossed the wire even when the part turned out unusable
+            report.bytes += int(stats.get("bytes", 0))
+            report.buckets += int(stats.get("buckets", 0))
+            report.fetch_s += stats.get("fetch_s", 0.0)
+            report.apply_s += stats.get("decode_s", 0.0)
+        want = committed.get("digest")
+        if want is not None and tensors_digest(tensors) != want:  # end to end, per part
+            raise CorruptBucket(f"v{target}/{part}: digest differs from the publisher's {want}")
+        objects.update(tensors)
+        report.parts.append(part)
+        return "delta" if delta else "full"
