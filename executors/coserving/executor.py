@@ -271,8 +271,10 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             self.rollout.drop_all_leases()
             self.rollout.version = version
         self.version = version
-        if self.wiring.evict_on_burst:
-            self._weights = (version, tensors)  # a rebuilt engine starts from the model dir
+        if self.wiring.evict_on_burst:  # a rebuilt engine starts from the model dir
+            # a copy: the worker's receiver writes the next version into `tensors` in place
+            # (storage/weights/apply_pipeline.py), and a rebuild may come mid-pull
+            self._weights = (version, {n: t.clone() for n, t in tensors.items()})
 
     # ---- shutdown ----
     def _shutdown(self) -> None:

@@ -28,6 +28,7 @@ import torch
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest, pack_buckets,
                              verify_bucket)
 from storage.weights.parallel import ordered_map
+from storage.weights.push_pipeline import BucketPusher
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
 
 KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
@@ -111,13 +112,15 @@ class PublishStats:
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
                     meta: dict[str, Any] | None = None, part: str = "",
-                    workers: int = 1) -> PublishStats:
+                    workers: int = 1, pipelined: bool = True) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version). With `part` (e.g. "full") the
     payloads go under the version's sub-prefix instead, next to what is published there, and
     neither `latest` nor the held versions change. `workers` threads run `encoder` ahead of
     the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
+    `pipelined`: puts run on a thread of their own while the next bucket is encoded and packed
+    (storage/weights/push_pipeline.py); the manifest still goes out only after every bucket.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version must be an int >= 0, got {version!r}")
@@ -136,14 +139,22 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         return ordered_map(encode, tensors.items(), workers, _nbytes)
 
     infos, total, serialize_s = [], 0, 0.0
+    pusher = BucketPusher(relay) if pipelined else None
     t = time.perf_counter()
-    for info, blob in pack_buckets(items(), bucket_bytes):
+    try:
+        for info, blob in pack_buckets(items(), bucket_bytes):
+            serialize_s += time.perf_counter() - t
+            key = bucket_key(run, version, info.index, part)
+            (pusher.put if pusher else relay.put)(key, blob)  # the put is not serializing
+            infos.append(info)
+            total += info.nbytes
+            t = time.perf_counter()
         serialize_s += time.perf_counter() - t
-        relay.put(bucket_key(run, version, info.index, part), blob)
-        infos.append(info)
-        total += info.nbytes
-        t = time.perf_counter()
-    serialize_s += time.perf_counter() - t
+        if pusher:  # every bucket in the relay before the manifest: never half a version
+            pusher.close()
+    finally:
+        if pusher:
+            pusher.abort()
     manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
                                          "tensors": len(tensors), "published_at": time.time()})
     relay.put(manifest_key(run, version, part), manifest.to_json())
@@ -238,11 +249,11 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     def decode(item: tuple[Any, Any]) -> torch.Tensor:
         bucket, entry = item
         payload = views[bucket.index][entry.offset:entry.offset + entry.length]
-        return _decode(entry.name, payload, entry.meta, base, base_version)
+        return decode_payload(entry.name, payload, entry.meta, base, base_version)
 
     def cost(item: tuple[Any, Any]) -> int:
         meta = item[1].meta
-        return 0 if meta.get("encoding") == "raw" else _shape_bytes(meta)
+        return 0 if meta.get("encoding") == "raw" else shape_bytes(meta)
 
     entries = list(manifest.entries())
     out = {entry.name: t for (_, entry), t in zip(entries, ordered_map(decode, entries, workers,
@@ -252,8 +263,8 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     return version, out
 
 
-def _decode(name: str, payload: memoryview, meta: dict[str, Any],
-            base: dict[str, torch.Tensor] | None, base_version: int | None) -> torch.Tensor:
+def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
+                   base: dict[str, torch.Tensor] | None, base_version: int | None) -> torch.Tensor:
     decoder = _DECODERS.get(meta.get("encoding", ""))
     if decoder is None:
         raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
@@ -270,7 +281,7 @@ def _nbytes(item: tuple[str, torch.Tensor]) -> int:
     return item[1].numel() * item[1].element_size()
 
 
-def _shape_bytes(meta: dict[str, Any]) -> int:
+def shape_bytes(meta: dict[str, Any]) -> int:
     dtype = _DTYPES.get(meta.get("dtype", ""), torch.uint8)
     n = 1
     for d in meta.get("shape", []):

@@ -1,11 +1,16 @@
 """The receiving side of sparse publishing: hold the current bf16 weights, move them forward.
 
-`WeightReceiver.pull(v)` ends in exactly one of two states: it holds version v (or newer, when
-the publisher has moved on and `accept_newer`), bit-identical to what the trainer published, or
-it raises and still holds what it held before. It never applies a version partially:
-pull_weights verifies every bucket before decoding, each payload is applied into a new tensor
-(the held one is never written) and checked against the result checksum in its header, and the
-new set replaces the old one in a single assignment at the end.
+`WeightReceiver.pull(v)` ends holding version v (or newer, when the publisher has moved on and
+`accept_newer`), bit-identical to what the trainer published (the whole set's digest is checked
+against the manifest's), or it raises. Pipelined (the default, storage/weights/apply_pipeline.py)
+it decodes bucket k while the next ones are fetched and writes each verified tensor into the
+held weights in place, so no second copy of the model is built; a bucket failing its checksum is
+rejected whole and fetched again, and a bucket is written only once every payload in it decoded
+to its result checksum. If the pull then fails after some buckets went in, the receiver holds no version
+(`version` None: the next pull takes a full snapshot, written in place too). The engine never
+sees any of this: it runs its own copy until the loader hands it a complete, verified version.
+With `pipelined=False` a version is fetched and verified whole, then decoded into new tensors
+swapped in at the end: a failed pull leaves what was held untouched, at twice the memory.
 
 A delta is applied only onto its declared base (manifest base_version == the version held, and
 again per payload). Otherwise (nothing held, another version held, a damaged or truncated
@@ -22,6 +27,7 @@ from typing import Any
 
 import torch
 
+from storage.weights.apply_pipeline import fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.parallel import available_cores
 from storage.delta import DeltaError
@@ -47,6 +53,7 @@ class PullReport:
     fallback: str = ""  # why a full snapshot was needed ("" when none was)
     bytes: int = 0  # bucket bytes fetched (including attempts that failed)
     buckets: int = 0
+    rejected: int = 0  # bucket copies that failed their checksum (each fetched again)
     fetch_s: float = 0.0  # relay gets + bucket checksums
     apply_s: float = 0.0  # decoding and applying payloads (result checksums included)
     wait_s: float = 0.0  # waiting for a requested full snapshot
@@ -62,15 +69,18 @@ class WeightReceiver:
     def __init__(self, relay: Relay, run: str, requester: str = "receiver",
                  batch_bytes: int = 1 << 30, full_timeout_s: float = 120.0,
                  poll_s: float = 0.05, rerequest_s: float = 2.0,
-                 workers: int | None = None) -> None:
-        """`workers`: decoding threads (None: every core this process may use)."""
+                 workers: int | None = None, pipelined: bool = True) -> None:
+        """`workers`: decoding threads (None: every core this process may use); `pipelined`:
+        apply while fetching, in place (see the module docstring)."""
         self.relay, self.run, self.requester = relay, run, requester
+        self.pipelined = pipelined
         self.workers = available_cores() if workers is None else max(1, workers)
         self.batch_bytes, self.full_timeout_s = batch_bytes, full_timeout_s
         self.poll_s, self.rerequest_s = poll_s, rerequest_s
         self.tensors: dict[str, torch.Tensor] | None = None
         self.version: int | None = None
         self.digest: str = ""  # tensors_digest of `tensors`
+        self.broken = ""  # why `tensors` are no version (a pipelined pull failed partway)
 
     def pull(self, version: int | None = None, accept_newer: bool = False) -> PullReport:
         """Hold `version` (None: the latest published) afterwards; see the module docstring."""
@@ -108,6 +118,8 @@ class WeightReceiver:
         if kind == "delta":
             if self.tensors is None:
                 return f"delta onto v{base}, but no weights held"
+            if self.version is None:
+                return f"delta onto v{base}, but the weights held are no version ({self.broken})"
             if base != self.version:
                 return f"delta onto v{base}, but v{self.version} held"
         try:
@@ -118,20 +130,25 @@ class WeightReceiver:
 
     def _install(self, target: int, part: str, manifest: Manifest, report: PullReport,
                  mode: str) -> None:
-        """Fetch, verify and decode everything, then swap it in; raises before any change."""
+        """Fetch, verify and decode `target`, then make it the version held. Raises before any
+        change, except a pipelined pull that failed after writing in place (then no version)."""
         delta = mode == "delta"
-        stats: dict[str, float] = {}
+        stats: dict[str, Any] = {}
         try:
-            _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
-                                      base=self.tensors if delta else None,
-                                      base_version=self.version if delta else None,
-                                      stats=stats, part=part, manifest=manifest,
-                                      workers=self.workers)
+            if self.pipelined:
+                tensors = self._pull_in_place(target, part, manifest, delta, stats)
+            else:
+                _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
+                                          base=self.tensors if delta else None,
+                                          base_version=self.version if delta else None,
+                                          stats=stats, part=part, manifest=manifest,
+                                          workers=self.workers)
         finally:  # count what crossed the wire even when the version turned out unusable
             report.bytes += int(stats.get("bytes", 0))
             report.buckets += int(stats.get("buckets", 0))
+            report.rejected += int(stats.get("rejected", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
-            report.apply_s += stats.get("decode_s", 0.0)
+            report.apply_s += stats.get("decode_s", stats.get("apply_s", 0.0))
         for name, t in tensors.items():  # decoded empties may carry odd strides: normalize
             if t.numel() == 0:
                 tensors[name] = torch.empty(t.shape, dtype=t.dtype)
@@ -143,11 +160,30 @@ class WeightReceiver:
         report.apply_s += time.perf_counter() - t
         want = manifest.meta.get("digest")
         if want is not None and digest != want:  # end to end: the whole set, bit for bit
+            if stats.get("written"):  # pipelined, in place: what is held is no version now
+                self.version, self.digest = None, ""
+                self.broken = f"v{target} was written in place but its digest was wrong"
             raise CorruptBucket(f"v{target}{'/' + part if part else ''}: weights digest "
                                 f"{digest} differs from the publisher's {want}")
         # the only mutation, all or nothing
         self.tensors, self.version, self.digest = tensors, target, digest
         report.version, report.mode = target, mode
+
+    def _pull_in_place(self, target: int, part: str, manifest: Manifest, delta: bool,
+                       stats: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Pipelined pull into the held weights (a delta; a full version that fits them), or
+        into new tensors (nothing held, other shapes)."""
+        dest = self.tensors if delta or fits(manifest, self.tensors) else None
+        try:
+            return pull_into(self.relay, self.run, target, manifest, dest,
+                             base=self.tensors if delta else None,
+                             base_version=self.version if delta else None, part=part,
+                             workers=self.workers, stats=stats)
+        except Exception as e:
+            if stats.get("written"):  # some buckets went in, not all
+                self.version, self.digest = None, ""
+                self.broken = f"a pull of v{target} failed partway: {type(e).__name__}: {e}"
+            raise
 
     # -- full snapshot fallback --------------------------------------------------------------
     def _full(self, target: int, reason: str, report: PullReport, accept_newer: bool) -> None:

@@ -1,0 +1,177 @@
+"""The receiver's pipeline: bucket k is decoded and applied while the next buckets are fetched.
+
+`pull_into` reads a version whose manifest is already in the relay (so it is complete: the
+publisher writes the manifest last). Fetcher threads get buckets from the relay, each verified
+against the manifest's checksum as it arrives; the calling thread decodes every bucket as soon
+as it is there, in whatever order they arrive, on the decoding pool, and writes each tensor
+into its destination in place (`dest`: the weights the receiver holds; a delta's base is the
+same tensor). No second copy of the model is built: memory beyond the weights is at most
+`depth` buckets (fetched or being fetched, plus the one being applied) and one bucket's
+decoded tensors.
+
+What is applied is always whole and verified: a bucket that fails its checksum (damaged or
+cut short in the relay or on the way) is rejected before any of its tensors is touched and
+fetched again, up to `retries` times; a bucket is written only once every payload in it
+decoded to the result checksum in its header (storage.delta) and the shape and dtype the
+manifest gives, so a bucket goes in whole or not at all. When a bucket stays bad, the error
+is raised and the buckets applied before it stay applied: `stats["written"]` says whether
+any did, so the caller knows its weights are no longer the version it held
+(storage/weights/receiver.py then takes a full snapshot).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from storage.relay.base import Relay, RelayKeyMissing
+from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
+from storage.weights.parallel import ordered_map
+from storage.weights.publisher import bucket_key, decode_payload, shape_bytes
+
+_POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandoned
+
+
+def fits(manifest: Manifest, tensors: dict[str, torch.Tensor] | None) -> bool:
+    """True when `tensors` has exactly the manifest's names, shapes and dtypes (so the version
+    can be written into them in place)."""
+    if tensors is None:
+        return False
+    want = {e.name: e.meta for _, e in manifest.entries()}
+    return want.keys() == tensors.keys() and all(
+        list(tensors[n].shape) == list(m.get("shape", [])) and
+        str(tensors[n].dtype).removeprefix("torch.") == m.get("dtype") for n, m in want.items())
+
+
+class _Fetcher:
+    """Fetcher threads: bucket indices in, (index, verified view | error) out; at most `depth`
+    buckets taken and not yet released by the consumer."""
+
+    def __init__(self, relay: Relay, keys: list[str], infos: list[BucketInfo], threads: int,
+                 depth: int, retries: int) -> None:
+        self.relay, self.keys, self.infos, self.retries = relay, keys, infos, retries
+        self.out: queue.Queue = queue.Queue()
+        self.tokens = threading.Semaphore(depth)
+        self.stop = threading.Event()
+        self._next = iter(range(len(keys)))
+        self._lock = threading.Lock()
+        self.fetch_s, self.rejected, self.rejected_bytes = 0.0, 0, 0
+        self.threads = [threading.Thread(target=self._run, daemon=True, name="rose-fetch")
+                        for _ in range(max(1, min(threads, len(keys))))]
+        for t in self.threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            while not self.tokens.acquire(timeout=_POLL_S):
+                if self.stop.is_set():
+                    return
+            with self._lock:
+                i = next(self._next, None)
+            if i is None or self.stop.is_set():
+                self.tokens.release()
+                return
+            self.out.put(self._fetch(i))
+
+    def _fetch(self, i: int) -> tuple[int, Any]:
+        t = time.perf_counter()
+        try:
+            for attempt in range(self.retries + 1):
+                blob = self.relay.get_many([self.keys[i]])[0]
+                try:
+                    return i, verify_bucket(self.infos[i], blob, self.keys[i])
+                except CorruptBucket as e:  # rejected whole; fetched again (a torn read heals)
+                    with self._lock:
+                        self.rejected += 1
+                        self.rejected_bytes += memoryview(blob).nbytes
+                    if attempt == self.retries:
+                        return i, CorruptBucket(f"{e} (rejected {self.retries + 1} times)")
+        except RelayKeyMissing as e:
+            return i, RelayKeyMissing(f"incomplete: {e}")
+        except Exception as e:  # a relay error: the consumer raises it
+            return i, e
+        finally:
+            with self._lock:
+                self.fetch_s += time.perf_counter() - t
+        raise AssertionError("unreachable")
+
+    def arrivals(self) -> Iterator[tuple[int, memoryview]]:
+        for _ in self.keys:
+            i, got = self.out.get()
+            if isinstance(got, BaseException):
+                raise got
+            yield i, got
+            self.tokens.release()  # the bucket is applied: room for the next fetch
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
+              dest: dict[str, torch.Tensor] | None, base: dict[str, torch.Tensor] | None = None,
+              base_version: int | None = None, *, part: str = "", workers: int = 1,
+              fetchers: int = 2, depth: int = 3, retries: int = 2,
+              stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of `version` (described by `manifest`), written into `dest` when given (it
+    must `fit` the manifest), else built fresh (raw payloads as views on the buckets). `base` /
+    `base_version`: what deltas apply onto. `stats` receives bytes, buckets, fetch_s (fetcher
+    threads' seconds), apply_s, wait_s (waiting for a bucket), rejected, applied (buckets),
+    written (whether `dest` was touched at all) and order (bucket indices as applied)."""
+    if dest is not None and not fits(manifest, dest):
+        raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
+                            "the weights it would be written into")
+    st: dict[str, Any] = stats if stats is not None else {}
+    st.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=0.0, apply_s=0.0,
+              wait_s=0.0, rejected=0, applied=0, written=False, order=[])
+    out: dict[str, torch.Tensor] = {}
+
+    def decode(item: tuple[memoryview, Any]) -> torch.Tensor:
+        view, entry = item
+        return decode_payload(entry.name, view[entry.offset:entry.offset + entry.length],
+                              entry.meta, base, base_version)
+
+    def write(item: tuple[str, torch.Tensor]) -> torch.Tensor:
+        name, tensor = item
+        if dest is None:
+            return tensor if tensor.numel() else torch.empty(tensor.shape, dtype=tensor.dtype)
+        if tensor.numel():
+            dest[name].copy_(tensor)
+        return dest[name]
+
+    def decode_cost(item: tuple[memoryview, Any]) -> int:
+        return shape_bytes(item[1].meta)
+
+    def write_cost(item: tuple[str, torch.Tensor]) -> int:
+        return item[1].numel() * item[1].element_size()
+
+    keys = [bucket_key(run, version, b.index, part) for b in manifest.buckets]
+    fetcher = _Fetcher(relay, keys, manifest.buckets, fetchers, depth, retries)
+    try:
+        t = time.perf_counter()
+        for i, view in fetcher.arrivals():
+            t1 = time.perf_counter()
+            st["wait_s"] += t1 - t
+            entries = manifest.buckets[i].entries
+            # Decode the whole bucket first (every result checksum checked), then write it:
+            # a bucket whose decoding fails leaves its destination tensors untouched.
+            decoded = list(ordered_map(decode, [(view, e) for e in entries], workers,
+                                       decode_cost))
+            named = [(e.name, x) for e, x in zip(entries, decoded)]
+            if dest is not None:
+                st["written"] = True  # from here on `dest` is no longer what it was
+            out.update(zip([n for n, _ in named], ordered_map(write, named, workers, write_cost)))
+            st["applied"] += 1
+            st["order"].append(i)
+            t = time.perf_counter()
+            st["apply_s"] += t - t1
+    finally:
+        fetcher.close()
+        st["fetch_s"], st["rejected"] = fetcher.fetch_s, fetcher.rejected
+        st["bytes"] += fetcher.rejected_bytes
+    return out

@@ -1,0 +1,82 @@
+"""The sender's pipeline: bucket k is put into the relay while bucket k+1 is encoded and packed.
+
+A `BucketPusher` owns one thread that does the relay puts, fed by a queue: the publishing
+thread (which drives the encoding pool and packs buckets) hands each bucket over and goes on
+with the next one. Memory stays bounded: at most `depth` buckets are handed over and not yet
+pushed (one being put, the rest queued); a full queue makes the publisher wait, so a slow link
+throttles encoding instead of letting finished buckets pile up.
+
+`close()` returns only once every bucket handed over is in the relay, and raises the first put
+error; that is what lets the publisher write the manifest strictly after all buckets (the
+version becomes visible only when complete). `abort()` (on an encoding error) drops what is
+queued and waits for the put under way, so nothing is written behind the caller's back after
+it returns.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from storage.relay.base import Buffer, Relay
+
+_STOP = object()
+
+
+class BucketPusher:
+    """Puts (key, bucket) pairs into `relay` from a thread of its own, in the order given."""
+
+    def __init__(self, relay: Relay, depth: int = 2) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.relay = relay
+        # the put under way holds one bucket; the queue the rest of `depth`
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth - 1))
+        self._error: BaseException | None = None
+        self._aborted = threading.Event()
+        self.put_s = 0.0  # seconds inside relay.put (the relay's own time, pacing included)
+        self.wait_s = 0.0  # seconds the publisher waited for room (the link was the limit)
+        self.pushed = 0
+        self._thread = threading.Thread(target=self._run, name="rose-push", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if self._error is not None or self._aborted.is_set():
+                continue  # drain: the publish failed, nothing more goes out
+            key, blob = item
+            t = time.perf_counter()
+            try:
+                self.relay.put(key, blob)
+                self.pushed += 1
+            except BaseException as e:  # handed to the publisher by put()/close()
+                self._error = e
+            self.put_s += time.perf_counter() - t
+
+    def put(self, key: str, blob: Buffer) -> None:
+        """Hand a bucket over; waits while `depth` buckets are already in flight. Raises the
+        error of an earlier put at once (no point encoding more)."""
+        self._raise()
+        t = time.perf_counter()
+        self._queue.put((key, blob))
+        self.wait_s += time.perf_counter() - t
+
+    def close(self) -> None:
+        """Wait until every bucket handed over is in the relay; raise the first put error."""
+        self._queue.put(_STOP)
+        self._thread.join()
+        self._raise()
+
+    def abort(self) -> None:
+        """Drop the queued buckets and wait for the put under way (idempotent)."""
+        self._aborted.set()
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
