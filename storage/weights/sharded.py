@@ -11,7 +11,9 @@ Relay keys of a sharded version (next to the unsharded ones, storage/weights/pub
       differs from the one committed.
 
 Each part is pushed by a storage.weights.sparse_publisher.SparsePublisher of its own (the same
-delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix).
+delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix),
+which also answers a receiver's request for a full snapshot of the part (`start_servers`):
+  rose/<run>/v<v>/shards/.../<group>/full-request, answered under .../<group>/full/
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class ShardedPublisher:
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
         self.params = {p.name: p for p in params}
         self.parts = rank_parts(params, layout)[rank]
-        self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers)
+        self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part)
                       for part in self.parts}
 
     def objects(self, local: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -86,10 +88,19 @@ class ShardedPublisher:
                 out[part][obj.key] = cut(shard.detach().to("cpu", torch.bfloat16), held, obj.slice, p.shape)
         return out
 
+    def start_servers(self, interval_s: float = 0.1) -> None:
+        """Answer receivers' requests for a full snapshot of a part (one thread per part)."""
+        for pub in self._pubs.values():
+            pub.start_server(interval_s)
+
+    def stop_servers(self) -> None:
+        for pub in self._pubs.values():
+            pub.stop_server()
+
     def publish(self, version: int, local: dict[str, torch.Tensor]) -> dict[str, PublishReport]:
         """Push this rank's parts of `version` (not visible until commit_sharded); per part its
         report: a delta against this rank's previous push of it when possible, else full."""
-        return {part: self._pubs[part].publish(version, tensors, part=part)
+        return {part: self._pubs[part].publish(version, tensors)
                 for part, tensors in self.objects(local).items()}
 
 

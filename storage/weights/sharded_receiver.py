@@ -7,32 +7,40 @@ verified, deltas decoded onto the objects it holds), checks each part against th
 commit recorded, and assembles its local tensors from the pieces. Like WeightReceiver it never
 applies a version partially: everything is built aside and swapped in by one assignment.
 
-A part published as a delta is applied only onto the held objects of its base version; a
-receiver without them (it joined late, or its layout changed) raises NeedsFullSnapshot: the
-full-snapshot-on-request fallback of the unsharded path is not wired for sharded versions yet.
+A part published as a delta is applied only onto the held objects of its base version. A part
+this receiver cannot use (a delta onto objects it does not hold: it joined late, lagged, or its
+layout changed; a damaged or lost bucket; a digest that differs) is taken as a full snapshot
+instead, asked of the publisher of that part alone, as the unsharded path does for a version
+(storage/weights/sparse_publisher.py: `<part>/full-request`, answered under `<part>/full/`),
+waiting up to `full_timeout_s`; with full_timeout_s None it raises NeedsFullSnapshot instead.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from storage.delta import DeltaError
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.shards.grain import PublishLayout, receiver_pieces, rank_parts
 from storage.shards.layout import ParallelLayout, Rank
 from storage.shards.plan import apply_pull
 from storage.shards.rules import ShardRule
-from storage.weights.buckets import CorruptBucket
+from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.parallel import available_cores
 from storage.weights.publisher import latest_version, pull_weights, read_manifest
 from storage.weights.sharded import read_sharded
-from storage.weights.sparse_publisher import tensors_digest
+from storage.weights.sparse_publisher import full_part, snapshot_request_key, tensors_digest
+
+UNUSABLE = (CorruptBucket, DeltaError, RelayKeyMissing)  # a part to take in full instead
 
 
 class NeedsFullSnapshot(RuntimeError):
-    """A needed part is a delta onto objects this receiver does not hold."""
+    """A needed part is unusable here (e.g. a delta onto objects this receiver does not hold)
+    and no full snapshot of it was asked for, or none arrived in time."""
 
 
 @dataclass
@@ -40,6 +48,7 @@ class ShardPullReport:
     version: int
     mode: str  # "full", "delta" (every fetched part a delta), "mixed" or "noop"
     base_version: int | None
+    fallback: str = ""  # why parts were taken as full snapshots on request ("" when none was)
     bytes: int = 0  # bucket bytes fetched
     buckets: int = 0
     parts: list[str] = field(default_factory=list)
@@ -57,11 +66,13 @@ class ShardedReceiver:
 
     def __init__(self, relay: Relay, run: str, layout: ParallelLayout = ParallelLayout(1),
                  rank: Rank = (0, 0, 0), server_rules: dict[str, ShardRule] | None = None,
-                 batch_bytes: int = 1 << 30, workers: int | None = None) -> None:
+                 batch_bytes: int = 1 << 30, workers: int | None = None, requester: str = "receiver",
+                 full_timeout_s: float | None = None) -> None:
         if rank not in layout.ranks():
             raise ValueError(f"rank {rank} is not a rank of receiver layout {layout}")
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
         self.server_rules, self.batch_bytes = server_rules, batch_bytes
+        self.requester, self.full_timeout_s = requester, full_timeout_s
         self.workers = available_cores() if workers is None else max(1, workers)
         self.tensors: dict[str, torch.Tensor] | None = None  # param name -> this rank's slice
         self.version: int | None = None
@@ -69,10 +80,12 @@ class ShardedReceiver:
         self._objects: dict[str, torch.Tensor] = {}  # published objects held: the deltas' base
         self._parts: dict[str, Any] = {}  # part -> published_at of what is held
 
-    def pull(self, version: int | None = None) -> ShardPullReport:
-        """Hold `version` (None: the latest) afterwards, or raise holding what was held."""
+    def pull(self, version: int | None = None, accept_newer: bool = False) -> ShardPullReport:
+        """Hold `version` (None, or a newer one with accept_newer: the latest) afterwards, or
+        raise holding what was held."""
         t0 = time.perf_counter()
-        target = version if version is not None else latest_version(self.relay, self.run)
+        latest = latest_version(self.relay, self.run) if version is None or accept_newer else None
+        target = max((v for v in (version, latest) if v is not None), default=None)
         if target is None:
             raise RelayKeyMissing(f"no weights of run {self.run!r} in the {self.relay.name} relay")
         manifest, layout, params = read_sharded(self.relay, self.run, target)
@@ -110,22 +123,38 @@ class ShardedReceiver:
 
     def _fetch_part(self, target: int, part: str, committed: dict[str, Any],
                     objects: dict[str, torch.Tensor], report: ShardPullReport) -> str:
-        """Fetch, verify and decode one part into `objects`; its mode ("full" or "delta")."""
-        manifest = read_manifest(self.relay, self.run, target, part)
-        if manifest.meta.get("published_at") != committed["published_at"]:
-            raise CorruptBucket(f"v{target}/{part} was pushed again after the version was committed")
-        delta = manifest.meta.get("kind") == "delta"
-        names = {entry.name for _, entry in manifest.entries()}
-        if delta and (self.version != manifest.meta.get("base_version") or not names <= self._objects.keys()):
-            raise NeedsFullSnapshot(f"v{target}/{part} is a delta onto v{manifest.meta.get('base_version')}, "
-                                    f"this receiver holds v{self.version}")
+        """Fetch, verify and decode one part into `objects`; its mode: "delta", or "full" (as
+        published, or its full snapshot on request when the published one is unusable here)."""
+        try:
+            manifest = read_manifest(self.relay, self.run, target, part)
+            if manifest.meta.get("published_at") != committed["published_at"]:  # never usable
+                raise RuntimeError(f"v{target}/{part} was pushed again after the version was committed")
+            delta = manifest.meta.get("kind") == "delta"
+            names = {entry.name for _, entry in manifest.entries()}
+            if delta and (self.version != manifest.meta.get("base_version") or not names <= self._objects.keys()):
+                raise NeedsFullSnapshot(f"v{target}/{part} is a delta onto v{manifest.meta.get('base_version')}, "
+                                        f"this receiver holds v{self.version}")
+            objects.update(self._pull_part(target, part, manifest, committed, report, delta))
+            return "delta" if delta else "full"
+        except (NeedsFullSnapshot, *UNUSABLE) as e:
+            if self.full_timeout_s is None:
+                raise
+            reason = f"{type(e).__name__}: {e}"
+        report.fallback = "; ".join(filter(None, [report.fallback, reason]))
+        objects.update(self._full_snapshot(target, part, committed, report, reason))
+        return "full"
+
+    def _pull_part(self, target: int, part: str, manifest: Manifest, committed: dict[str, Any],
+                   report: ShardPullReport, delta: bool = False) -> dict[str, torch.Tensor]:
+        """The objects of one part (or of its full snapshot), checked against the digest the
+        commit recorded for the part; what crossed the wire is counted even when unusable."""
         stats: dict[str, float] = {}
         try:
             _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
                                       base=self._objects if delta else None,
                                       base_version=self.version if delta else None, stats=stats,
                                       part=part, manifest=manifest, workers=self.workers)
-        finally:  # count what crossed the wire even when the part turned out unusable
+        finally:
             report.bytes += int(stats.get("bytes", 0))
             report.buckets += int(stats.get("buckets", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
@@ -133,6 +162,31 @@ class ShardedReceiver:
         want = committed.get("digest")
         if want is not None and tensors_digest(tensors) != want:  # end to end, per part
             raise CorruptBucket(f"v{target}/{part}: digest differs from the publisher's {want}")
-        objects.update(tensors)
         report.parts.append(part)
-        return "delta" if delta else "full"
+        return tensors
+
+    def _full_snapshot(self, target: int, part: str, committed: dict[str, Any],
+                       report: ShardPullReport, reason: str) -> dict[str, torch.Tensor]:
+        """The full snapshot of one part of `target`: the one in the relay if usable, else
+        asked of the part's publisher (again, naming a damaged one) until full_timeout_s."""
+        snapshot, damaged, asked = full_part(part), [], False
+        deadline = time.monotonic() + float(self.full_timeout_s or 0.0)
+        while True:
+            try:
+                manifest = read_manifest(self.relay, self.run, target, snapshot)
+            except RelayKeyMissing:
+                manifest = None
+            if manifest is not None and manifest.meta.get("published_at") not in damaged:
+                try:
+                    return self._pull_part(target, snapshot, manifest, committed, report)
+                except UNUSABLE:
+                    damaged.append(manifest.meta.get("published_at"))
+                    asked = False
+            if not asked:
+                body = {"by": self.requester, "reason": reason, "damaged": damaged}
+                self.relay.put(snapshot_request_key(self.run, target, part), json.dumps(body).encode())
+                asked = True
+            if time.monotonic() >= deadline:
+                raise NeedsFullSnapshot(f"no full snapshot of v{target}/{part} within {self.full_timeout_s:g} s "
+                                        f"(is its publisher serving requests?); wanted because {reason}")
+            time.sleep(0.05)

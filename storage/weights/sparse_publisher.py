@@ -17,6 +17,9 @@ that lost its objects) ask for a full snapshot; the design chosen here is republ
     (Mooncake master restart, eviction) it republishes that version in full, under its own key.
 Only the held (newest) version can be served: a receiver further behind takes the newest.
 No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
+A publisher of one `part` of a version (storage/weights/sharded.py) serves the same protocol
+under the part's prefix: `<part>/full-request`, answered under `<part>/full/`; it never
+republishes a lost part on its own (its version's commit names the stamp it had).
 
 With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
 (storage/delta/time_model.py): a tensor goes raw (its bytes as they are, encoding "raw") when
@@ -44,7 +47,7 @@ from storage.shards.layout import layer_index
 from storage.weights.parallel import available_cores
 from storage.weights.transfer_metrics import PublishReport, TensorStat, changed_in_payload
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
-                                      request_key)
+                                      request_key, version_prefix)
 
 log = logging.getLogger("rose.publish")
 
@@ -59,6 +62,16 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
         if t.numel():
             h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
+
+
+def full_part(part: str = "") -> str:
+    """Where the full snapshot of a version (or of one `part` of it) is pushed on request."""
+    return f"{part}/full" if part else "full"
+
+
+def snapshot_request_key(run: str, version: int, part: str = "") -> str:
+    """Where a receiver asks for that snapshot."""
+    return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
 
 
 def _raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
@@ -76,10 +89,13 @@ class SparsePublisher:
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, part: str = "") -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
-        bytes alone); `workers`: encoding threads (None: every core this process may use)."""
+        bytes alone); `workers`: encoding threads (None: every core this process may use);
+        `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
+        part of a version another commits: storage/weights/sharded.py)."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
+        self.part = part
         self.link_gbps = link_gbps
         self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
@@ -105,17 +121,15 @@ class SparsePublisher:
         return ""
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
-                copy: bool = True, part: str = "") -> PublishReport:
+                copy: bool = True) -> PublishReport:
         """Push `version`: a delta against the last published version when possible, else full.
         Keeps `tensors` as the next base (only once the manifest is in the relay): a copy, or
         the tensors themselves with copy=False (the caller then never modifies them, as with
-        Trainer.weights_bf16, which builds fresh ones). With `part`, everything goes under the
-        version's sub-prefix and `latest` is untouched: one part of a version that another
-        commits (storage/weights/sharded.py, one publisher per part)."""
+        Trainer.weights_bf16, which builds fresh ones)."""
         with self._lock:
             reason = self._full_reason(version, tensors)
             base = None if reason else self._held
-            report = self._push(version, tensors, base, reason, part, compare=self._held)
+            report = self._push(version, tensors, base, reason, self.part, compare=self._held)
             held = {n: t.detach().to("cpu") for n, t in tensors.items()}
             self._held = {n: t.clone(memory_format=torch.contiguous_format) if copy
                           else t.contiguous() for n, t in held.items()}
@@ -184,16 +198,17 @@ class SparsePublisher:
             if self._held is None:
                 return None
             v = self.version
-            if check_lost and not self.relay.exists(manifest_key(self.run, v)):
+            if check_lost and not self.part and not self.relay.exists(manifest_key(self.run, v)):
                 log.warning("relay %s lost v%d of run %s: republishing it in full",
                             self.relay.name, v, self.run)
                 report = self._push(v, self._held, None, "relay lost the published version")
                 self.served.append(report)
                 return report
-            if not self.relay.exists(request_key(self.run, v)):  # cheaper than a missing get
+            key = snapshot_request_key(self.run, v, self.part)
+            if not self.relay.exists(key):  # cheaper than a missing get
                 return None
             try:
-                request = json.loads(self.relay.get(request_key(self.run, v)))
+                request = json.loads(self.relay.get(key))
             except RelayKeyMissing:
                 return None
             except ValueError:  # a torn or foreign value: treat as a plain request
@@ -205,16 +220,16 @@ class SparsePublisher:
             # have asked before that one landed): repeated requests cost no repeated pushes.
             if stamp is None or (isinstance(damaged, list) and stamp in damaged):
                 reason = f"requested by {request.get('by', '?')}: {request.get('reason', '')}"
-                report = self._push(v, self._held, None, reason.strip(), part="full")
+                report = self._push(v, self._held, None, reason.strip(), part=full_part(self.part))
                 self.served.append(report)
-            self.relay.remove(request_key(self.run, v))
+            self.relay.remove(key)
             return report
 
     def _full_snapshot_stamp(self, version: int) -> float | None:
         """published_at of the full snapshot of `version` in the relay; None if absent or
         unreadable (then it is pushed again)."""
         try:
-            return read_manifest(self.relay, self.run, version, "full").meta.get("published_at")
+            return read_manifest(self.relay, self.run, version, full_part(self.part)).meta.get("published_at")
         except (RelayKeyMissing, ValueError):
             return None
 
