@@ -100,7 +100,7 @@ class ClusterSim:
         self.loop.at(0.0, self._start_step, 1)
         # serving arrivals never run out: a lost trajectory would stall the step forever, so a
         # generous horizon ends the run and the report shows it in flight
-        self.loop.run(until=lambda: len(self.steps) >= self.cfg.steps, t_max=MAX_STEP_S * self.cfg.steps)
+        self.loop.run(t_max=MAX_STEP_S * self.cfg.steps)  # _end_rollout stops it after the last step
         return summarize(self, time.perf_counter() - wall)
 
     def _start_step(self, step: int) -> None:
@@ -141,7 +141,9 @@ class ClusterSim:
                                borrowed_tokens=self.counts["borrowed_tokens"] - self._borrowed0))
         for name in self.version:  # serving GPUs pull the new version in the background
             self.loop.at(published + self.cfg.pull_s, self._pulled, (name, step))
-        if len(self.steps) < self.cfg.steps:
+        if len(self.steps) >= self.cfg.steps:
+            self.loop.stop()
+        else:
             start = published if not self.cfg.off_policy else \
                 max(now, self._published_at.get(step - 1, 0.0))
             self.loop.at(start, self._start_step, step + 1)

@@ -101,14 +101,19 @@ class Device:
             self.loop.at(self.loop.now, self._iterate)
 
     def _iterate(self, _=None) -> None:
-        now, engine = self.loop.now, self.engine
+        now, engine, memory = self.loop.now, self.engine, self.memory
         self._fresh = False
+        cost = 0.0
         if engine is not None:
-            engine.take_arrivals(now)
-        if self.memory is not None:
-            self.memory.expired_leases(now)  # lapsed prefix caches free their blocks
-        cost = self._serving_step(now) if engine is not None and engine.busy else 0.0
-        self.stats.busy_s += cost
+            if engine.next is not None and engine.next.arrival <= now:
+                engine.take_arrivals(now)
+            if memory is not None:
+                memory.expired_leases(now)  # lapsed prefix caches free their blocks
+            if engine.queued or engine.running:
+                cost = self._serving_step(now)
+                self.stats.busy_s += cost
+        elif memory is not None:
+            memory.expired_leases(now)
         if self.rollout is not None and (self.waiting or self.running):
             cost += self._rollout_step(now + cost)
         if self.on_iter is not None:

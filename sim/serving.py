@@ -53,6 +53,7 @@ class ServingEngine:
         self._steps = 0
         self._due: dict[int, list[_Serve]] = {}  # step count -> requests whose last token it emits
         self._phases = [0] * BLOCK  # running requests per phase
+        self._decode: dict[int, float] = {}  # batch size -> D(B)
 
     @property
     def busy(self) -> bool:
@@ -67,21 +68,26 @@ class ServingEngine:
 
     def step(self, now: float) -> float:
         """Run one serving step from `now` (the caller checked `busy`); its seconds."""
+        g = self._steps = self._steps + 1
+        if not self.queued:  # a decode step, the common case: D(B) remembered per batch size
+            cost = self._decode.get(self.running)
+            if cost is None:
+                cost = self._decode[self.running] = self.profile.decode_step(self.running)
+            end = self.last_token_at = now + cost
+            self.blocks += self._phases[(1 - g) % BLOCK]  # running requests whose token opens a block
+            if g in self._due:
+                self._retire(self._due.pop(g), end)
+            return cost
         batch, tokens = [], 0
         for s in self.queued:
             if batch and tokens + s.req.prompt > MAX_SERVING_PREFILL:
                 break
             batch.append(s)
             tokens += s.req.prompt
-        if batch:
-            del self.queued[:len(batch)]
-            cost = self.profile.prefill(tokens)
-        else:
-            cost = self.profile.decode_step(self.running)
-        end = now + cost
-        self.last_token_at = end
-        g = self._steps = self._steps + 1
-        self.blocks += self._phases[(1 - g) % BLOCK]  # running requests whose token opens a block
+        del self.queued[:len(batch)]
+        cost = self.profile.prefill(tokens)
+        end = self.last_token_at = now + cost
+        self.blocks += self._phases[(1 - g) % BLOCK]
         for s in batch:  # prefilled: its first token, prompt + 1 tokens in KV
             s.first, s.phase = end, (s.req.prompt + 1 - g) % BLOCK
             self._phases[s.phase] += 1
@@ -90,12 +96,16 @@ class ServingEngine:
         self.running += len(batch)
         done = self._due.pop(g, None)
         if done:
-            self.running -= len(done)
-            for s in done:
-                self._phases[s.phase] -= 1
-                self.blocks -= math.ceil((s.req.prompt + s.req.output) / BLOCK)
-                self.stats.done.append((s.first - s.req.arrival, (end - s.first) / max(1, s.req.output - 1)))
+            self._retire(done, end)
         return cost
+
+    def _retire(self, done: list[_Serve], end: float) -> None:
+        """Requests whose last token came out at `end`: free their KV, record TTFT and TPOT."""
+        self.running -= len(done)
+        for s in done:
+            self._phases[s.phase] -= 1
+            self.blocks -= math.ceil((s.req.prompt + s.req.output) / BLOCK)
+            self.stats.done.append((s.first - s.req.arrival, (end - s.first) / max(1, s.req.output - 1)))
 
     def admission_view(self) -> tuple[list[ServingPrefill], list[ServingDecode]]:
         """What DualSLOAdmission holds a rollout step against: queued prefills, running decodes

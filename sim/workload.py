@@ -138,7 +138,7 @@ def fit_from_arrow(parquet_glob: str, steps_glob: str | None = None) -> Workload
                         overhead)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServingRequest:
     arrival: float
     prompt: int
@@ -153,25 +153,38 @@ def serving_arrivals(rate_scale: float, offset_s: float, length_scale: float = 1
     if rate_scale <= 0:
         raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
     trace = _trace(str(path))
+    times, prompts, outputs = _requests(str(path), length_scale, output_scale, max_model_len)
     span = trace.span_s + 1.0
     base, lap = offset_s % span, 0.0
     while True:
         i = int(np.searchsorted(trace.arrival_s, base))
-        for t, ctx, gen in zip(trace.arrival_s[i:], trace.context_tokens[i:], trace.generated_tokens[i:]):
-            prompt = min(max(round(int(ctx) * length_scale), 1), max_model_len - 1)
-            yield ServingRequest((lap + float(t) - base) / rate_scale, prompt,
-                                 min(max(round(int(gen) * output_scale), 1), max_model_len - prompt))
+        for t, prompt, output in zip(times[i:], prompts[i:], outputs[i:]):
+            yield ServingRequest((lap + t - base) / rate_scale, prompt, output)
         lap += span - base
         base = 0.0
 
 
 _TRACES: dict = {}
+_REQUESTS: dict = {}
 
 
 def _trace(path: str):
     if path not in _TRACES:  # one parse per process: every serving device reads the same hour
         _TRACES[path] = load_trace(path)
     return _TRACES[path]
+
+
+def _requests(path: str, length_scale: float, output_scale: float, max_model_len: int):
+    """The trace's arrival seconds, prompt and output lengths as scaled, as Python lists: made
+    once per process and scaling, not per request and serving GPU."""
+    key = (path, length_scale, output_scale, max_model_len)
+    if key not in _REQUESTS:
+        trace = _trace(path)
+        prompts = [min(max(round(int(ctx) * length_scale), 1), max_model_len - 1) for ctx in trace.context_tokens]
+        _REQUESTS[key] = ([float(t) for t in trace.arrival_s], prompts,
+                          [min(max(round(int(gen) * output_scale), 1), max_model_len - p)
+                           for gen, p in zip(trace.generated_tokens, prompts)])
+    return _REQUESTS[key]
 
 
 @dataclass(frozen=True)
