@@ -99,6 +99,7 @@ def _strike(fault: Fault, bed: Bed, progress: Progress, record: dict) -> None:
         fault.inject(bed, progress, record)
     except Exception as e:  # noqa: BLE001 - the row says the fault never struck
         record["error"] = f"{type(e).__name__}: {e}"
+        record["error_trace"] = traceback.format_exc()[-800:]
 
 
 def _summary(bed: Bed) -> dict:
@@ -150,9 +151,12 @@ def markdown(rows: list[dict]) -> str:
 def serving_cell(r: dict) -> str:
     flood = r["injected"] if "clients" in r["injected"] else None
     if flood is not None:
-        return (f"{flood['failed']} of {flood['admitted_ok'] + flood['failed']} admitted; "
+        return (f"failed {flood['failed']} of {flood['admitted_ok'] + flood['failed']} admitted; "
                 f"{flood['refused']} refused {'/'.join(map(str, flood['refused_codes']))} "
-                f"({flood['refused_with_retry_after']} Retry-After)")
+                f"({flood['refused_with_retry_after']} Retry-After); admitted P99 TTFT "
+                f"{flood['admitted_ttft_p99_s']:g} s vs SLO {flood['slo']['ttft_s']:.2f} s "
+                f"({flood['admitted_slo_met']:.0%} met); worker RSS {flood['rss_before_mb']} -> "
+                f"{flood['rss_peak_mb']} MB")
     inj = r["injected"]
     if "in_flight" in inj:  # the killed worker's own requests, then the replay around it
         return (f"in flight: {inj['in_flight_failed']} of {inj['in_flight']} failed at the "

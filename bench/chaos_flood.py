@@ -18,8 +18,8 @@ from distributed import Client
 def _slo_and_pid(scheduler: str, worker: str) -> tuple[dict, int]:
     from executors.coserving.plugin import coserving_plugin
 
-    def ask() -> tuple[dict, int]:
-        return coserving_plugin().executor.metrics()["slo"], os.getpid()
+    def ask(dask_worker) -> tuple[dict, int]:  # client.run gives the worker: no task context here
+        return coserving_plugin(dask_worker).executor.metrics()["slo"], os.getpid()
 
     with Client(scheduler, timeout=30) as client:
         address = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()

@@ -17,9 +17,11 @@ def scheduler_of(bed: Bed) -> str:
     return bed.stack()["dask_scheduler"]
 
 
-def address_of(client: Client, name: str) -> str:
-    return next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
-                if w["name"] == name)
+def address_of(client: Client, name: str) -> str | None:
+    """The worker's address, None while no worker of that name is registered (starting, or
+    restarting after a kill)."""
+    return next((a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                 if w["name"] == name), None)
 
 
 def wait_task(client: Client, worker: str, prefix: str, timeout_s: float) -> None:
@@ -28,7 +30,7 @@ def wait_task(client: Client, worker: str, prefix: str, timeout_s: float) -> Non
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         address = address_of(client, worker)
-        if any(str(k).startswith(prefix) for k in client.processing(workers=[address])
+        if address is not None and any(str(k).startswith(prefix) for k in client.processing(workers=[address])
                .get(address, ())):
             return
         time.sleep(0.05)
