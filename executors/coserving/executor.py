@@ -272,9 +272,10 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
             self.rollout.version = version
         self.version = version
         if self.wiring.evict_on_burst:  # a rebuilt engine starts from the model dir
-            # a copy: the worker's receiver writes the next version into `tensors` in place
-            # (storage/weights/apply_pipeline.py), and a rebuild may come mid-pull
-            self._weights = (version, {n: t.clone() for n, t in tensors.items()})
+            # a shallow copy: the worker's receiver replaces the tensors of `tensors` with the
+            # next version's while it pulls (storage/weights/apply_pipeline.py), never writes
+            # into them, and a rebuild may come mid-pull
+            self._weights = (version, dict(tensors))
 
     # ---- shutdown ----
     def _shutdown(self) -> None:

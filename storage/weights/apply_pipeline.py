@@ -3,15 +3,17 @@
 `pull_into` reads a version whose manifest is already in the relay (so it is complete: the
 publisher writes the manifest last). Fetcher threads get buckets from the relay, each verified
 against the manifest's checksum as it arrives; the calling thread decodes every bucket as soon
-as it is there, in whatever order they arrive, on the decoding pool, and writes each tensor
-into its destination in place (`dest`: the weights the receiver holds; a delta's base is the
-same tensor). No second copy of the model is built: memory beyond the weights is at most
-`depth` buckets (fetched or being fetched, plus the one being applied) and one bucket's
-decoded tensors.
+as it is there, in whatever order they arrive, on the decoding pool, and puts its tensors into
+the held weights (`dest`, whose tensors are also a delta's base) in place of the old ones.
+Tensors are replaced in the dict, never written into: a raw payload becomes a view on its
+bucket (no copy at all), a coded one a fresh tensor, and the old tensor is released there and
+then. So no second copy of the model is built (memory beyond the weights is at most `depth`
+buckets and one bucket's decoded tensors), and a caller that kept a shallow copy of the dict
+(`dict(held)`) keeps an intact earlier version.
 
 What is applied is always whole and verified: a bucket that fails its checksum (damaged or
 cut short in the relay or on the way) is rejected before any of its tensors is touched and
-fetched again, up to `retries` times; a bucket is written only once every payload in it
+fetched again, up to `retries` times; a bucket is applied only once every payload in it
 decoded to the result checksum in its header (storage.delta) and the shape and dtype the
 manifest gives, so a bucket goes in whole or not at all. When a bucket stays bad, the error
 is raised and the buckets applied before it stay applied: `stats["written"]` says whether
@@ -38,7 +40,7 @@ _POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandon
 
 def fits(manifest: Manifest, tensors: dict[str, torch.Tensor] | None) -> bool:
     """True when `tensors` has exactly the manifest's names, shapes and dtypes (so the version
-    can be written into them in place)."""
+    can be applied into them)."""
     if tensors is None:
         return False
     want = {e.name: e.meta for _, e in manifest.entries()}
@@ -118,37 +120,27 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
               base_version: int | None = None, *, part: str = "", workers: int = 1,
               fetchers: int = 2, depth: int = 3, retries: int = 2,
               stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
-    """The tensors of `version` (described by `manifest`), written into `dest` when given (it
-    must `fit` the manifest), else built fresh (raw payloads as views on the buckets). `base` /
+    """The tensors of `version` (described by `manifest`): `dest` itself when given (it must
+    `fit` the manifest; its tensors are replaced bucket by bucket), else a new dict (raw
+    payloads as views on the buckets either way). `base` /
     `base_version`: what deltas apply onto. `stats` receives bytes, buckets, fetch_s (fetcher
     threads' seconds), apply_s, wait_s (waiting for a bucket), rejected, applied (buckets),
     written (whether `dest` was touched at all) and order (bucket indices as applied)."""
     if dest is not None and not fits(manifest, dest):
         raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
-                            "the weights it would be written into")
+                            "the weights it would be applied into")
     st: dict[str, Any] = stats if stats is not None else {}
     st.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=0.0, apply_s=0.0,
               wait_s=0.0, rejected=0, applied=0, written=False, order=[])
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {} if dest is None else dest
 
     def decode(item: tuple[memoryview, Any]) -> torch.Tensor:
         view, entry = item
         return decode_payload(entry.name, view[entry.offset:entry.offset + entry.length],
                               entry.meta, base, base_version)
 
-    def write(item: tuple[str, torch.Tensor]) -> torch.Tensor:
-        name, tensor = item
-        if dest is None:
-            return tensor if tensor.numel() else torch.empty(tensor.shape, dtype=tensor.dtype)
-        if tensor.numel():
-            dest[name].copy_(tensor)
-        return dest[name]
-
     def decode_cost(item: tuple[memoryview, Any]) -> int:
         return shape_bytes(item[1].meta)
-
-    def write_cost(item: tuple[str, torch.Tensor]) -> int:
-        return item[1].numel() * item[1].element_size()
 
     keys = [bucket_key(run, version, b.index, part) for b in manifest.buckets]
     fetcher = _Fetcher(relay, keys, manifest.buckets, fetchers, depth, retries)
@@ -158,14 +150,16 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
             t1 = time.perf_counter()
             st["wait_s"] += t1 - t
             entries = manifest.buckets[i].entries
-            # Decode the whole bucket first (every result checksum checked), then write it:
-            # a bucket whose decoding fails leaves its destination tensors untouched.
+            # Decode the whole bucket first (every result checksum checked), then apply it:
+            # a bucket whose decoding fails leaves the held tensors untouched.
             decoded = list(ordered_map(decode, [(view, e) for e in entries], workers,
                                        decode_cost))
-            named = [(e.name, x) for e, x in zip(entries, decoded)]
             if dest is not None:
                 st["written"] = True  # from here on `dest` is no longer what it was
-            out.update(zip([n for n, _ in named], ordered_map(write, named, workers, write_cost)))
+            for entry, tensor in zip(entries, decoded):
+                # decoded empties may carry odd strides: normalize
+                out[entry.name] = tensor if tensor.numel() else torch.empty(tensor.shape,
+                                                                            dtype=tensor.dtype)
             st["applied"] += 1
             st["order"].append(i)
             t = time.perf_counter()

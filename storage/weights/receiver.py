@@ -3,12 +3,13 @@
 `WeightReceiver.pull(v)` ends holding version v (or newer, when the publisher has moved on and
 `accept_newer`), bit-identical to what the trainer published (the whole set's digest is checked
 against the manifest's), or it raises. Pipelined (the default, storage/weights/apply_pipeline.py)
-it decodes bucket k while the next ones are fetched and writes each verified tensor into the
-held weights in place, so no second copy of the model is built; a bucket failing its checksum is
-rejected whole and fetched again, and a bucket is written only once every payload in it decoded
-to its result checksum. If the pull then fails after some buckets went in, the receiver holds no version
-(`version` None: the next pull takes a full snapshot, written in place too). The engine never
-sees any of this: it runs its own copy until the loader hands it a complete, verified version.
+it decodes bucket k while the next ones are fetched and puts its verified tensors in place of
+the held ones (the dict is updated, no tensor is written into), so no second copy of the model
+is built; a bucket failing its checksum is rejected whole and fetched again, and a bucket is
+applied only once every payload in it decoded to its result checksum. If the pull then fails
+after some buckets went in, the receiver holds no version (`version` None: the next pull takes
+a full snapshot, applied the same way). The engine never sees any of this: it runs its own copy
+until the loader hands it a complete, verified version.
 With `pipelined=False` a version is fetched and verified whole, then decoded into new tensors
 swapped in at the end: a failed pull leaves what was held untouched, at twice the memory.
 
@@ -71,7 +72,7 @@ class WeightReceiver:
                  poll_s: float = 0.05, rerequest_s: float = 2.0,
                  workers: int | None = None, pipelined: bool = True) -> None:
         """`workers`: decoding threads (None: every core this process may use); `pipelined`:
-        apply while fetching, in place (see the module docstring)."""
+        apply while fetching, into the held dict (see the module docstring)."""
         self.relay, self.run, self.requester = relay, run, requester
         self.pipelined = pipelined
         self.workers = available_cores() if workers is None else max(1, workers)
@@ -131,12 +132,13 @@ class WeightReceiver:
     def _install(self, target: int, part: str, manifest: Manifest, report: PullReport,
                  mode: str) -> None:
         """Fetch, verify and decode `target`, then make it the version held. Raises before any
-        change, except a pipelined pull that failed after writing in place (then no version)."""
+        change, except a pipelined pull that failed after applying some buckets (then no
+        version)."""
         delta = mode == "delta"
         stats: dict[str, Any] = {}
         try:
             if self.pipelined:
-                tensors = self._pull_in_place(target, part, manifest, delta, stats)
+                tensors = self._pull_pipelined(target, part, manifest, delta, stats)
             else:
                 _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
                                           base=self.tensors if delta else None,
@@ -160,19 +162,19 @@ class WeightReceiver:
         report.apply_s += time.perf_counter() - t
         want = manifest.meta.get("digest")
         if want is not None and digest != want:  # end to end: the whole set, bit for bit
-            if stats.get("written"):  # pipelined, in place: what is held is no version now
+            if stats.get("written"):  # pipelined into the held dict: it is no version now
                 self.version, self.digest = None, ""
-                self.broken = f"v{target} was written in place but its digest was wrong"
+                self.broken = f"v{target} was applied but its digest was wrong"
             raise CorruptBucket(f"v{target}{'/' + part if part else ''}: weights digest "
                                 f"{digest} differs from the publisher's {want}")
-        # the only mutation, all or nothing
+        # not pipelined: the only mutation, all or nothing (pipelined: `tensors` is the held dict)
         self.tensors, self.version, self.digest = tensors, target, digest
         report.version, report.mode = target, mode
 
-    def _pull_in_place(self, target: int, part: str, manifest: Manifest, delta: bool,
+    def _pull_pipelined(self, target: int, part: str, manifest: Manifest, delta: bool,
                        stats: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """Pipelined pull into the held weights (a delta; a full version that fits them), or
-        into new tensors (nothing held, other shapes)."""
+        """Pipelined pull into the held weights' dict (a delta; a full version that fits
+        them), or into a new one (nothing held, other shapes)."""
         dest = self.tensors if delta or fits(manifest, self.tensors) else None
         try:
             return pull_into(self.relay, self.run, target, manifest, dest,
