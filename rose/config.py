@@ -121,6 +121,11 @@ class PublishConfig(Strict):
     # the trainer-to-engines link: each tensor goes coded or raw, whichever the time model
     # (storage/delta/time_model.py) says reaches the engines first over this rate
     link_gbps: float = Field(10.0, gt=0, le=10_000)
+    # The trainer's publish layout. None (default): one unsharded version. N: sharded
+    # (storage/weights/sharded.py): the trainer, one process (layout TP=1), pushes each
+    # tensor-parallel tensor as N slices in parts of their own, so an engine rank of TP up to N
+    # pulls only its slices (engines here are TP=1: they pull every part)
+    shard_split: int | None = Field(None, ge=1, le=64)
     # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
     # the background (at least RunConfig.max_staleness, which holds for every turn)
     max_staleness: int = Field(1, ge=0)

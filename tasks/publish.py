@@ -6,7 +6,9 @@ raw, whichever storage/delta/time_model.py predicts reaches the engines sooner o
 `publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
 worker then pulls in the background (executors/workers/weight_sync.py) and reloads in place when
 its pull completes: a delta onto the weights it holds, or a full snapshot when it cannot (skew,
-damage, a lost relay).
+damage, a lost relay). With `publish.shard_split` the version is published by the trainer's
+declared layout instead (executors/workers/publishers.publish_sharded: parts, then one commit)
+and engines pull the parts their layout needs; the same waits, checks and metrics follow.
 
 When the task returns (`wait_for`):
   "dedicated" (default) the push is done and the dedicated rollout workers run the version (the
@@ -27,8 +29,9 @@ from distributed import worker_client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from executors.workers.publishers import publish_sharded, trainer_publisher
 from executors.workers.trainer import local_trainer
-from executors.workers.weight_sync import start_pulls, trainer_publisher, wait_versions
+from executors.workers.weight_sync import start_pulls, wait_versions
 from rose.config import RunConfig
 from storage.weights.transfer_metrics import write_transfer_metrics
 from tasks.placement import require, workers_by_kind
@@ -53,9 +56,13 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
     weights = weights_of(cfg.run_id, version)
     t0 = time.perf_counter()
-    publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
-                                  cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
-    report = publisher.publish(version, weights, copy=False)  # fresh tensors
+    sharded = cfg.publish.shard_split is not None
+    if sharded:
+        report = publish_sharded(cfg, version, weights)
+    else:
+        publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
+                                      cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
+        report = publisher.publish(version, weights, copy=False)  # fresh tensors
     digest = report.digest  # = executors.workers.rollout_worker.weights_digest of the bf16 weights
     pushed_s = time.perf_counter() - t0
     with worker_client() as client:
@@ -66,7 +73,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         # pulls this version before the rollout scheduler routes turns to it again
         left: dict[str, str] = {}
         started = start_pulls(client, dedicated + serving, cfg.stack.relay, cfg.run_id, version,
-                              cfg.publish.pull_batch_bytes, left_out=left)
+                              cfg.publish.pull_batch_bytes, left_out=left, sharded=sharded)
         engines = [n for n in started if "skipped" not in started[n]]
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]

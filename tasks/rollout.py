@@ -90,7 +90,8 @@ def resync_from_relay(client, cfg: RunConfig, version: int):
     (sync_weights loads it into a co-serving executor's rollout engine on serving workers)."""
     def resync(name: str, kind: str):
         return client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
-                             cfg.publish.pull_batch_bytes, workers=[name],
+                             cfg.publish.pull_batch_bytes,
+                             sharded=cfg.publish.shard_split is not None, workers=[name],
                              allow_other_workers=False, pure=False)
     return resync
 

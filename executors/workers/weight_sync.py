@@ -1,11 +1,11 @@
 """Weight sync over Dask: the trainer publishes, every engine worker pulls in the background.
 
-Trainer side: `trainer_publisher` keeps one storage.weights.sparse_publisher.SparsePublisher per run in
-the trainer process (its bf16 copy of the last version is the next delta's base) and starts its
-full-snapshot server thread.
+Trainer side: executors/workers/publishers.py (its publishers, kept across steps).
 
 Worker side: a `PullAgent` per run and worker process holds a storage.weights.receiver
-.WeightReceiver (the worker's current bf16 weights) and pulls in a thread of its own; the
+.WeightReceiver (the worker's current bf16 weights), or for a run published sharded
+(`sharded=True`) a storage.weights.sharded_receiver.ShardedReceiver of the engine's layout
+(TP=1 here: it pulls every part), and pulls in a thread of its own; the
 engine switches to the new version when the pull completes (between engine steps: the reload
 runs on the engine's loop thread), so a serving worker keeps serving the old version meanwhile.
 Pulls are single-flight: a request for a newer version while one is under way is picked up
@@ -28,30 +28,15 @@ from distributed import Client, get_worker
 
 from executors.workers.pinned import gather_live, submit_pinned
 from storage.relay.pool import shared_relay
-from storage.weights.sparse_publisher import SparsePublisher
+from storage.shards.layout import ParallelLayout
 from storage.weights.receiver import WeightReceiver
+from storage.weights.sharded_receiver import ShardedReceiver
 
 Loader = Callable[[int, dict[str, torch.Tensor]], dict[str, Any]]
-_publishers: dict[tuple[str, str], SparsePublisher] = {}
+Receiver = WeightReceiver | ShardedReceiver
 _agents: dict[tuple[str, str], "PullAgent"] = {}  # (worker id, run) -> agent
 _lock = threading.Lock()
 FULL_TIMEOUT_S = 120.0  # how long a worker waits for a requested full snapshot
-
-
-# ---- trainer side ----------------------------------------------------------------------------
-def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
-                      serve: bool = True, link_gbps: float | None = None) -> SparsePublisher:
-    """This process's publisher of `run` (kept across steps), its request server running;
-    `link_gbps` makes it choose each tensor's form by time over that link."""
-    with _lock:
-        pub = _publishers.get((relay_kind, run))
-        if pub is None:
-            pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
-            _publishers[relay_kind, run] = pub
-        pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
-    if serve:
-        pub.start_server()
-    return pub
 
 
 # ---- worker side -----------------------------------------------------------------------------
@@ -70,7 +55,7 @@ def policy_floor(step: int, max_staleness: int, worker_kind: str) -> int:
 class PullAgent:
     """Background puller of one run on one worker; see the module docstring."""
 
-    def __init__(self, receiver: WeightReceiver, loader: Loader, worker: str = "") -> None:
+    def __init__(self, receiver: Receiver, loader: Loader, worker: str = "") -> None:
         self.receiver, self.loader, self.worker = receiver, loader, worker
         self.target: int | None = None
         self.loaded: int | None = None  # version the engine runs
@@ -154,7 +139,7 @@ class PullAgent:
 
 
 def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
-          loader: Loader | None = None) -> PullAgent:
+          loader: Loader | None = None, sharded: bool = False) -> PullAgent:
     """This worker's agent for `run` (created with the engine loader of this worker). Keyed by
     the worker's id too: several Dask workers may share a process (tests, threaded clusters),
     and a worker started again in a process is a new one."""
@@ -162,10 +147,12 @@ def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
     name, wid = worker.name, worker.id
     with _lock:
         found = _agents.get((wid, run))
-        if found is None:
-            receiver = WeightReceiver(shared_relay(relay_kind, role="reader"), run,
-                                      requester=name, batch_bytes=batch_bytes,
-                                      full_timeout_s=FULL_TIMEOUT_S)
+        if found is None or isinstance(found.receiver, ShardedReceiver) != sharded:
+            relay = shared_relay(relay_kind, role="reader")
+            receiver = (ShardedReceiver(relay, run, ParallelLayout(1), requester=name,  # engines: TP=1
+                                        batch_bytes=batch_bytes, full_timeout_s=FULL_TIMEOUT_S)
+                        if sharded else WeightReceiver(relay, run, requester=name, batch_bytes=batch_bytes,
+                                                       full_timeout_s=FULL_TIMEOUT_S))
             loader = loader or engine_loader(run, lambda: receiver.digest)
             for key in [k for k in _agents if k[0] == wid]:
                 del _agents[key]  # one run at a time per worker: drop other runs' weights
@@ -208,18 +195,19 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
 
 # ---- functions submitted to a worker ---------------------------------------------------------
 def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30,
-                 timeout: float = 600.0) -> dict[str, Any]:
+                 timeout: float = 600.0, sharded: bool = False) -> dict[str, Any]:
     """Pull `version` (or newer) and load it; returns once the engine runs it."""
-    a = agent(relay_kind, run, batch_bytes)
+    a = agent(relay_kind, run, batch_bytes, sharded=sharded)
     a.request(version)
     return a.wait(version, timeout)
 
 
-def start_pull(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30) -> dict:
+def start_pull(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30,
+               sharded: bool = False) -> dict:
     """Fire-and-forget on a worker: start pulling `version`, return at once. A worker with no
     engine answers {"skipped": reason}."""
     try:
-        a = agent(relay_kind, run, batch_bytes)
+        a = agent(relay_kind, run, batch_bytes, sharded=sharded)
     except RuntimeError as e:
         return {"worker": get_worker().name, "skipped": str(e)}
     a.request(version)
@@ -245,12 +233,12 @@ START_TIMEOUT_S = 60.0  # start_pull returns at once on a live worker
 
 def start_pulls(client: Client, workers: list[str], relay_kind: str, run: str, version: int,
                 batch_bytes: int = 1 << 30,
-                left_out: dict[str, str] | None = None) -> dict[str, dict]:
+                left_out: dict[str, str] | None = None, sharded: bool = False) -> dict[str, dict]:
     """Start pulls everywhere at once; worker -> its agent status (or "skipped"). Workers not
     running, gone, or silent for START_TIMEOUT_S are not waited for (pinned.py): they go into
-    `left_out` with the reason."""
+    `left_out` with the reason. `sharded`: the run is published sharded."""
     pinned, left = submit_pinned(client, start_pull, workers, relay_kind, run, version,
-                                 batch_bytes)
+                                 batch_bytes, sharded)
     started, late = gather_live(client, pinned, START_TIMEOUT_S)
     if left_out is not None:
         left_out.update(left, **late)

@@ -49,7 +49,7 @@ class TensorStat:
 @dataclass
 class PublishReport:
     version: int
-    kind: str  # "full" or "delta"
+    kind: str  # "full" or "delta" ("mixed": parts of a sharded version that differ)
     base_version: int | None
     reason: str  # why full ("" for a delta)
     part: str = ""  # "" = the version itself, "full" = a snapshot pushed on request
@@ -94,6 +94,24 @@ class PublishReport:
                                       for k, (c, n) in sorted(layers.items())},
                 "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
                 "publish_s": self.seconds}
+
+    @classmethod
+    def combine(cls, version: int, parts: list["PublishReport"], digest: str,
+                seconds: float) -> "PublishReport":
+        """One report for a version pushed as parts (storage/weights/sharded.py): kind "mixed"
+        when its parts differ, sizes and encode/push times summed, change counts still deferred."""
+        kinds = sorted({r.kind for r in parts})
+        bases = {r.base_version for r in parts}
+        out = cls(version, kinds[0] if len(kinds) == 1 else "mixed",
+                  bases.pop() if len(bases) == 1 else None,
+                  "; ".join(sorted({r.reason for r in parts if r.reason})), digest=digest,
+                  seconds=seconds)
+        for r in parts:
+            out.pushed_bytes, out.buckets = out.pushed_bytes + r.pushed_bytes, out.buckets + r.buckets
+            out.encode_s, out.push_s = out.encode_s + r.encode_s, out.push_s + r.push_s
+            out.tensors += r.tensors
+            out._deferred += r._deferred
+        return out
 
     def rows(self) -> list[dict[str, Any]]:
         self._resolve()

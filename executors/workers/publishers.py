@@ -1,0 +1,87 @@
+"""The trainer's side of weight sync: its publishers, kept in the trainer process across steps.
+
+Unsharded (the default): one storage.weights.sparse_publisher.SparsePublisher per run; its bf16
+copy of the last version is the next delta's base, and its thread serves full snapshots on
+request. Sharded (`publish.shard_split`): a storage.weights.sharded.ShardedPublisher for the
+trainer's declared layout (one process: TP=1, split into `shard_split` slices per
+tensor-parallel tensor), one SparsePublisher per part, each serving its part's snapshots;
+`publish_sharded` pushes every part and commits the version (the trainer holds every part, so
+the commit never waits). Shard rules come from the parameter names and the policy's config.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from rose.config import RunConfig
+from storage.relay.pool import shared_relay
+from storage.shards.grain import PublishLayout
+from storage.shards.layout import ParallelLayout
+from storage.shards.plan import ParamSpec, param_specs
+from storage.shards.rules import infer_rule
+from storage.weights.sharded import ShardedPublisher, commit_sharded
+from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.transfer_metrics import PublishReport
+
+_publishers: dict[tuple[str, str], SparsePublisher] = {}
+_sharded: dict[tuple[str, str], tuple[tuple, ShardedPublisher]] = {}  # -> (settings, publisher)
+_lock = threading.Lock()
+TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
+
+
+def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
+                      serve: bool = True, link_gbps: float | None = None) -> SparsePublisher:
+    """This process's publisher of `run` (kept across steps), its request server running;
+    `link_gbps` makes it choose each tensor's form by time over that link."""
+    with _lock:
+        pub = _publishers.get((relay_kind, run))
+        if pub is None:
+            pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
+            _publishers[relay_kind, run] = pub
+        pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
+    if serve:
+        pub.start_server()
+    return pub
+
+
+def policy_specs(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> list[ParamSpec]:
+    """Each weight's shard rule, from its HF name and the policy's config (heads, groups)."""
+    from transformers import AutoConfig
+
+    model_cfg = AutoConfig.from_pretrained(cfg.models.policy_path())
+    return param_specs(weights.items(), {n: infer_rule(n, tuple(t.shape), None, model_cfg)
+                                         for n, t in weights.items()})
+
+
+def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True) -> ShardedPublisher:
+    """This process's sharded publisher of the run (kept across steps: its parts' bases), made
+    anew, its bases dropped, when the layout, the parameters or the publish settings change."""
+    p = cfg.publish
+    layout = PublishLayout(ParallelLayout(1), p.shard_split or 1)
+    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps)
+    key = (cfg.stack.relay, cfg.run_id)
+    with _lock:
+        held, pub = _sharded.get(key, ((), None))
+        if pub is None or held != settings:
+            if pub is not None:
+                pub.stop_servers()
+            pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, TRAINER_RANK,
+                                   specs, p.bucket_bytes, p.sparse, p.link_gbps)
+            _sharded[key] = (settings, pub)
+    if serve:
+        pub.start_servers()
+    return pub
+
+
+def publish_sharded(cfg: RunConfig, version: int, weights: dict[str, torch.Tensor]) -> PublishReport:
+    """Push `version` by the trainer's declared layout and commit it; one report for all parts
+    (its digest is the whole model's, what a TP=1 engine's weights hash to once pulled)."""
+    t0 = time.perf_counter()
+    specs = policy_specs(cfg, weights)
+    pub = sharded_publisher(cfg, specs)
+    parts = pub.publish(version, weights)
+    commit_sharded(pub.relay, cfg.run_id, version, pub.layout, specs)
+    return PublishReport.combine(version, [parts[k] for k in sorted(parts)], tensors_digest(weights),
+                                 time.perf_counter() - t0)
