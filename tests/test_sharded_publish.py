@@ -24,12 +24,12 @@ DIMS = dict(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_lay
             num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
 
 
-def _tiny() -> tuple[object, dict[str, torch.Tensor]]:
+def _tiny(dims: dict = DIMS) -> tuple[object, dict[str, torch.Tensor]]:
     """The project's tiny policy shape (Qwen3, tied embeddings), bf16, the same in every process."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(3)
-    cfg = Qwen3Config(**DIMS)
+    cfg = Qwen3Config(**dims)
     model = Qwen3ForCausalLM(cfg)
     return model, {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
 
@@ -48,7 +48,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 # -- (a) TP=2 megatron trainer, two processes on gloo -> TP=1 receiver ---------------------------
 
-def _megatron_rank(rank: int, port: int, root: str) -> None:
+def _megatron_rank(rank: int, port: int, root: str, dims: dict = DIMS) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -59,9 +59,11 @@ def _megatron_rank(rank: int, port: int, root: str) -> None:
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-        hf, full = _tiny()
-        cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, num_query_groups=2,
-                                kv_channels=8, ffn_hidden_size=64, tensor_model_parallel_size=2,
+        hf, full = _tiny(dims)
+        cfg = TransformerConfig(num_layers=dims["num_hidden_layers"], hidden_size=dims["hidden_size"],
+                                num_attention_heads=dims["num_attention_heads"],
+                                num_query_groups=dims["num_key_value_heads"], kv_channels=dims["head_dim"],
+                                ffn_hidden_size=dims["intermediate_size"], tensor_model_parallel_size=2,
                                 use_cpu_initialization=True, params_dtype=torch.float32)
         rules, local = {}, {}
         for name, w in full.items():
