@@ -16,6 +16,7 @@ traffic) against bench/results/learning_fidelity.json's measured rollout times.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -25,7 +26,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
@@ -141,10 +143,13 @@ def validate_runs(data_dir: Path, fit_run: str, check_run: str, seed: int) -> di
 
 
 def timing(seed: int) -> dict:
-    t0 = time.perf_counter()
+    """1,024 GPUs x 50 steps of ROSE: wall seconds, and CPU seconds (what the machine's other
+    load inflates less), with the load average before and after."""
+    load0, t0, c0 = os.getloadavg(), time.perf_counter(), time.process_time()
     r = ClusterSim(SimConfig(gpus=1024, config="rose", steps=50, seed=seed)).run()
-    return {"gpus": 1024, "steps": 50, "wall_s": time.perf_counter() - t0, "events": r["events"],
-            "load_avg": os.getloadavg(), "tokens_per_s": r["tokens_per_s"]}
+    return {"gpus": 1024, "steps": 50, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+            "events": r["events"], "load_avg_before": load0, "load_avg": os.getloadavg(),
+            "tokens_per_s": r["tokens_per_s"]}
 
 
 def table(rows: list[dict]) -> str:
@@ -186,18 +191,38 @@ def main() -> None:
     result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
               "validation": validate(args.seed) if FIDELITY.is_file() else None,
-              "validation_runs": (validate_runs(Path(args.validate_runs[0]), *args.validate_runs[1:],
-                                                args.seed) if args.validate_runs else None),
+              "validation_runs": (validate_runs(Path(args.validate_runs[0]), *args.validate_runs[1:], args.seed)
+                                  if args.validate_runs else _earlier_validation_runs(args.out)),
               "timing": timing(args.seed) if args.timing else None,
-              "plot": "skipped: matplotlib is not installed in .venv",
+              "plot": None,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
               "total_s": None}
     result["total_s"] = time.perf_counter() - t0
     print(table(rows))
     print(json.dumps({k: result[k] for k in ("validation", "validation_runs", "timing")}, indent=1))
+    png = args.out.with_suffix(".png")
+    if importlib.util.find_spec("matplotlib") is None:  # the dev extra
+        result["plot"] = "skipped: matplotlib is not installed"
+    else:
+        from bench.cluster_sim_plot import plot
+
+        plot(result, png)
+        result["plot"] = str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}; plot skipped (matplotlib not installed)")
+    print(f"wrote {args.out}; plot: {result['plot']}")
+
+
+def _earlier_validation_runs(out: Path) -> dict | None:
+    """No recorded runs given: keep the check the output file already holds (its runs' data
+    directory is rarely still there), marked as carried over."""
+    try:
+        earlier = json.loads(out.read_text()).get("validation_runs")
+    except (OSError, ValueError):
+        return None
+    if earlier and "carried_over" not in earlier:
+        earlier = {**earlier, "carried_over": "from an earlier bench run with --validate-runs (not re-run)"}
+    return earlier
 
 
 def pipeline_main(args: argparse.Namespace, t0: float) -> None:
