@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS / "transfer_pipeline.json")
     args = p.parse_args()
     old, new, dims = synthetic_model(args.params, args.lr, 1)
+    load_before = os.getloadavg()  # the machine is shared: say how busy it was
     shm = Path("/dev/shm")
     rows = []
     with tempfile.TemporaryDirectory(prefix="rose-bench-pipe-",
@@ -106,7 +108,8 @@ def main() -> None:
                "cores": available_cores(), "params": args.params, "lr": args.lr,
                "dense_bytes": sum(t.numel() * t.element_size() for t in new.values()),
                "bucket_bytes": args.bucket_mb << 20, "relay": "filesystem on tmpfs",
-               "dims": dims, "rows": rows}
+               "dims": dims, "loadavg_before_after": [load_before, os.getloadavg()],
+               "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, json.dumps(payload, indent=1))
     print(f"wrote {args.out}")
