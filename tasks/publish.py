@@ -55,17 +55,20 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     if wait_for not in WAIT_FOR:
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
     weights = weights_of(cfg.run_id, version)
-    t0 = time.perf_counter()
-    sharded = cfg.publish.shard_split is not None
-    if sharded:
-        report = publish_sharded(cfg, version, weights)
-    else:
-        publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
-                                      cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
-        report = publisher.publish(version, weights, copy=False)  # fresh tensors
-    digest = report.digest  # = executors.workers.rollout_worker.weights_digest of the bf16 weights
-    pushed_s = time.perf_counter() - t0
+    # Out of the trainer worker's task thread (worker_client secedes) before the push: with
+    # one thread there, the next update (max_staleness 1) starts beside encoding and puts
+    # instead of queueing behind them. The version still becomes visible only once complete.
     with worker_client() as client:
+        t0 = time.perf_counter()
+        sharded = cfg.publish.shard_split is not None
+        if sharded:
+            report = publish_sharded(cfg, version, weights)
+        else:
+            publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
+                                          cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
+            report = publisher.publish(version, weights, copy=False)  # fresh tensors
+        digest = report.digest  # = rollout_worker.weights_digest of the bf16 weights
+        pushed_s = time.perf_counter() - t0
         kinds = workers_by_kind(client)
         dedicated = require(kinds, "rollout")
         serving = sorted(n for n, k in kinds.items() if k == "serving")

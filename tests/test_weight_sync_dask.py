@@ -3,6 +3,8 @@ staleness floors, and the transfer metrics file."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import duckdb
@@ -79,12 +81,19 @@ def cluster(tmp_path, monkeypatch):
     names = ["rollout-0", "rollout-1", "trainer-0"]
     spec = {n: {"cls": Worker, "options": {"name": n, "nthreads": 2, "dashboard": False}}
             for n in names}
+    with fake_stack(spec) as client:
+        yield client, relay
+
+
+@contextmanager
+def fake_stack(spec: dict) -> Iterator[Client]:
+    """An in-process Dask cluster of `spec`'s workers, rollout-* with stand-in engines."""
     GATE.set()
     with SpecCluster(workers=spec, scheduler={"cls": Scheduler,
                                               "options": {"dashboard_address": None}},
                      asynchronous=False) as c, Client(c) as client:
         client.register_plugin(FakeRolloutPlugin(), name="rose-rollout")
-        yield client, relay
+        yield client
     GATE.set()
 
 

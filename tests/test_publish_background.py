@@ -1,0 +1,89 @@
+"""The publish task leaves the trainer worker's one task thread before it pushes (issue 15
+item 2): the next update starts while the version is still being encoded and put, and the
+version becomes visible, and reaches the engines, only once complete."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from distributed import Worker
+
+import tasks.publish
+from rose.config import RunConfig
+from storage.relay import pool as relay_pool
+from storage.relay.filesystem import FilesystemRelay
+from storage.weights.publisher import latest_version
+from tasks.publish import publish_and_sync
+
+from test_weight_sync_dask import engines, fake_stack
+
+PUT_S = 0.15  # each bucket put: the push takes about a second
+
+
+class SlowPuts:
+    """The trainer's relay: bucket puts take PUT_S; records when the first bucket and the
+    manifest of a version went out."""
+
+    def __init__(self, inner: FilesystemRelay) -> None:
+        self.inner, self.first_bucket, self.manifest_at = inner, threading.Event(), None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put(self, key, data):
+        if "/bucket-" in key:
+            self.first_bucket.set()
+            time.sleep(PUT_S)
+        elif key.endswith("/manifest"):
+            self.manifest_at = time.perf_counter()
+        self.inner.put(key, data)
+
+
+@pytest.fixture
+def stack(tmp_path, monkeypatch):
+    relay = FilesystemRelay(tmp_path / "relay")
+    writer = SlowPuts(relay)
+    monkeypatch.setitem(relay_pool._clients, ("filesystem", "publisher"), writer)
+    monkeypatch.setitem(relay_pool._clients, ("filesystem", "reader"), relay)
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
+    spec = {name: {"cls": Worker, "options": {"name": name, "nthreads": threads,
+                                                "resources": {resource: 1},
+                                                "dashboard": False}}
+            for name, threads, resource in [("trainer-0", 1, "train_gpu"),
+                                            ("rollout-0", 2, "rollout_gpu")]}
+    with fake_stack(spec) as client:
+        yield client, writer
+
+
+def update() -> float:
+    """Stands in for the next train step: when it got the trainer's task thread."""
+    return time.perf_counter()
+
+
+def test_next_update_starts_while_the_version_is_pushed(stack):
+    client, writer = stack
+    cfg = RunConfig(run_id="bg-publish", max_staleness=1, stack={"relay": "filesystem"},
+                    publish={"bucket_bytes": 1 << 20})
+    g = torch.Generator().manual_seed(0)
+    weights = {f"model.layers.{i}.mlp.up_proj.weight":
+               torch.randn(1024, 1024, generator=g).to(torch.bfloat16) for i in range(5)}
+    with tasks.publish._snapshot_lock:  # what the train task keeps (keep_snapshot)
+        tasks.publish._snapshots["bg-publish", 1] = weights
+    try:
+        on_trainer = {"workers": ["trainer-0"], "allow_other_workers": False, "pure": False}
+        published = client.submit(publish_and_sync, cfg, 1, "dedicated", **on_trainer)
+        assert writer.first_bucket.wait(30)
+        assert latest_version(writer.inner, "bg-publish") is None  # not visible mid-push
+        started = client.submit(update, **on_trainer).result(timeout=30)
+        summary = published.result(timeout=60)
+    finally:
+        with tasks.publish._snapshot_lock:
+            tasks.publish._snapshots.pop(("bg-publish", 1), None)
+    assert summary["buckets"] >= 5 and summary["pushed_s"] >= 5 * PUT_S
+    # the update had the thread before the manifest (the last of the push) went out
+    assert started < writer.manifest_at
+    assert latest_version(writer.inner, "bg-publish") == 1
+    assert engines(client)["rollout-0"]["version"] == 1
+    assert engines(client)["rollout-0"]["digest"] == summary["digest"]
