@@ -10,7 +10,7 @@ import xxhash
 
 from storage.weights.buckets import (ALIGN, CorruptBucket, CorruptManifest, Manifest, pack, unpack,
                              verify_bucket)
-from storage.weights.publisher import _decode_raw, raw_encoder
+from storage.weights.payloads import _decode_raw, raw_encoder
 
 
 def raw_bytes(t: torch.Tensor) -> bytes:

@@ -175,6 +175,6 @@ def test_pluggable_encoding_gets_base(tmp_path):
     _, got = pull_weights(relay, "r", 8, base=base, base_version=7)
     assert all(bits(got[n]) == bits(new[n]) for n in new)
     with pytest.raises(CorruptBucket, match="unknown encoding 'xor'"):
-        import storage.weights.publisher as wp
+        import storage.weights.payloads as wp
         del wp._DECODERS["xor"]
         pull_weights(relay, "r", 8, base=base, base_version=7)

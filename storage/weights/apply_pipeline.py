@@ -33,7 +33,8 @@ import torch
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
 from storage.weights.parallel import ordered_map
-from storage.weights.publisher import bucket_key, decode_payload, shape_bytes
+from storage.weights.payloads import decode_payload, shape_bytes
+from storage.weights.publisher import bucket_key
 
 _POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandoned
 

@@ -11,15 +11,14 @@ Relay keys of a run (versions never share a key, so a reader never mixes two):
   rose/<run>/versions                versions held; those older than version-2 are removed
                                      before version is pushed (at most 3 held at once)
 
-Each payload carries its `encoding` in the entry metadata with dtype and shape: "raw" (the
-tensor's bytes) or "rsdt" (a storage.delta payload: dense snapshot or sparse delta, with its
-own base/target versions and result checksum); others can be added with register_decoder.
+Each payload carries its `encoding` in the entry metadata with dtype and shape ("raw", "rsdt"
+or one added with register_decoder): storage/weights/payloads.py, re-exported here.
 """
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,16 +27,12 @@ import torch
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest, pack_buckets,
                              verify_bucket)
 from storage.weights.parallel import ordered_map
+from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
+                                      register_decoder, shape_bytes)  # (re-exported)
 from storage.weights.push_pipeline import BucketPusher
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
 
 KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
-Encoder = Callable[[str, torch.Tensor], tuple[Buffer, dict[str, Any]]]
-Decoder = Callable[[memoryview, dict[str, Any], "torch.Tensor | None", "int | None"], torch.Tensor]
-
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
-    torch.int16, torch.int32, torch.int64, torch.bool)}
 
 
 def version_prefix(run: str, version: int, part: str = "") -> str:
@@ -63,40 +58,6 @@ def latest_key(run: str) -> str:
 
 def _versions_key(run: str) -> str:
     return f"rose/{run}/versions"
-
-
-def raw_encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
-    """The tensor's bytes as they are in memory (any dtype in _DTYPES)."""
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if dtype not in _DTYPES:
-        raise ValueError(f"tensor {name!r} has unsupported dtype {tensor.dtype}")
-    t = tensor.detach().to("cpu").contiguous().reshape(-1)
-    data = t.view(torch.uint8).numpy() if t.numel() else b""
-    return data, {"encoding": "raw", "dtype": dtype, "shape": list(tensor.shape)}
-
-
-def _decode_raw(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
-                base_version: int | None) -> torch.Tensor:
-    dtype, shape = _DTYPES[meta["dtype"]], meta["shape"]
-    if payload.nbytes == 0:  # torch.frombuffer refuses empty buffers
-        return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(shape)
-
-
-def _decode_rsdt(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
-                 base_version: int | None) -> torch.Tensor:
-    """A storage.delta payload: applied only onto its declared base (DeltaError otherwise)."""
-    from storage.delta import apply_delta
-
-    return apply_delta(payload, base, base_version=base_version)
-
-
-_DECODERS: dict[str, Decoder] = {"raw": _decode_raw, "rsdt": _decode_rsdt}
-
-
-def register_decoder(encoding: str, decoder: Decoder) -> None:
-    """Teach pull_weights an encoding: decoder(payload, meta, base_tensor, base_version)."""
-    _DECODERS[encoding] = decoder
 
 
 @dataclass(frozen=True)
@@ -263,30 +224,8 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     return version, out
 
 
-def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
-                   base: dict[str, torch.Tensor] | None, base_version: int | None) -> torch.Tensor:
-    decoder = _DECODERS.get(meta.get("encoding", ""))
-    if decoder is None:
-        raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
-                            f"(known: {', '.join(_DECODERS)})")
-    tensor = decoder(payload, meta, (base or {}).get(name), base_version)
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if list(tensor.shape) != list(meta["shape"]) or dtype != meta["dtype"]:
-        raise CorruptBucket(f"tensor {name!r} decoded as {tensor.dtype}{list(tensor.shape)}, "
-                            f"manifest says {meta['dtype']}{meta['shape']}")
-    return tensor
-
-
 def _nbytes(item: tuple[str, torch.Tensor]) -> int:
     return item[1].numel() * item[1].element_size()
-
-
-def shape_bytes(meta: dict[str, Any]) -> int:
-    dtype = _DTYPES.get(meta.get("dtype", ""), torch.uint8)
-    n = 1
-    for d in meta.get("shape", []):
-        n *= int(d)
-    return n * dtype.itemsize
 
 
 def _batches(manifest: Manifest, batch_bytes: int) -> Iterator[list[int]]:
