@@ -109,8 +109,13 @@ class Device:
                 engine.take_arrivals(now)
             if memory is not None:
                 memory.expired_leases(now)  # lapsed prefix caches free their blocks
-            if engine.queued or engine.running:
-                cost = self._serving_step(now)
+            if engine.queued or engine.running:  # a serving step; the memory policy sees its KV
+                cost = engine.step(now)
+                if memory is not None:
+                    blocks = engine.blocks if engine.blocks < memory.total_blocks else memory.total_blocks
+                    for act in memory.observe_serving(blocks, now + cost):
+                        if act.kind == "abort":
+                            self._abort(act.request_id)
                 self.stats.busy_s += cost
         elif memory is not None:
             memory.expired_leases(now)
@@ -124,15 +129,6 @@ class Device:
         self.busy = False
         if engine is not None and engine.next is not None:
             self.loop.at(engine.next.arrival, self._wake)
-
-    def _serving_step(self, now: float) -> float:
-        cost = self.engine.step(now)
-        if self.memory is not None:
-            end = now + cost
-            for act in self.memory.observe_serving(min(self.memory.total_blocks, self.engine.blocks), end):
-                if act.kind == "abort":
-                    self._abort(act.request_id)
-        return cost
 
     def _serving_blocks(self) -> int:
         return self.engine.blocks if self.engine is not None else 0

@@ -29,7 +29,8 @@ class EventLoop:
 
     def at(self, when: float, fn: Callable[[Any], None], arg: Any = None) -> None:
         """Run fn(arg) at simulated time `when` (never in the past)."""
-        heapq.heappush(self._heap, (max(when, self.now), next(self._seq), fn, arg))
+        now = self.now
+        heapq.heappush(self._heap, (when if when >= now else now, next(self._seq), fn, arg))
 
     def run(self, until: Callable[[], bool] | None = None, t_max: float = float("inf")) -> None:
         """Run events in time order until the heap is empty, `until()` is true, or t_max."""
