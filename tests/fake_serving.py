@@ -96,3 +96,20 @@ def fake_model_dir(path, vocab_size: int = 300, context: int = 256):
     (path / "config.json").write_text(json.dumps({"vocab_size": vocab_size,
                                                   "max_position_embeddings": context}))
     return path
+
+
+def post_all(url: str, bodies: list[dict]) -> list[tuple[int, str | None, str]]:
+    """POST every body to `url` at once (one client, concurrent): (status, Retry-After, text)."""
+    import asyncio
+
+    import httpx
+
+    async def one(client, body):
+        r = await client.post(url, json=body)
+        return r.status_code, r.headers.get("retry-after"), r.text
+
+    async def flood():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(*(one(client, b) for b in bodies))
+
+    return asyncio.run(flood())

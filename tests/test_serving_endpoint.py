@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from executors.coserving.endpoint.app import endpoint_address, start_endpoint, stop_endpoint
-from fake_serving import FAIL_ID, FakeServingExecutor, expected_ids, fake_model_dir
+from fake_serving import FAIL_ID, FakeServingExecutor, expected_ids, fake_model_dir, post_all
 
 CONTEXT = 256
 
@@ -216,24 +216,13 @@ def test_real_executor_behind_the_endpoint(tmp_path_factory):
 def test_a_flood_is_answered_503_with_retry_after_and_the_admitted_are_served(tmp_path):
     """Beyond max_in_flight the endpoint answers at once (503 + Retry-After) instead of
     queueing; every admitted request, streamed or not, completes, and the slots come back."""
-    import asyncio
-
     ex = FakeServingExecutor(token_s=0.02)  # 32 tokens: ~0.6 s a request
     ep = start_endpoint(ex, fake_model_dir(tmp_path / "tiny-serving", context=CONTEXT),
                         worker="flood-0", max_in_flight=4)
-
-    async def one(client, i):
-        body = {"model": "tiny-serving", "prompt": [5, 6, i % 50 + 7], "max_tokens": 32,
-                "ignore_eos": True, "stream": i % 2 == 0}
-        r = await client.post(ep.url + "/v1/completions", json=body)
-        return r.status_code, r.headers.get("retry-after"), r.text
-
-    async def flood():
-        async with httpx.AsyncClient(timeout=30) as client:
-            return await asyncio.gather(*(one(client, i) for i in range(40)))
-
+    bodies = [{"model": "tiny-serving", "prompt": [5, 6, i % 50 + 7], "max_tokens": 32,
+               "ignore_eos": True, "stream": i % 2 == 0} for i in range(40)]
     try:
-        answers = asyncio.run(flood())
+        answers = post_all(ep.url + "/v1/completions", bodies)
         ok = [a for a in answers if a[0] == 200]
         refused = [a for a in answers if a[0] == 503]
         assert len(ok) + len(refused) == 40 and 4 <= len(ok) < 40

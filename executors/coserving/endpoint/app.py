@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 import uuid
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -27,6 +24,7 @@ from executors.coserving.endpoint.protocol import (APIError, ChatBody, Completio
                                        full_response, parse_body, stream_chunk, to_generation,
                                        usage)
 from executors.coserving.endpoint.metrics import EndpointMetrics
+from executors.coserving.endpoint.server import ServingEndpoint
 from executors.coserving.endpoint.state import MAX_IN_FLIGHT, EndpointState, ServingExecutor
 
 _DONE = object()
@@ -39,28 +37,34 @@ def _token_ids(args: tuple) -> list[int]:
     return [int(args[0])] if args else []
 
 
-async def _generate(state: EndpointState, kind: str, gen: Generation):
+async def _generate(state: EndpointState, rid: str, gen: Generation):
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
+    def deliver(ids: list[int]) -> None:  # event loop: its prompt no longer waits (admission)
+        state.first_token(rid)
+        queue.put_nowait(ids)
+
     def on_token(*args) -> None:  # engine thread: hand over, never block or raise there
-        loop.call_soon_threadsafe(queue.put_nowait, _token_ids(args))
+        loop.call_soon_threadsafe(deliver, _token_ids(args))
+
+    def finish() -> None:  # event loop: the engine holds it no more (done, failed, aborted),
+        state.release(rid)  # even where the response's own cleanup never runs
+        queue.put_nowait(_DONE)
 
     def on_done(_fut) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+        loop.call_soon_threadsafe(finish)
 
-    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-    try:
+    try:  # on_token for a whole response too: its first token frees its waiting prompt tokens
         future = state.executor.submit_serving(
             gen.prompt_ids, gen.max_tokens, ignore_eos=gen.ignore_eos,
-            temperature=gen.temperature, on_token=on_token if gen.stream else None,
-            request_id=rid)
+            temperature=gen.temperature, on_token=on_token, request_id=rid)
     except (ValueError, TypeError) as e:  # the executor refused these arguments
         raise APIError(400, f"request refused by the engine: {e}") from None
     except Exception as e:
         raise APIError(503, f"serving engine unavailable: {e}", kind="server_error") from None
     future.add_done_callback(on_done)
-    return rid, int(time.time()), future, queue
+    return int(time.time()), future, queue
 
 
 def _result_of(future):
@@ -72,19 +76,21 @@ def _result_of(future):
 
 
 async def _respond(state: EndpointState, kind: str, gen: Generation, route: str):
-    state.admit()
+    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    state.admit(rid, len(gen.prompt_ids))
     try:
-        response = await _respond_admitted(state, kind, gen, route)
+        response = await _respond_admitted(state, kind, gen, route, rid)
     except BaseException:
-        state.in_flight -= 1
+        state.release(rid)
         raise
     if not isinstance(response, StreamingResponse):
-        state.in_flight -= 1  # a stream leaves when its last chunk is sent (events())
+        state.release(rid)  # a stream leaves when the engine is done with it (finish)
     return response
 
 
-async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, route: str):
-    rid, created, future, queue = await _generate(state, kind, gen)
+async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, route: str,
+                            rid: str):
+    created, future, queue = await _generate(state, rid, gen)
     model = state.model_name
     if not gen.stream:
         while await queue.get() is not _DONE:
@@ -102,7 +108,7 @@ async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, ro
             async for chunk in _events():
                 yield chunk
         finally:
-            state.in_flight -= 1
+            state.release(rid)
 
     async def _events():
         detok, n_out, first = Detokenizer(state.tokenizer), 0, True
@@ -143,6 +149,7 @@ async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, ro
 
 def build_app(state: EndpointState) -> FastAPI:
     app = FastAPI(title="ROSE serving endpoint", docs_url=None, redoc_url=None)
+    app.state.endpoint = state  # what it admitted, for tests and probes
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -192,37 +199,6 @@ def build_app(state: EndpointState) -> FastAPI:
         return PlainTextResponse(state.metrics.render(), media_type=state.metrics.content_type)
 
     return app
-
-
-class ServingEndpoint:
-    """uvicorn in a daemon thread, on a socket bound before the thread starts (no port race)."""
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.host, self.port = host, self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"endpoint-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self._sock.close()
-                raise RuntimeError(f"serving endpoint on {host}:{self.port} did not start")
-            time.sleep(0.01)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self._thread.join(timeout=5)
-        self._sock.close()
 
 
 _ENDPOINTS: dict[str, ServingEndpoint] = {}  # worker name -> its endpoint, in this process

@@ -1,11 +1,14 @@
-"""What one serving endpoint holds: its executor, tokenizer, model facts, metrics, and the bound
-on requests in flight (a flood is answered 503 with Retry-After at once, never queued)."""
+"""What one serving endpoint holds: its executor, tokenizer, model facts, metrics, and what it
+has admitted. A request beyond what the engine can serve within its SLO (the serving profile's
+prediction, executors/policies/endpoint_admission.py) is answered 503 with Retry-After at once,
+never queued; an executor with no profile (a stand-in) gets the fixed bound alone."""
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
 from executors.coserving.endpoint.metrics import EndpointMetrics
 from executors.coserving.endpoint.protocol import APIError
+from executors.policies.endpoint_admission import EndpointAdmission
 
 
 class ServingExecutor(Protocol):
@@ -20,21 +23,67 @@ class ServingExecutor(Protocol):
     def metrics(self) -> dict: ...
 
 
-MAX_IN_FLIGHT = 256  # requests at once per endpoint; beyond it 503 + Retry-After, not a queue
+MAX_IN_FLIGHT = 256  # hard cap per endpoint whatever the profile says: the worker's memory
+
+
+def endpoint_admission(executor: Any, hard_cap: int) -> EndpointAdmission | None:
+    """The SLO admission for this executor's serving profile and SLO; None without them."""
+    profile, slo = getattr(executor, "serving_profile", None), getattr(executor, "slo", None)
+    if profile is None or slo is None:
+        return None
+    # the engine's decode batch (max_num_seqs); the profile's largest batch where none is known
+    max_batch = getattr(getattr(executor, "cfg", None), "max_num_seqs", None)
+    return EndpointAdmission(profile, slo, hard_cap, max_batch)
 
 
 class EndpointState:
+    """Touched on the event loop only (the engine thread hands tokens over with
+    call_soon_threadsafe), so the counts need no lock."""
+
     def __init__(self, executor: ServingExecutor, tokenizer, model_name: str, max_model_len: int,
                  vocab_size: int, metrics: EndpointMetrics, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.executor, self.tokenizer, self.model_name = executor, tokenizer, model_name
         self.max_model_len, self.vocab_size, self.metrics = max_model_len, vocab_size, metrics
-        self.max_in_flight, self.in_flight = max_in_flight, 0  # touched on the event loop only
+        self.max_in_flight, self.admission = max_in_flight, endpoint_admission(executor, max_in_flight)
+        self.admitted: set[str] = set()  # request ids admitted and not yet released
+        self.waiting: dict[str, int] = {}  # admitted, before their first token: prompt tokens
+        self.waiting_tokens = 0
 
-    def admit(self) -> None:
-        """A flood is answered at once (503, Retry-After), never queued without bound: the
-        requests admitted keep their latency and the worker its memory."""
-        if self.in_flight >= self.max_in_flight:
-            raise APIError(503, f"the serving endpoint is at its limit of {self.max_in_flight} "
-                           "requests in flight; retry later", kind="server_error",
-                           code="overloaded")
-        self.in_flight += 1
+    @property
+    def in_flight(self) -> int:
+        return len(self.admitted)
+
+    def slowdown(self) -> float:
+        """The executor's measured / profiled step time (1.0 where it measures none)."""
+        return float(getattr(getattr(self.executor, "admission", None), "slowdown", 1.0))
+
+    def admit(self, rid: str, prompt_len: int) -> None:
+        """Admit request `rid` or refuse it at once (503, Retry-After): the requests admitted
+        keep their SLO and the worker its memory. Every admit is paired with a release."""
+        if self.admission is None:
+            refused = self.in_flight >= self.max_in_flight
+            why = f"at its limit of {self.max_in_flight} requests in flight"
+        else:
+            d = self.admission.decide(prompt_len, self.waiting_tokens, self.in_flight,
+                                      self.slowdown())
+            refused = not d.admitted
+            why = {"hard_cap": f"at its limit of {self.max_in_flight} requests in flight",
+                   "decode_batch": f"at the largest decode batch meeting its TPOT SLO "
+                                   f"({self.in_flight} requests in flight)",
+                   "ttft": f"predicting a TTFT of {d.predicted_ttft_s:.3f} s against its SLO of "
+                           f"{self.admission.slo.ttft_s:.3f} s"}.get(d.reason, d.reason)
+        if refused:
+            raise APIError(503, f"the serving endpoint is {why}; retry later",
+                           kind="server_error", code="overloaded")
+        self.admitted.add(rid)
+        self.waiting[rid] = prompt_len
+        self.waiting_tokens += prompt_len
+
+    def first_token(self, rid: str) -> None:
+        """Its prompt is prefilled: no longer ahead of a new request's first token."""
+        self.waiting_tokens -= self.waiting.pop(rid, 0)
+
+    def release(self, rid: str) -> None:
+        """Finished, failed or its client went away; idempotent."""
+        self.first_token(rid)
+        self.admitted.discard(rid)
