@@ -115,7 +115,12 @@ def _summary(bed: Bed) -> dict:
             "phases_reused": {s["step"]: [p for p, st in (s.get("phase_states") or {}).items()
                                           if st == "Cached"] for s in steps},
             "rejoined_workers": sorted({w for s in steps
-                                        for w in s.get("rejoined_workers") or ()})}
+                                        for w in s.get("rejoined_workers") or ()}),
+            # the endpoint's own records (request received -> tokens): what admission controls,
+            # apart from the flood client's time to open its connections on the same cores
+            "serving_engine": {s["step"]: {w: {k: v.get(k) for k in (
+                "requests", "failed", "ttft_p99_s", "tpot_p99_s", "slo_attainment")}
+                for w, v in (s.get("serving") or {}).items()} for s in steps}}
 
 
 def table(rows: list[dict]) -> Table:
@@ -148,6 +153,16 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _engine_side(r: dict) -> str:
+    """The flood step's serving figures as the endpoint recorded them, when the row has them."""
+    for workers in (r.get("serving_engine") or {}).values():
+        for w, v in workers.items():
+            if v.get("requests") and v.get("slo_attainment") is not None:
+                return (f"; at {w}'s endpoint: P99 TTFT {v['ttft_p99_s']:.2f} s / TPOT "
+                        f"{v['tpot_p99_s'] * 1e3:.0f} ms, {v['slo_attainment']:.0%} met")
+    return ""
+
+
 def serving_cell(r: dict) -> str:
     flood = r["injected"] if "clients" in r["injected"] else None
     if flood is not None:
@@ -156,7 +171,7 @@ def serving_cell(r: dict) -> str:
                 f"({flood['refused_with_retry_after']} Retry-After); admitted P99 TTFT "
                 f"{flood['admitted_ttft_p99_s']:g} s vs SLO {flood['slo']['ttft_s']:.2f} s "
                 f"({flood['admitted_slo_met']:.0%} met); worker RSS {flood['rss_before_mb']} -> "
-                f"{flood['rss_peak_mb']} MB")
+                f"{flood['rss_peak_mb']} MB" + _engine_side(r))
     inj = r["injected"]
     if "in_flight" in inj:  # the killed worker's own requests, then the replay around it
         return (f"in flight: {inj['in_flight_failed']} of {inj['in_flight']} failed at the "
