@@ -1,7 +1,7 @@
 """A rollout worker PROCESS is killed mid-step on the real local stack; nothing is lost.
 
 Slow (a few minutes): starts Prefect, the Dask scheduler, a trainer and two vLLM rollout
-workers, and runs two RL steps through the `train` flow. During step 1 the test
+workers, and runs two RL steps through the `train` flow. During a step the test
 (tests/faults.py, from outside the product) SIGKILLs rollout-1's nanny and worker process once it
 has finished two turn batches and is running a third: the GPU is gone for good. The step must complete with
 every trajectory, the turns that were in flight on rollout-1 re-run on rollout-0 and recorded
@@ -82,17 +82,22 @@ def test_killed_rollout_worker_loses_no_trajectory(stack):
             assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in turns])
         assert all(r["advantage"] is not None for r in rows)  # reward and train ran on them
 
-    rows1 = store.read_step("fault", 1).to_pylist()
-    rerouted = [r for r in rows1 if r["status"] == "rerouted"]
+    # the step the kill struck: rollout-1 may finish only two batches in step 1 (routing and
+    # load decide how many it gets), and then its third runs in step 2
+    struck = [s["step"] for s in summaries if "rollout-1" in (s["dead_workers"] or ())]
+    assert struck, "no step reported rollout-1 dead"
+    hit = struck[0]
+    rows = store.read_step("fault", hit).to_pylist()
+    rerouted = [r for r in rows if r["status"] == "rerouted"]
     # the turns in flight on the killed worker were re-run on the survivor, and counted
     assert rerouted and all(r["worker"] == "rollout-0" for r in rerouted)
-    assert summaries[0]["rerouted_turns"] >= len(rerouted)
-    assert "rollout-1" in summaries[0]["dead_workers"]
+    assert summaries[hit - 1]["rerouted_turns"] >= len(rerouted)
 
-    with Client(stack.dask_scheduler) as client:  # rollout-1 is gone; step 2 ran without it
+    with Client(stack.dask_scheduler) as client:  # rollout-1 is gone; later steps ran without it
         names = {w["name"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
     assert "rollout-1" not in names
-    assert {r["worker"] for r in store.read_step("fault", 2).to_pylist()} == {"rollout-0"}
+    for later in range(hit + 1, 3):
+        assert {r["worker"] for r in store.read_step("fault", later).to_pylist()} == {"rollout-0"}
 
 
 def test_dynamic_sampling_step_keeps_whole_groups(stack):
