@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: setup
 	$(BIN)/rose demo --steps $(STEPS)
 
+# test_pipeline_resume runs in a process of its own: after another test module has imported
+# flows.rl_step in the same process, its resumed steps recompute their finished rollout and
+# reward instead of reusing them (an open test-isolation bug; alone it passes, as `rose resume`).
 test: setup check
-	$(BIN)/pytest -q -x --timeout 900 tests
+	$(BIN)/pytest -q -x --timeout 900 tests --ignore=tests/test_pipeline_resume.py
+	$(BIN)/pytest -q -x --timeout 900 tests/test_pipeline_resume.py
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
 check: setup
