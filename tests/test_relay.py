@@ -140,3 +140,29 @@ def test_master_gone_after_connect_raises_relay_error(tmp_path):
         if relay is not None:
             relay.close()
         services.stop()
+
+
+class _PutUnderWay:
+    """A Mooncake store stand-in for get_size alone: -703 (REPLICA_IS_NOT_READY, what a reader
+    gets while the key's put is under way) `busy` times, then the value's size."""
+
+    def __init__(self, busy: int, size: int = 5) -> None:
+        self.busy, self.size = busy, size
+
+    def get_size(self, key: str) -> int:
+        self.busy -= 1
+        return -703 if self.busy >= 0 else self.size
+
+
+def test_a_put_under_way_is_waited_for_then_reads_as_missing_never_a_failure(monkeypatch):
+    """A receiver polling a manifest while the publisher puts it: found once the put lands;
+    still not ready after the wait, it is not published yet (RelayKeyMissing), not RelayError
+    (seen in a full run as 'get ... failed with -703')."""
+    import storage.relay.mooncake as mc
+
+    relay = object.__new__(mc.MooncakeRelay)  # _size needs no live client: the store is given
+    relay.master_addr = "127.0.0.1:0"
+    assert relay._size(_PutUnderWay(busy=3), "rose/r/v1/manifest") == 5
+    monkeypatch.setattr(mc, "_NOT_READY_WAIT_S", 0.05)
+    with pytest.raises(RelayKeyMissing, match="still being written"):
+        relay._size(_PutUnderWay(busy=10**6), "rose/r/v1/manifest")

@@ -7,6 +7,8 @@ Mooncake pitfalls handled here:
   publisher.
 - `get` of a missing key returns b'' (also when the master is down): reads go through
   get_size / get_into, whose codes tell "missing" (-704) from "unreachable" (-900).
+- A key whose put is under way answers -703 (REPLICA_IS_NOT_READY) to readers: waited for
+  briefly, then reported missing (not published yet), never as a relay failure.
 - An object lives in the segment of one client: writes prefer this client's own segment, so
   what a publisher pushes lives exactly as long as the publisher. Pure readers can mount no
   segment (segment_bytes=0). A master restart loses every object.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,9 +30,11 @@ from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, chec
 
 _CODES = {-10: "BUFFER_OVERFLOW",
           -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes)",
-          -600: "INVALID_PARAMS", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
+          -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
           -800: "TRANSFER_FAIL (the segment's owner may have died)"}
 _MISSING = -704
+_NOT_READY = -703  # REPLICA_IS_NOT_READY: a put of the key is under way
+_NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
 
 
 def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_buffer_bytes: int):
@@ -128,16 +133,24 @@ class MooncakeRelay(Relay):
         if rc != 0:
             raise self._fail("put", key, rc)
 
+    def _size(self, store, key: str) -> int:
+        """The value's size; a put under way is waited for, then the key reads as missing."""
+        deadline = time.monotonic() + _NOT_READY_WAIT_S
+        size = store.get_size(check_key(key))
+        while size == _NOT_READY and time.monotonic() < deadline:
+            time.sleep(0.01)
+            size = store.get_size(key)
+        if size == _MISSING:
+            raise RelayKeyMissing(f"{key!r} is not in the mooncake relay at {self.master_addr}")
+        if size == _NOT_READY:
+            raise RelayKeyMissing(f"{key!r} is still being written to the mooncake relay at "
+                                  f"{self.master_addr} after {_NOT_READY_WAIT_S:g} s")
+        if size <= 0:
+            raise self._fail("get", key, size)
+        return size
+
     def _sizes(self, store, keys: Sequence[str]) -> list[int]:
-        sizes = []
-        for key in keys:
-            size = store.get_size(check_key(key))
-            if size == _MISSING:
-                raise RelayKeyMissing(f"{key!r} is not in the mooncake relay at {self.master_addr}")
-            if size <= 0:
-                raise self._fail("get", key, size)
-            sizes.append(size)
-        return sizes
+        return [self._size(store, key) for key in keys]
 
     def get_many(self, keys: Sequence[str]) -> list[memoryview]:
         """Values of `keys`, fetched in one batch into one buffer (zero copy)."""
@@ -156,7 +169,7 @@ class MooncakeRelay(Relay):
                     rcs = store.batch_get_into(list(keys), [base + o for o in offsets[:-1]], sizes)
                 finally:
                     store.unregister_buffer(base)
-            if any(rc == -600 for rc in rcs):
+            if any(rc in (-600, _NOT_READY) for rc in rcs):  # replaced meanwhile: read again
                 continue
             for key, rc, size in zip(keys, rcs, sizes):
                 if rc == _MISSING:
@@ -175,11 +188,7 @@ class MooncakeRelay(Relay):
         if value:
             return value
         self._live("get", key, probe=True)
-        size = store.get_size(key)
-        if size == _MISSING:
-            raise RelayKeyMissing(f"{key!r} is not in the mooncake relay at {self.master_addr}")
-        if size < 0:
-            raise self._fail("get", key, size)
+        self._size(store, key)  # missing, being written, or failed: raises saying which
         return self.get_many([key])[0].tobytes()  # too large for the local buffer
 
     def exists(self, key: str) -> bool:
