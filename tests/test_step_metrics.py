@@ -90,3 +90,18 @@ def test_schema_doc_names_every_field():
     text = DOC.read_text()
     for name in STEP_SCHEMA.names + SERVING_SCHEMA.names + TIMELINE_SCHEMA.names:
         assert f"`{name}`" in text, name
+
+
+def test_tensorboard_reads_steps_in_order_past_ten_writes(tmp_path):
+    """TensorBoard reads a directory's event files in name order; a file per step named by its
+    start second and a per-process counter put step 10 before step 2 (seen in a full run as
+    [2, 1]). One file per process keeps every step in the order written."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from storage.metrics.tensorboard import write_events
+
+    for step in range(1, 13):
+        write_events(tmp_path / "tb", {"step": step, "reward": step / 10})
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("step/reward")] == list(range(1, 13))

@@ -3,6 +3,8 @@ as users of verl and ROLL expect: step scalars under `step/`, each serving worke
 `serving/<worker>/`, the RL step as TensorBoard's global step."""
 from __future__ import annotations
 
+import atexit
+import threading
 from pathlib import Path
 
 STEP_SCALARS = ("reward", "success_rate", "tokens_per_s", "prefix_cache_hit_rate", "rollout_s",
@@ -22,11 +24,33 @@ def scalars(summary: dict) -> dict[str, float]:
     return {tag: float(v) for tag, v in out.items()}
 
 
+_writers: dict[str, object] = {}  # log dir -> this process's SummaryWriter for it
+_lock = threading.Lock()
+
+
 def write_events(log_dir: Path | str, summary: dict) -> Path:
-    """Append the step's scalars to an event file under `log_dir` (one file per call)."""
+    """Append the step's scalars to this process's event file under `log_dir`.
+
+    One file per process and directory, flushed after every step: TensorBoard reads a
+    directory's files in name order (start second, host, pid, then a per-process counter, which
+    sorts "10" before "9"), so a file per step could put step 2 before step 1, and readers that
+    purge out-of-order steps would drop data. A resumed run's process starts a later file."""
     from torch.utils.tensorboard import SummaryWriter
 
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
+    key = str(Path(log_dir).resolve())
+    with _lock:
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = SummaryWriter(log_dir=key)
         for tag, value in scalars(summary).items():
             writer.add_scalar(tag, value, global_step=summary["step"])
+        writer.flush()
     return Path(log_dir)
+
+
+@atexit.register
+def close_writers() -> None:
+    with _lock:
+        for writer in _writers.values():
+            writer.close()
+        _writers.clear()
