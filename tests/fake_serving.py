@@ -98,8 +98,9 @@ def fake_model_dir(path, vocab_size: int = 300, context: int = 256):
     return path
 
 
-def post_all(url: str, bodies: list[dict]) -> list[tuple[int, str | None, str]]:
-    """POST every body to `url` at once (one client, concurrent): (status, Retry-After, text)."""
+def post_all(url: str, bodies: list[dict]) -> tuple[list, list]:
+    """POST every body to `url` at once (one client, concurrent); the answers as (status,
+    Retry-After, text), split into (served: 200, refused: 503). Anything else fails here."""
     import asyncio
 
     import httpx
@@ -112,4 +113,8 @@ def post_all(url: str, bodies: list[dict]) -> list[tuple[int, str | None, str]]:
         async with httpx.AsyncClient(timeout=30) as client:
             return await asyncio.gather(*(one(client, b) for b in bodies))
 
-    return asyncio.run(flood())
+    answers = asyncio.run(flood())
+    served = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 503]
+    assert len(served) + len(refused) == len(answers), [a[:2] for a in answers]
+    return served, refused

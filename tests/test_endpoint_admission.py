@@ -106,10 +106,8 @@ def test_the_endpoint_refuses_beyond_the_predicted_ttft_and_serves_what_it_admit
     bodies = [{"model": "tiny-serving", "prompt": [5] * 29 + [i % 50 + 7], "max_tokens": 3,
                "ignore_eos": True, "stream": i % 2 == 0} for i in range(20)]
     try:
-        answers = post_all(ep.url + "/v1/completions", bodies)
-        ok = [a for a in answers if a[0] == 200]
-        refused = [a for a in answers if a[0] == 503]
-        assert len(ok) + len(refused) == 20 and 3 <= len(ok) < 20
+        ok, refused = post_all(ep.url + "/v1/completions", bodies)
+        assert 3 <= len(ok) < 20
         assert all(a[1] == "1" and "predicting a TTFT of 0.120 s against its SLO of 0.100 s"
                    in a[2] for a in refused), refused[:1]
         assert all('"finish_reason":"length"' in a[2].replace(" ", "") for a in ok)

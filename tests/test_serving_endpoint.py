@@ -222,10 +222,8 @@ def test_a_flood_is_answered_503_with_retry_after_and_the_admitted_are_served(tm
     bodies = [{"model": "tiny-serving", "prompt": [5, 6, i % 50 + 7], "max_tokens": 32,
                "ignore_eos": True, "stream": i % 2 == 0} for i in range(40)]
     try:
-        answers = post_all(ep.url + "/v1/completions", bodies)
-        ok = [a for a in answers if a[0] == 200]
-        refused = [a for a in answers if a[0] == 503]
-        assert len(ok) + len(refused) == 40 and 4 <= len(ok) < 40
+        ok, refused = post_all(ep.url + "/v1/completions", bodies)
+        assert 4 <= len(ok) < 40
         assert all(a[1] == "1" and "limit of 4 requests in flight" in a[2] for a in refused)
         assert all("[DONE]" in a[2] or '"choices"' in a[2] for a in ok)
         again = httpx.post(ep.url + "/v1/completions", timeout=30, json={
