@@ -10,6 +10,7 @@ the commit never waits). Shard rules come from the parameter names and the polic
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -48,11 +49,17 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
 
 def policy_specs(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> list[ParamSpec]:
     """Each weight's shard rule, from its HF name and the policy's config (heads, groups)."""
-    from transformers import AutoConfig
-
-    model_cfg = AutoConfig.from_pretrained(cfg.models.policy_path())
+    model_cfg = _model_config(str(cfg.models.policy_path()))
     return param_specs(weights.items(), {n: infer_rule(n, tuple(t.shape), None, model_cfg)
                                          for n, t in weights.items()})
+
+
+@functools.lru_cache(maxsize=8)
+def _model_config(path: str):
+    """The policy's HF config, read once per process (publish runs every step)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
 
 
 def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True) -> ShardedPublisher:
