@@ -61,23 +61,29 @@ class EndpointState:
         """Admit request `rid` or refuse it at once (503, Retry-After): the requests admitted
         keep their SLO and the worker its memory. Every admit is paired with a release."""
         if self.admission is None:
-            refused = self.in_flight >= self.max_in_flight
-            why = f"at its limit of {self.max_in_flight} requests in flight"
+            if self.in_flight >= self.max_in_flight:
+                self._refuse(f"at its limit of {self.max_in_flight} requests in flight")
         else:
             d = self.admission.decide(prompt_len, self.waiting_tokens, self.in_flight,
                                       self.slowdown())
-            refused = not d.admitted
-            why = {"hard_cap": f"at its limit of {self.max_in_flight} requests in flight",
-                   "decode_batch": f"at the largest decode batch meeting its TPOT SLO "
-                                   f"({self.in_flight} requests in flight)",
-                   "ttft": f"predicting a TTFT of {d.predicted_ttft_s:.3f} s against its SLO of "
-                           f"{self.admission.slo.ttft_s:.3f} s"}.get(d.reason, d.reason)
-        if refused:
-            raise APIError(503, f"the serving endpoint is {why}; retry later",
-                           kind="server_error", code="overloaded")
+            if d.reason == "hard_cap":
+                self._refuse(f"at its limit of {self.max_in_flight} requests in flight")
+            if d.reason == "decode_batch":
+                self._refuse(f"at the largest decode batch meeting its TPOT SLO "
+                             f"({self.in_flight} requests in flight)")
+            if d.reason == "ttft":
+                self._refuse(f"predicting a TTFT of {d.predicted_ttft_s:.3f} s against its "
+                             f"SLO of {self.admission.slo.ttft_s:.3f} s")
+            if not d.admitted:
+                self._refuse(d.reason)
         self.admitted.add(rid)
         self.waiting[rid] = prompt_len
         self.waiting_tokens += prompt_len
+
+    @staticmethod
+    def _refuse(why: str) -> None:
+        raise APIError(503, f"the serving endpoint is {why}; retry later", kind="server_error",
+                       code="overloaded")
 
     def first_token(self, rid: str) -> None:
         """Its prompt is prefilled: no longer ahead of a new request's first token."""
