@@ -26,13 +26,8 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: setup
 	$(BIN)/rose demo --steps $(STEPS)
 
-# test_pipeline_resume runs in a process of its own: in a process where other test modules
-# imported flows.rl_step first, its resumed steps sometimes (3 of 4 tries) recompute their
-# finished rollout and reward instead of reusing them; in its own process, as `rose resume`
-# runs, it passed each time. An open bug, under investigation.
 test: setup check
-	$(BIN)/pytest -q -x --timeout 900 tests --ignore=tests/test_pipeline_resume.py
-	$(BIN)/pytest -q -x --timeout 900 tests/test_pipeline_resume.py
+	$(BIN)/pytest -q -x --timeout 900 tests
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
 check: setup

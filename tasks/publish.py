@@ -25,7 +25,6 @@ import threading
 import time
 
 import torch
-from distributed import worker_client
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -35,6 +34,7 @@ from executors.workers.weight_sync import start_pulls, wait_versions
 from rose.config import RunConfig
 from storage.weights.transfer_metrics import write_transfer_metrics
 from tasks.placement import require, workers_by_kind
+from tasks.worker_threads import client_outside_thread_pool
 
 WAIT_FOR = ("dedicated", "none", "all")
 _snapshots: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # (run, version) -> bf16 weights
@@ -55,10 +55,10 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     if wait_for not in WAIT_FOR:
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
     weights = weights_of(cfg.run_id, version)
-    # Out of the trainer worker's task thread (worker_client secedes) before the push: with
+    # Out of the trainer worker's task thread (the client secedes) before the push: with
     # one thread there, the next update (max_staleness 1) starts beside encoding and puts
     # instead of queueing behind them. The version still becomes visible only once complete.
-    with worker_client() as client:
+    with client_outside_thread_pool() as client:
         t0 = time.perf_counter()
         sharded = cfg.publish.shard_split is not None
         if sharded:

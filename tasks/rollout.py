@@ -7,7 +7,6 @@ import math
 import statistics
 from typing import Callable
 
-from distributed import worker_client
 from prefect import task
 
 from envs.registry import make_env
@@ -24,6 +23,7 @@ from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
 from tasks.caching import STEP_CACHE
 from tasks.placement import require, workers_by_kind
+from tasks.worker_threads import client_outside_thread_pool
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def share_by_kind(rows: list[dict]) -> dict[str, dict]:
 def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     """Generate the step's trajectories with policy `policy_version`; write them as Arrow."""
     r = cfg.rollout
-    with worker_client() as client:
+    with client_outside_thread_pool() as client:
         kinds = workers_by_kind(client)
         require(kinds, "rollout")
         lent = ("rollout", "serving") if r.borrow_serving else ("rollout",)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from distributed import worker_client
 from prefect import task
 
 from executors.coserving.plugin import coserving_step_report
 from tasks.placement import workers_by_kind
+from tasks.worker_threads import client_outside_thread_pool
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 @task(name="serving-report", retries=0)
 def serving_report(timeout_s: float = 30.0) -> dict:
     """{"serving": worker -> report, "serving_requests", "slo_attainment", "serving_workers"}."""
-    with worker_client() as client:
+    with client_outside_thread_pool() as client:
         names = sorted(n for n, k in workers_by_kind(client).items() if k == "serving")
         reports = []
         for name in names:

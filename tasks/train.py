@@ -12,7 +12,6 @@ import json
 import time
 from pathlib import Path
 
-from distributed import secede
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -22,6 +21,7 @@ from storage.atomic import write_atomic
 from storage.checkpoints import checkpoint_steps
 from storage.trajectories.dataset import TrajectoryStore
 from tasks.publish import keep_snapshot
+from tasks.worker_threads import leave_thread_pool
 
 
 class InjectedFault(RuntimeError):
@@ -90,7 +90,7 @@ def train(cfg: RunConfig, step: int) -> dict:
     if cfg.max_staleness:
         # Leave the worker's task thread (the trainer worker has one): the next step's rollout
         # driver and this step's publish start beside the update instead of queueing behind it.
-        secede()
+        leave_thread_pool()
     inject_fault(cfg, step)
     trainer = local_trainer(cfg.run_id)
     if trainer.version == step:  # resumed after this step's update: do not apply it twice
