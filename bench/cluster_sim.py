@@ -3,9 +3,10 @@ borrowed share and KV-affinity hit rate at 16-1,024 GPUs, per configuration.
 
     python bench/cluster_sim.py [--steps 3] [--scales 16 64 256 1024] [--timing]
 
-Every engine is the local CPU models' measured latency profile (sim/profiles/; no GPU kind could
-be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such engines, not
-H800s. Per scale, "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99
+Every engine is the local CPU models' measured latency profile by default (sim/profiles/; no GPU
+kind could be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such
+engines, not H800s; --rollout-profile / --serving-profile NAME run the same sweep on another
+profile (sim/profiles/NAME.json, the latency_profile.py format, e.g. one measured on a GPU). Per scale, "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99
 TTFT/TPOT, as bench/coserving_sweep.py does per load; the other configurations run at that SLO.
 --timing also runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead
 compares synchronous and one-step off-policy steps (RunConfig.max_staleness 0 vs 1; SimConfig
@@ -31,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
+from sim.profiles import PROFILE_DIR  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
 FIDELITY = Path(__file__).resolve().parent / "results" / "learning_fidelity.json"
@@ -48,7 +50,8 @@ def run(cfg: SimConfig) -> dict:
 
 def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict]:
     """The base config at `gpus`, and the SLO there: 2x the fixed configuration's P99s."""
-    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate)
+    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate,
+                     rollout_profile=args.rollout_profile, serving_profile=args.serving_profile)
     fixed = run(replace(base, config="fixed"))
     return base, dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
 
@@ -176,6 +179,12 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=6.0, help="trace speed-up per serving GPU")
     ap.add_argument("--ablation-scale", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    # a profile measured on another device kind (latency_profile.py format) dropped into
+    # sim/profiles/ runs the same sweep on it; the default is the local CPU engines'
+    ap.add_argument("--rollout-profile", default=SimConfig.rollout_profile,
+                    help="sim/profiles/<name>.json of the rollout engines")
+    ap.add_argument("--serving-profile", default=SimConfig.serving_profile,
+                    help="sim/profiles/<name>.json of the serving engines")
     ap.add_argument("--timing", action="store_true", help="also time 1,024 GPUs x 50 steps")
     ap.add_argument("--pipeline", action="store_true", help="synchronous vs one-step off-policy")
     ap.add_argument("--validate-runs", nargs=3, metavar=("DATA_DIR", "FIT_RUN", "CHECK_RUN"),
@@ -183,6 +192,11 @@ def main() -> None:
                     "and check it on another")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    for name in (args.rollout_profile, args.serving_profile):
+        if not (PROFILE_DIR / f"{name}.json").is_file():
+            known = sorted(p.stem for p in PROFILE_DIR.glob("*.json")
+                           if not p.stem.startswith(("gpu_sources", "workload")))
+            ap.error(f"no simulator profile {name!r} in {PROFILE_DIR}; shipped: {known}")
     t0 = time.perf_counter()
     if args.pipeline:
         return pipeline_main(args, t0)
