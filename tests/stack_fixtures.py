@@ -49,6 +49,19 @@ def prefect_for(handle):
         yield
 
 
+def drain_prefect_services(timeout_s: float = 60.0) -> None:
+    """Deliver this process's queued Prefect events and logs to the stack's server while it is
+    still up, and retire the services. Prefect keeps one events worker per process, not per API
+    URL: left alone, it holds events for this stack's server after the server is gone, and the
+    next `prefect_test_harness()` blocks on exit delivering them (a 60 s client timeout each;
+    a full run sat in test_cluster_sim_flow's harness exit for 10+ minutes)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=timeout_s, at_exit=False)
+
+
 @contextmanager
 def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None):
     """A local stack (1 rollout worker) in its own data directory, set up for flows run in this
@@ -63,7 +76,10 @@ def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None):
     apply_env(stack_env(handle))
     try:
         with prefect_for(handle):
-            yield handle
+            try:
+                yield handle
+            finally:
+                drain_prefect_services()
     finally:
         (stopped if stopped is not None else []).extend(stop_stack(stack_dir()))
         os.environ.clear()
