@@ -106,3 +106,28 @@ def test_no_snapshot_served_fails_and_keeps_what_was_held(published) -> None:
     with pytest.raises(NeedsFullSnapshot, match="is its publisher serving requests"):
         rx.pull()
     assert rx.version == 0 and _same(rx.tensors, v0)
+
+
+class _LosesFirstRequests(FilesystemRelay):
+    """A relay that drops the first `n` snapshot requests put into it (a master restart)."""
+
+    def __init__(self, root, n: int) -> None:
+        super().__init__(root)
+        self.dropped, self.n = 0, n
+
+    def put(self, key: str, data) -> None:
+        if key.endswith("full-request") and self.dropped < self.n:
+            self.dropped += 1
+            return
+        super().put(key, data)
+
+
+def test_a_lost_snapshot_request_is_asked_again(published) -> None:
+    relay, _, _, publish = published
+    publish(0)
+    publish(1)
+    v2 = publish(2)
+    lossy = _LosesFirstRequests(relay.root, n=2)  # the same relay directory, losing 2 requests
+    rx = ShardedReceiver(lossy, RUN, full_timeout_s=30)
+    report = rx.pull()  # holds nothing: v2's parts are deltas, so it asks for them in full
+    assert lossy.dropped == 2 and report.version == 2 and _same(rx.tensors, v2)

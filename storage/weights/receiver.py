@@ -31,15 +31,14 @@ import torch
 from storage.weights.apply_pipeline import fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.parallel import available_cores
-from storage.delta import DeltaError
-from storage.relay.base import Relay, RelayError, RelayKeyMissing
+from storage.relay.base import Relay, RelayKeyMissing
+from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.sparse_publisher import tensors_digest
 from storage.weights.publisher import (latest_version, pull_weights, read_manifest,
                                       request_key)
 
 # What makes a version unusable for this receiver (the relay being down is not one of them:
 # RelayError propagates, nothing is requested).
-UNUSABLE = (CorruptBucket, DeltaError, RelayKeyMissing)
 
 
 class SnapshotUnavailable(RuntimeError):
@@ -191,33 +190,25 @@ class WeightReceiver:
     def _full(self, target: int, reason: str, report: PullReport, accept_newer: bool) -> None:
         report.fallback = reason
         t0 = time.perf_counter()
-        deadline = t0 + self.full_timeout_s
-        asked_at = -float("inf")
         bad: set[tuple[str, int, Any]] = set()  # snapshots found damaged: not fetched again
-        relay_error = ""
-        while True:
-            try:
-                before = target
-                done, target, new_damage = self._try_full(target, report, accept_newer, bad)
-                if done:
-                    report.wait_s = time.perf_counter() - t0 - report.fetch_s - report.apply_s
-                    return
-                now = time.perf_counter()
-                # Ask at once for a new target or new damage, else now and then (the relay may
-                # lose a request, e.g. in a master restart).
-                if target != before or new_damage or now - asked_at >= self.rerequest_s:
-                    stamps = [at for part, v, at in bad if part == "full" and v == target]
-                    self._ask(target, reason, stamps)
-                    asked_at = now
-                relay_error = ""
-            except RelayError as e:  # e.g. a master restarting: wait for it within the deadline
-                relay_error = f"; last relay error: {e}"
-            if time.perf_counter() >= deadline:
-                raise SnapshotUnavailable(
-                    f"run {self.run!r}: no usable full snapshot of v{target} within "
-                    f"{self.full_timeout_s:g} s (is the publisher serving requests?); "
-                    f"needed because {reason}{relay_error}")
-            time.sleep(self.poll_s)
+
+        def attempt() -> tuple[bool | None, bool]:
+            nonlocal target  # a newer version once it is the newest (accept_newer)
+            done, newest, new_damage = self._try_full(target, report, accept_newer, bad)
+            news, target = newest != target or new_damage, newest
+            return (True if done else None), news
+
+        def ask() -> None:
+            self._ask(target, reason, [at for part, v, at in bad if part == "full" and v == target])
+
+        def give_up(relay_error: str) -> SnapshotUnavailable:
+            return SnapshotUnavailable(
+                f"run {self.run!r}: no usable full snapshot of v{target} within "
+                f"{self.full_timeout_s:g} s (is the publisher serving requests?); "
+                f"needed because {reason}{relay_error}")
+
+        SnapshotWait(self.full_timeout_s, self.rerequest_s, self.poll_s).until(attempt, ask, give_up)
+        report.wait_s = time.perf_counter() - t0 - report.fetch_s - report.apply_s
 
     def _try_full(self, target: int, report: PullReport, accept_newer: bool,
                   bad: set) -> tuple[bool, int, bool]:

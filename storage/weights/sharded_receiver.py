@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from storage.delta import DeltaError
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.shards.grain import PublishLayout, receiver_pieces, rank_parts
 from storage.shards.layout import ParallelLayout, Rank
@@ -33,9 +32,9 @@ from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.parallel import available_cores
 from storage.weights.publisher import latest_version, pull_weights, read_manifest
 from storage.weights.sharded import read_sharded
+from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.sparse_publisher import full_part, snapshot_request_key, tensors_digest
 
-UNUSABLE = (CorruptBucket, DeltaError, RelayKeyMissing)  # a part to take in full instead
 
 
 class NeedsFullSnapshot(RuntimeError):
@@ -169,24 +168,28 @@ class ShardedReceiver:
                        report: ShardPullReport, reason: str) -> dict[str, torch.Tensor]:
         """The full snapshot of one part of `target`: the one in the relay if usable, else
         asked of the part's publisher (again, naming a damaged one) until full_timeout_s."""
-        snapshot, damaged, asked = full_part(part), [], False
-        deadline = time.monotonic() + float(self.full_timeout_s or 0.0)
-        while True:
+        snapshot, damaged = full_part(part), []
+
+        def attempt() -> tuple[dict[str, torch.Tensor] | None, bool]:
             try:
                 manifest = read_manifest(self.relay, self.run, target, snapshot)
             except RelayKeyMissing:
-                manifest = None
-            if manifest is not None and manifest.meta.get("published_at") not in damaged:
-                try:
-                    return self._pull_part(target, snapshot, manifest, committed, report)
-                except UNUSABLE:
-                    damaged.append(manifest.meta.get("published_at"))
-                    asked = False
-            if not asked:
-                body = {"by": self.requester, "reason": reason, "damaged": damaged}
-                self.relay.put(snapshot_request_key(self.run, target, part), json.dumps(body).encode())
-                asked = True
-            if time.monotonic() >= deadline:
-                raise NeedsFullSnapshot(f"no full snapshot of v{target}/{part} within {self.full_timeout_s:g} s "
-                                        f"(is its publisher serving requests?); wanted because {reason}")
-            time.sleep(0.05)
+                return None, False
+            if manifest.meta.get("published_at") in damaged:
+                return None, False
+            try:
+                return self._pull_part(target, snapshot, manifest, committed, report), False
+            except UNUSABLE:
+                damaged.append(manifest.meta.get("published_at"))
+                return None, True
+
+        def ask() -> None:
+            body = {"by": self.requester, "reason": reason, "damaged": damaged}
+            self.relay.put(snapshot_request_key(self.run, target, part), json.dumps(body).encode())
+
+        def give_up(relay_error: str) -> NeedsFullSnapshot:
+            return NeedsFullSnapshot(f"no full snapshot of v{target}/{part} within "
+                                     f"{self.full_timeout_s:g} s (is its publisher serving "
+                                     f"requests?); wanted because {reason}{relay_error}")
+
+        return SnapshotWait(float(self.full_timeout_s or 0.0)).until(attempt, ask, give_up)
