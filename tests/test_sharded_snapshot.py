@@ -4,6 +4,8 @@ of the part's publisher, and ends bit-exact; with no publisher answering it fail
 keeps what it held."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -12,8 +14,8 @@ from storage.shards.grain import PublishLayout
 from storage.shards.layout import ParallelLayout
 from storage.shards.plan import param_specs, split_full
 from storage.shards.rules import infer_model_rules
-from storage.weights.publisher import bucket_key, read_manifest
-from storage.weights.sharded import ShardedPublisher, commit_sharded
+from storage.weights.publisher import bucket_key, latest_version, read_manifest
+from storage.weights.sharded import ShardedPublisher
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 
 from test_sharded_publish import _same, _step, _tiny
@@ -36,7 +38,7 @@ def published(tmp_path):
         for _ in range(version):
             weights = {n: _step(t) for n, t in weights.items()}
         pub.publish(version, weights)
-        commit_sharded(relay, RUN, version, layout, specs)
+        pub.commit(version)
         return weights
 
     pub.start_servers(interval_s=0.02)
@@ -131,3 +133,18 @@ def test_a_lost_snapshot_request_is_asked_again(published) -> None:
     rx = ShardedReceiver(lossy, RUN, full_timeout_s=30)
     report = rx.pull()  # holds nothing: v2's parts are deltas, so it asks for them in full
     assert lossy.dropped == 2 and report.version == 2 and _same(rx.tensors, v2)
+
+
+def test_a_version_the_relay_lost_is_put_back_whole(published) -> None:
+    relay, pub, _, publish = published
+    publish(0)
+    v1 = publish(1)
+    assert pub.whole and pub.committed == 1
+    relay.remove_prefix(f"rose/{RUN}/")  # the relay lost everything (a master restart)
+    assert latest_version(relay, RUN) is None
+    deadline = time.monotonic() + 20
+    while latest_version(relay, RUN) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rx = ShardedReceiver(relay, RUN)  # asks for no snapshot: takes the parts as pushed
+    report = rx.pull()
+    assert report.version == 1 and report.mode == "full" and _same(rx.tensors, v1)

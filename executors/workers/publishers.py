@@ -22,7 +22,7 @@ from storage.shards.grain import PublishLayout
 from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, param_specs
 from storage.shards.rules import infer_rule
-from storage.weights.sharded import ShardedPublisher, commit_sharded
+from storage.weights.sharded import ShardedPublisher
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 from storage.weights.transfer_metrics import PublishReport
 
@@ -89,6 +89,6 @@ def publish_sharded(cfg: RunConfig, version: int, weights: dict[str, torch.Tenso
     specs = policy_specs(cfg, weights)
     pub = sharded_publisher(cfg, specs)
     parts = pub.publish(version, weights)
-    commit_sharded(pub.relay, cfg.run_id, version, pub.layout, specs)
+    pub.commit(version)
     return PublishReport.combine(version, [parts[k] for k in sorted(parts)], tensors_digest(weights),
                                  time.perf_counter() - t0)

@@ -14,26 +14,32 @@ Each part is pushed by a storage.weights.sparse_publisher.SparsePublisher of its
 delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix),
 which also answers a receiver's request for a full snapshot of the part (`start_servers`):
   rose/<run>/v<v>/shards/.../<group>/full-request, answered under .../<group>/full/
+A publisher holding every part (a trainer of one rank, the live path) also puts its committed
+version back, every part in full, if the relay loses it (a master restart), as the unsharded
+trainer publisher does.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from storage.relay.base import Relay, RelayKeyMissing
+from storage.relay.base import Relay, RelayError, RelayKeyMissing
 from storage.shards.grain import PublishLayout, cut, rank_parts
 from storage.shards.layout import ParallelLayout, Rank, slice_for
 from storage.shards.plan import ParamSpec
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest
-from storage.weights.publisher import commit_version, read_manifest
+from storage.weights.publisher import commit_version, manifest_key, read_manifest
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import PublishReport
 
 SHARDED = "sharded"
+log = logging.getLogger(__name__)
 
 
 def specs_meta(params: list[ParamSpec]) -> list[dict[str, Any]]:
@@ -68,6 +74,11 @@ class ShardedPublisher:
         self.parts = rank_parts(params, layout)[rank]
         self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part)
                       for part in self.parts}
+        # a rank publishing every part (a trainer of one rank) can also commit a version again
+        self.whole = sorted(self.parts) == expected_parts(params, layout)
+        self.committed: int | None = None  # the last version this publisher committed
+        self._lock = threading.Lock()  # publish, commit and republish_if_lost, one at a time
+        self._watch: threading.Event | None = None
 
     def objects(self, local: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
         """part -> {object name: tensor}, cut from this rank's local shards (param name ->
@@ -88,20 +99,58 @@ class ShardedPublisher:
                 out[part][obj.key] = cut(shard.detach().to("cpu", torch.bfloat16), held, obj.slice, p.shape)
         return out
 
-    def start_servers(self, interval_s: float = 0.1) -> None:
-        """Answer receivers' requests for a full snapshot of a part (one thread per part)."""
+    def start_servers(self, interval_s: float = 0.1, lost_every_s: float = 1.0) -> None:
+        """Answer receivers' requests for a full snapshot of a part (one thread per part); a
+        whole publisher also looks for a lost committed version every `lost_every_s`."""
         for pub in self._pubs.values():
             pub.start_server(interval_s)
+        if self.whole and self._watch is None:
+            self._watch = stop = threading.Event()
+
+            def watch() -> None:
+                while not stop.wait(lost_every_s):
+                    try:
+                        self.republish_if_lost()
+                    except (RelayError, OSError, TimeoutError) as e:  # relay still down: retry
+                        log.warning("lost-version watch of run %s: %s", self.run, e)
+
+            threading.Thread(target=watch, name=f"rose-lost-{self.run}", daemon=True).start()
 
     def stop_servers(self) -> None:
         for pub in self._pubs.values():
             pub.stop_server()
+        if self._watch is not None:
+            self._watch.set()
+            self._watch = None
 
     def publish(self, version: int, local: dict[str, torch.Tensor]) -> dict[str, PublishReport]:
-        """Push this rank's parts of `version` (not visible until commit_sharded); per part its
+        """Push this rank's parts of `version` (not visible until committed); per part its
         report: a delta against this rank's previous push of it when possible, else full."""
-        return {part: self._pubs[part].publish(version, tensors)
-                for part, tensors in self.objects(local).items()}
+        with self._lock:
+            return {part: self._pubs[part].publish(version, tensors)
+                    for part, tensors in self.objects(local).items()}
+
+    def commit(self, version: int, timeout_s: float = 120.0) -> Manifest:
+        """commit_sharded of `version` (waits for the other ranks' parts), remembered as the
+        version a whole publisher puts back if the relay loses it."""
+        with self._lock:
+            manifest = commit_sharded(self.relay, self.run, version, self.layout,
+                                      list(self.params.values()), timeout_s)
+            self.committed = version
+            return manifest
+
+    def republish_if_lost(self) -> bool:
+        """If the relay lost the committed version (a master restart), push every part again in
+        full and commit it; True if it did. Only a whole publisher can: other ranks' parts are
+        not here to commit with (their trainer's next publish makes a version again)."""
+        with self._lock:
+            v = self.committed
+            if not self.whole or v is None or self.relay.exists(manifest_key(self.run, v)):
+                return False
+            if any(self._pubs[part].republish_held(v) is None for part in sorted(self._pubs)):
+                return False  # a part holds another version: not this publisher's to mend
+            commit_sharded(self.relay, self.run, v, self.layout, list(self.params.values()))
+            return True
 
 
 def expected_parts(params: list[ParamSpec], layout: PublishLayout) -> list[str]:

@@ -191,6 +191,20 @@ class SparsePublisher:
         return report
 
     # -- full snapshots on request ----------------------------------------------------------
+    def republish_held(self, version: int) -> PublishReport | None:
+        """Push `version` again in full under this publisher's prefix, if it is the version held
+        (the relay lost it: a master restart); None if another one, or none, is held."""
+        with self._lock:
+            if self._held is None or self.version != version:
+                return None
+            where = f"part {self.part} of " if self.part else ""
+            log.warning("relay %s lost %sv%d of run %s: republishing it in full",
+                        self.relay.name, where, version, self.run)
+            report = self._push(version, self._held, None, "relay lost the published version",
+                                self.part)
+            self.served.append(report)
+            return report
+
     def serve_requests(self, check_lost: bool = True) -> PublishReport | None:
         """One pass: republish the held version if the relay lost it (`check_lost`); answer a
         request for a full snapshot of it. Returns what was pushed, if anything."""
@@ -199,11 +213,7 @@ class SparsePublisher:
                 return None
             v = self.version
             if check_lost and not self.part and not self.relay.exists(manifest_key(self.run, v)):
-                log.warning("relay %s lost v%d of run %s: republishing it in full",
-                            self.relay.name, v, self.run)
-                report = self._push(v, self._held, None, "relay lost the published version")
-                self.served.append(report)
-                return report
+                return self.republish_held(v)
             key = snapshot_request_key(self.run, v, self.part)
             if not self.relay.exists(key):  # cheaper than a missing get
                 return None
