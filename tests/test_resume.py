@@ -194,6 +194,7 @@ async def _retry_like_the_ui(flow_run_id, timeout: float = 600.0):
 
     await _process_gone(str(flow_run_id))
     async with get_client() as client:
+        await _state_settled(client, flow_run_id)
         result = await client.set_flow_run_state(flow_run_id, State(
             type=StateType.SCHEDULED, name="AwaitingRetry", message="Retry from the UI"))
         assert result.status.value == "ACCEPT", result
@@ -204,6 +205,21 @@ async def _retry_like_the_ui(flow_run_id, timeout: float = 600.0):
                 return run
             assert time.monotonic() < deadline, f"retry not done: {run.state}"
             await asyncio.sleep(1)
+
+
+async def _state_settled(client, flow_run_id, quiet_s: float = 3.0, timeout: float = 60.0) -> None:
+    """Wait until the run's state stops changing: the process worker reports a non-zero exit as
+    Crashed ~0.1 s after the process is gone, and a Retry set before that report is overwritten
+    by it (seen in a full run: the retry never ran). A person clicks Retry after the report."""
+    deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
+    while time.monotonic() < deadline:
+        state = (await client.read_flow_run(flow_run_id)).state
+        if state.id != last:
+            last, since = state.id, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"flow run {flow_run_id} kept changing state for {timeout:g} s")
 
 
 async def _process_gone(flow_run_id: str, timeout: float = 120.0) -> None:
