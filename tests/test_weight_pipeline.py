@@ -21,7 +21,7 @@ from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher
 
 from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
-from test_weight_sync import Training, bits, run_name, same
+from weight_fixtures import Training, bits, run_name, same
 
 SMALL = 4 << 10  # bucket bytes: a dozen buckets or more for the test model
 
