@@ -22,7 +22,8 @@ executors/coserving/plugin.py.
 One thread owns both engines (vLLM engines are not thread-safe) and runs the control loop:
 every iteration a serving step when serving has work, then at most one rollout step, which in
 "rose" mode runs only if admitted (executors/coserving/step_gate.py); KV usage over time and
-the evict/reload baseline are in executors/coserving/memory.py.
+the evict/reload baseline are in executors/coserving/memory.py, the rollout engine's weights
+(reload between turns, read back) in executors/coserving/rollout_weights.py.
 """
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
-import torch
 
 from executors.coserving.config import CoServingConfig
 from executors.coserving.engines import open_engine, shutdown_rollout
@@ -41,6 +41,7 @@ from executors.coserving.memory import MemoryWatch
 from executors.coserving.metrics import snapshot
 from executors.coserving.rollout_side import RolloutSide
 from executors.coserving.rollout_turn import empty_result, new_counters
+from executors.coserving.rollout_weights import RolloutWeights
 from executors.coserving.serving_side import ServingSide, ServingSubmission
 from executors.coserving.step_gate import StepGate
 from executors.engine.budgeted_scheduler import release_engine
@@ -52,7 +53,7 @@ from executors.policies.stall import StallDetector
 from executors.turns import TurnRequest
 
 
-class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
+class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
     def __init__(self, cfg: CoServingConfig, worker: str = "serving-0") -> None:
         self.cfg, self.worker, self.wiring = cfg, worker, cfg.wiring
         self.version, self._weights = 0, None
@@ -144,41 +145,6 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
     def admitting(self) -> bool:
         return self._admitting
 
-    def load_rollout_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        self._call(lambda: self._load_weights(version, tensors))
-
-    def reset_rollout_prefix_cache(self) -> bool:
-        """Drop every leased rollout prefix and vLLM's rollout prefix cache (benches: a cold
-        start per case). False when turns still hold blocks (vLLM then keeps its cache)."""
-        def reset() -> bool:
-            if self.rollout is None:
-                return False
-            self.rollout.drop_all_leases()
-            return bool(self.rollout.engine.reset_prefix_cache())
-        return self._call(reset)
-
-    def rollout_engine_weights(self) -> dict[str, torch.Tensor] | None:
-        """The rollout engine's weights as it computes with them (read-only); None if detached."""
-        from executors.engine.weights_view import engine_weights
-
-        return self._call(lambda: None if self.rollout is None else engine_weights(self.rollout.engine))
-
-    def rollout_weight_matches(self, tensors: dict[str, torch.Tensor]) -> bool | None:
-        """Does the rollout engine hold these embeddings bit for bit (None: cannot tell)."""
-        from executors.engine.vllm_engine import read_weight
-
-        name = "model.embed_tokens.weight"
-        if name not in tensors or self.rollout is None:
-            return None
-
-        def same() -> bool | None:
-            if self.rollout is None:
-                return None
-            want = tensors[name]
-            got = read_weight(self.rollout.engine, name)[: want.shape[0]]  # vLLM pads the vocab
-            return bool(torch.equal(got.view(torch.int16), want.view(torch.int16)))
-        return self._call(same)
-
     def metrics(self, fresh: bool = False) -> dict:
         """Counters, policy snapshot, SLO, profiles. The loop refreshes it every 50 ms while
         busy and whenever it goes idle; fresh=True waits for the loop to build one now."""
@@ -258,24 +224,6 @@ class CoServingExecutor(StepGate, MemoryWatch, EngineOwner):
         self.counters["loop_s"] += time.perf_counter() - t_iter - engine_s
         if not self._busy or not self._snap or now - self._snap["at"] >= 0.05:
             self._snap = snapshot(self)
-
-    def _load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        from executors.engine.vllm_engine import reload_weights
-
-        if self.rollout is not None:
-            # No turn may mix KV of two versions, and vLLM resets no prefix cache under running
-            # requests: in-flight rollout turns are aborted (answered "abort"; the scheduler
-            # reroutes them from their prompt) so the reload lands now, never behind a turn.
-            self.rollout.abort(list(self.rollout.live), "other")
-            reload_weights(self.rollout.engine, tensors)
-            self.rollout.drop_all_leases()
-            self.rollout.version = version
-        self.version = version
-        if self.wiring.evict_on_burst:  # a rebuilt engine starts from the model dir
-            # a shallow copy: the worker's receiver replaces the tensors of `tensors` with the
-            # next version's while it pulls (storage/weights/apply_pipeline.py), never writes
-            # into them, and a rebuild may come mid-pull
-            self._weights = (version, dict(tensors))
 
     # ---- shutdown ----
     def _shutdown(self) -> None:
