@@ -1,0 +1,74 @@
+"""Measure one engine's latency profile and save it where the cluster simulator reads profiles.
+
+The same measurement a serving worker makes at start-up (executors/coserving/profile.py:
+prefill against prompt length, whole and chunked, and decode step time against batch) on a
+model directory of your choice, written to sim/profiles/NAME.json with where and how it was
+measured. On a GPU machine (`ROSE_DEVICE=cuda`, the `gpu` extra) this is how a GPU-kind
+profile for `bench/cluster_sim.py --rollout-profile NAME` is made: measured, not invented.
+
+    .venv/bin/python bench/engine_profile.py --model .rose/models/policy --name cpu_policy_new
+    ROSE_DEVICE=cuda python bench/engine_profile.py --model /models/qwen3-8b --name h100_qwen3_8b
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sim.profiles import PROFILE_DIR  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="a Hugging Face model directory")
+    ap.add_argument("--name", required=True, help="saved as sim/profiles/NAME.json")
+    ap.add_argument("--role", choices=["rollout", "serving"], default="rollout",
+                    help="rollout: chunked prefill and rollout sampling; serving: whole prompts")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--chunk-tokens", type=int, default=512)
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="largest decode batch measured")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gpu-kind", default="", help="e.g. H100-SXM-80GB (recorded, not used)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing profile")
+    args = ap.parse_args()
+    if not (args.model / "config.json").is_file():
+        ap.error(f"{args.model} is not a Hugging Face model directory (no config.json)")
+    out = PROFILE_DIR / f"{args.name}.json"
+    if out.exists() and not args.force:
+        ap.error(f"{out} exists; pass --force to measure over it")
+
+    from executors.coserving.config import CoServingConfig
+    from executors.coserving.engines import open_engine
+    from executors.coserving.profile import machine_fingerprint, profile_summary
+    from executors.engine.budgeted_scheduler import release_engine
+
+    cfg = CoServingConfig(serving_model_dir=args.model, rollout_model_dir=args.model,
+                          max_model_len=args.max_model_len, chunk_tokens=args.chunk_tokens,
+                          max_num_seqs=args.max_num_seqs, profile_repeats=args.repeats)
+    t0 = time.perf_counter()
+    engine, _, profile, how = open_engine(cfg, args.role)
+    release_engine(engine)
+    model_cfg = json.loads((args.model / "config.json").read_text())
+    saved = json.loads(profile.to_json())
+    saved.update({
+        "source": f"measured by bench/engine_profile.py ({how}; executors/coserving/profile.py "
+                  f"measure_engine) on {platform.node()} at "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, device "
+                  f"{os.environ.get('ROSE_DEVICE', 'cpu')}, role {args.role}, chunk "
+                  f"{args.chunk_tokens}, max_model_len {args.max_model_len}",
+        "gpu_kind": args.gpu_kind, "machine": machine_fingerprint(),
+        "model": {k: model_cfg.get(k) for k in ("architectures", "hidden_size", "num_hidden_layers",
+                                                "num_attention_heads", "num_key_value_heads",
+                                                "intermediate_size", "vocab_size")}})
+    out.write_text(json.dumps(saved, indent=1))
+    print(json.dumps(profile_summary(profile), indent=1))
+    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
