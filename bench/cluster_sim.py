@@ -6,12 +6,13 @@ borrowed share and KV-affinity hit rate at 16-1,024 GPUs, per configuration.
 Every engine is the local CPU models' measured latency profile by default (sim/profiles/; no GPU
 kind could be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such
 engines, not H800s; --rollout-profile / --serving-profile NAME run the same sweep on another
-profile (sim/profiles/NAME.json, the latency_profile.py format, e.g. one measured on a GPU). Per scale, "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99
-TTFT/TPOT, as bench/coserving_sweep.py does per load; the other configurations run at that SLO.
---timing also runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead
-compares synchronous and one-step off-policy steps (RunConfig.max_staleness 0 vs 1; SimConfig
-off_policy) for fixed and ROSE at each scale and writes bench/results/cluster_sim_pipeline.json. Validation: the
-local stack's two configurations (1 rollout GPU; + 1 serving GPU under the demo replay's
+profile (sim/profiles/NAME.json, e.g. one measured on a GPU by bench/engine_profile.py). Per scale,
+"fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99 TTFT/TPOT, as
+bench/coserving_sweep.py does per load; the other configurations run at that SLO. --timing also
+runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead compares
+synchronous and one-step off-policy steps (RunConfig.max_staleness 0 vs 1; SimConfig off_policy)
+for fixed and ROSE at each scale and writes bench/results/cluster_sim_pipeline.json. Validation:
+the local stack's two configurations (1 rollout GPU; + 1 serving GPU under the demo replay's
 traffic) against bench/results/learning_fidelity.json's measured rollout times.
 """
 from __future__ import annotations
