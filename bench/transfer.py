@@ -126,7 +126,8 @@ def main() -> None:
                    help="emulated link rates; 0 = unpaced loopback")
     p.add_argument("--demo-lr", type=float, default=5e-4, help="lr of the demo-policy workload")
     p.add_argument("--no-demo", action="store_true", help="skip the demo-policy e2e workload")
-    p.add_argument("--e2e-params", type=float, default=100e6)
+    p.add_argument("--e2e-params", type=float, default=100e6,
+                   help="synthetic end-to-end model size; 0: no synthetic end-to-end workload")
     p.add_argument("--e2e-lr", type=float, default=1e-6)
     p.add_argument("--e2e-steps", type=int, default=1)
     p.add_argument("--e2e-repeat", type=int, default=2, help="best of N end-to-end runs")
@@ -162,9 +163,11 @@ def main() -> None:
         e2e_work.append((f"demo policy {wl.numel(new) / 1e6:.2f}M lr={args.demo_lr:g} "
                          f"steps={args.e2e_steps}", old, new))
     if not args.no_e2e:
-        old, new, _ = wl.synthetic_model(args.e2e_params, args.e2e_lr, args.e2e_steps, args.seed)
-        e2e_work.append((f"synthetic {wl.numel(new) / 1e6:.0f}M lr={args.e2e_lr:g} "
-                         f"steps={args.e2e_steps}", old, new))
+        if args.e2e_params > 0:  # 0: the demo policy (and GRPO) workloads only
+            old, new, _ = wl.synthetic_model(args.e2e_params, args.e2e_lr, args.e2e_steps,
+                                             args.seed)
+            e2e_work.append((f"synthetic {wl.numel(new) / 1e6:.0f}M lr={args.e2e_lr:g} "
+                             f"steps={args.e2e_steps}", old, new))
         from bench.transfer_e2e import run_e2e
 
         e2e_rows = run_e2e(e2e_work, args.gbps, repeat=args.e2e_repeat,
