@@ -8,6 +8,14 @@ profile for `bench/cluster_sim.py --rollout-profile NAME` is made: measured, not
 
     .venv/bin/python bench/engine_profile.py --model .rose/models/policy --name cpu_policy_new
     ROSE_DEVICE=cuda python bench/engine_profile.py --model /models/qwen3-8b --name h100_qwen3_8b
+
+Where vLLM is not installed (a lent GPU machine with no network), `--backend torch` times the
+same three curves with plain PyTorch on random weights of an architecture
+(executors/engine/hf_timer.py: eager and CUDA-graph replays; the graphed curves are saved, the
+eager ones kept beside them):
+
+    python bench/engine_profile.py --backend torch --device cuda \
+        --model sim/profiles/shapes/qwen3-8b --name h100_qwen3_8b --gpu-kind H100-SXM-80GB
 """
 from __future__ import annotations
 
@@ -35,12 +43,28 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gpu-kind", default="", help="e.g. H100-SXM-80GB (recorded, not used)")
     ap.add_argument("--force", action="store_true", help="overwrite an existing profile")
+    ap.add_argument("--backend", choices=["vllm", "torch"], default="vllm",
+                    help="vllm: the serving worker's own engine; torch: plain PyTorch forwards")
+    ap.add_argument("--device", default="cpu", help="torch backend: cpu or cuda")
+    ap.add_argument("--decode-context", type=int, default=512,
+                    help="torch backend: tokens of context each decoding request holds")
+    ap.add_argument("--out", type=Path, default=PROFILE_DIR, help="folder the profile is written to")
     args = ap.parse_args()
     if not (args.model / "config.json").is_file():
         ap.error(f"{args.model} is not a Hugging Face model directory (no config.json)")
-    out = PROFILE_DIR / f"{args.name}.json"
+    out = args.out / f"{args.name}.json"
     if out.exists() and not args.force:
         ap.error(f"{out} exists; pass --force to measure over it")
+
+    if args.backend == "torch":
+        from bench.engine_profile_torch import measure_torch
+        t0 = time.perf_counter()
+        saved = measure_torch(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(saved, indent=1))
+        print(json.dumps({k: saved[k] for k in ("graphed_ms", "eager_ms", "errors")}, indent=1))
+        print(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+        return
 
     from executors.coserving.config import CoServingConfig
     from executors.coserving.engines import open_engine

@@ -2,8 +2,10 @@
 
 Each file is a LatencyProfile (executors/policies/latency_profile.py format, read by its own
 from_json) plus a "source" field saying where every number came from. Shipped: the local CPU
-models, measured by the executor's start-up profiler on this machine. GPU kinds are left out
-(sim/profiles/gpu_sources.json says what was found and what is missing).
+models, measured by the executor's start-up profiler on this machine, and the paper's models
+(Qwen3-8B, Qwen3-32B, the 7B serving model) on an H100 (the H800's chip) and an H200, measured by
+bench/engine_profile.py --backend torch on lent GPU machines (no vLLM there; the published vLLM
+figures in gpu_sources.json are the check).
 """
 from __future__ import annotations
 

@@ -1,0 +1,92 @@
+"""The plain-PyTorch step timer behind `bench/engine_profile.py --backend torch` (CPU here; the
+CUDA-graph half runs only on a GPU machine, where it measured sim/profiles/h100_*.json)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from executors.engine import hf_timer  # noqa: E402
+from executors.policies.latency_profile import LatencyProfile  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_shape(tmp_path_factory) -> Path:
+    cfg = json.loads((ROOT / "sim/profiles/shapes/qwen3-8b/config.json").read_text())
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=16, vocab_size=500, bos_token_id=1, eos_token_id=2)
+    d = tmp_path_factory.mktemp("shape")
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_shipped_shapes_are_the_papers_models() -> None:
+    for name, layers in (("qwen3-8b", 36), ("qwen3-32b", 64), ("qwen2.5-7b", 28)):
+        cfg = json.loads((ROOT / "sim/profiles/shapes" / name / "config.json").read_text())
+        assert cfg["num_hidden_layers"] == layers
+
+
+def test_decode_attends_the_whole_context_each_run(tiny_shape) -> None:
+    seen = []
+    real = hf_timer._timing_attention
+
+    def spy(module, q, k, v, mask, **kw):
+        seen.append((q.shape[0], q.shape[2], k.shape[2], mask))
+        return real(module, q, k, v, mask, **kw)
+
+    model = hf_timer.build_random_model(tiny_shape, "cpu", torch.float32)
+    from transformers import AttentionInterface
+    AttentionInterface.register(hf_timer.TIMING_ATTENTION, spy)
+    try:
+        timer = hf_timer.HFForwardTimer(model, "cpu", repeats=2, decode_context=40)
+        times = timer.decode([1, 3])
+    finally:
+        AttentionInterface.register(hf_timer.TIMING_ATTENTION, real)
+    assert sorted(times.eager) == [1, 3] and not times.graphed  # no graphs off CUDA
+    # every run (warm-up + 2 repeats) decodes one token against the same 40 + 1 keys: the
+    # context does not grow from run to run, and no mask is built
+    assert set(seen) == {(1, 1, 41, None), (3, 1, 41, None)}
+    assert len(seen) == 2 * 3 * 2  # batches x runs x layers
+
+
+def test_chunked_prefill_attends_the_growing_prefix(tiny_shape) -> None:
+    seen = []
+    real = hf_timer._timing_attention
+    model = hf_timer.build_random_model(tiny_shape, "cpu", torch.float32)
+    from transformers import AttentionInterface
+    AttentionInterface.register(hf_timer.TIMING_ATTENTION,
+                                lambda m, q, k, v, mask, **kw: seen.append((q.shape[2], k.shape[2]))
+                                or real(m, q, k, v, mask, **kw))
+    try:
+        hf_timer.HFForwardTimer(model, "cpu", repeats=1).prefill([70], chunk=32)
+    finally:
+        AttentionInterface.register(hf_timer.TIMING_ATTENTION, real)
+    assert sorted(set(seen)) == [(6, 70), (32, 32), (32, 64)]
+
+
+def test_bad_timer_settings_are_refused(tiny_shape) -> None:
+    model = hf_timer.build_random_model(tiny_shape, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="decode_context"):
+        hf_timer.HFForwardTimer(model, "cpu", decode_context=0)
+
+
+def test_engine_profile_torch_backend_writes_a_loadable_profile(tiny_shape, tmp_path) -> None:
+    cmd = [sys.executable, str(ROOT / "bench/engine_profile.py"), "--backend", "torch", "--model",
+           str(tiny_shape), "--name", "tiny", "--out", str(tmp_path), "--max-model-len", "300",
+           "--max-num-seqs", "4", "--repeats", "1", "--chunk-tokens", "64"]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
+    saved = json.loads((tmp_path / "tiny.json").read_text())
+    profile = LatencyProfile.load(tmp_path / "tiny.json")
+    assert profile.decode.xs == (1.0, 2.0, 4.0) and profile.chunk_size == 64
+    assert profile.monolithic.xs == (16.0, 64.0, 256.0, 284.0)
+    assert "eager" in saved["source"] and saved["graphed_ms"]["decode"] == {}
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode != 0 and "--force" in again.stderr  # nothing written is lost
