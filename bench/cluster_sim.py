@@ -3,10 +3,12 @@ borrowed share and KV-affinity hit rate at 16-1,024 GPUs, per configuration.
 
     python bench/cluster_sim.py [--steps 3] [--scales 16 64 256 1024] [--timing]
 
-Every engine is the local CPU models' measured latency profile by default (sim/profiles/; no GPU
-kind could be sourced, see sim/profiles/gpu_sources.json), so the numbers are a fleet of such
-engines, not H800s; --rollout-profile / --serving-profile NAME run the same sweep on another
-profile (sim/profiles/NAME.json, e.g. one measured on a GPU by bench/engine_profile.py). Per scale,
+Every engine is the local CPU models' measured latency profile by default (sim/profiles/), so
+those numbers are a fleet of such engines; --fleet NAME runs a GPU fleet instead
+(sim/profiles/fleet_NAME.json: profiles measured on an H100 or H200 by bench/engine_profile.py,
+whole-length serving prompts, and the KV pool, train, publish and serving load derived by
+sim/fleet.py), written to bench/results/cluster_sim_NAME.json; --rollout-profile /
+--serving-profile NAME swap the profiles alone. Per scale,
 "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99 TTFT/TPOT, as
 bench/coserving_sweep.py does per load; the other configurations run at that SLO. --timing also
 runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead compares
@@ -33,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
+from sim.fleet import fleet_settings, load_fleet  # noqa: E402
+from sim.workload import fit_from_arrow  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
@@ -51,9 +55,15 @@ def run(cfg: SimConfig) -> dict:
 
 def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict]:
     """The base config at `gpus`, and the SLO there: 2x the fixed configuration's P99s."""
-    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, serving_rate=args.rate,
-                     rollout_profile=args.rollout_profile, serving_profile=args.serving_profile)
+    fleet = dict(args.fleet_settings or dict(rollout_profile=args.rollout_profile,
+                                             serving_profile=args.serving_profile))
+    if args.rate is not None or not args.fleet_settings:
+        fleet["serving_rate"] = args.rate or 6.0
+    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, workload=args.workload, **fleet)
     fixed = run(replace(base, config="fixed"))
+    if fixed["ttft_p99_s"] is None or fixed["tpot_p99_s"] is None:
+        raise SystemExit(f"at {gpus} GPUs no serving request finished in {args.steps} step(s), so no SLO "
+                         "can be derived: run more --steps, a larger scale or a higher --rate")
     return base, dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
 
 
@@ -177,7 +187,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scales", type=int, nargs="+", default=[16, 64, 256, 1024])
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rate", type=float, default=6.0, help="trace speed-up per serving GPU")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="trace speed-up per serving GPU (default 6, or the fleet's derived rate)")
+    ap.add_argument("--fleet", default=None, help="sim/profiles/fleet_<name>.json: a GPU fleet")
+    ap.add_argument("--workload", default=SimConfig.workload,
+                    help="sim/profiles/<name>.json: the trajectories' turns, tokens and env times")
+    ap.add_argument("--fit-workload", nargs=2, metavar=("DATA_DIR", "NAME"),
+                    help="fit the workload from the turns recorded under a ROSE data directory "
+                    "(rose train's --data-dir), save it as sim/profiles/workload_NAME.json and use it")
     ap.add_argument("--ablation-scale", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     # a profile measured on another device kind (latency_profile.py format) dropped into
@@ -196,25 +213,38 @@ def main() -> None:
     for name in (args.rollout_profile, args.serving_profile):
         if not (PROFILE_DIR / f"{name}.json").is_file():
             known = sorted(p.stem for p in PROFILE_DIR.glob("*.json")
-                           if not p.stem.startswith(("gpu_sources", "workload")))
+                           if not p.stem.startswith(("gpu_sources", "workload", "fleet_")))
             ap.error(f"no simulator profile {name!r} in {PROFILE_DIR}; shipped: {known}")
+    if args.fit_workload:
+        args.workload = fit_workload(ap, Path(args.fit_workload[0]), args.fit_workload[1])
+    if not (PROFILE_DIR / f"{args.workload}.json").is_file():
+        ap.error(f"no workload {args.workload!r} in {PROFILE_DIR}")
+    args.fleet_settings, fleet_how = None, None
+    if args.fleet:
+        try:
+            args.fleet_settings, fleet_how = fleet_settings(load_fleet(args.fleet))
+        except (FileNotFoundError, ValueError) as e:
+            ap.error(str(e))
     t0 = time.perf_counter()
     if args.pipeline:
         return pipeline_main(args, t0)
-    args.out = args.out or OUT
+    args.out = args.out or (OUT.with_name(f"cluster_sim_{args.fleet}.json") if args.fleet else OUT)
     rows = sweep(args)
-    result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    local = not args.fleet  # the local stack's checks and timing are about the CPU engines
+    result = {"bench": "cluster_sim", "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()
+                                               if k != "fleet_settings"},
               "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
-              "validation": validate(args.seed) if FIDELITY.is_file() else None,
+              "fleet": {"settings": args.fleet_settings, "derived": fleet_how} if args.fleet else None,
+              "validation": validate(args.seed) if FIDELITY.is_file() and local else None,
               "validation_runs": (validate_runs(Path(args.validate_runs[0]), *args.validate_runs[1:], args.seed)
-                                  if args.validate_runs else _earlier_validation_runs(args.out)),
+                                  if args.validate_runs else _earlier_validation_runs(args.out) if local else None),
               "timing": timing(args.seed) if args.timing else None,
               "plot": None,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
               "total_s": None}
     result["total_s"] = time.perf_counter() - t0
     print(table(rows))
-    print(json.dumps({k: result[k] for k in ("validation", "validation_runs", "timing")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("fleet", "validation", "validation_runs", "timing")}, indent=1))
     png = args.out.with_suffix(".png")
     if importlib.util.find_spec("matplotlib") is None:  # the dev extra
         result["plot"] = "skipped: matplotlib is not installed"
@@ -226,6 +256,22 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}; plot: {result['plot']}")
+
+
+def fit_workload(ap: argparse.ArgumentParser, data_dir: Path, name: str) -> str:
+    """sim/profiles/workload_NAME.json fitted from the turns (and step metrics) under data_dir."""
+    turns = sorted((data_dir / "trajectories").glob("**/*.parquet"))
+    if not turns:
+        ap.error(f"no recorded turns under {data_dir}/trajectories (is it a rose data directory?)")
+    steps = data_dir / "metrics" / "steps"
+    spec = fit_from_arrow(str(data_dir / "trajectories" / "**" / "*.parquet"),
+                          str(steps / "**" / "*.parquet") if list(steps.glob("**/*.parquet")) else None)
+    out = PROFILE_DIR / f"workload_{name}.json"
+    if out.exists():
+        ap.error(f"{out} exists: choose another NAME (nothing was overwritten)")
+    out.write_text(spec.to_json() + "\n")
+    print(f"wrote {out}: {spec.source}")
+    return out.stem
 
 
 def _earlier_validation_runs(out: Path) -> dict | None:
@@ -253,7 +299,7 @@ def pipeline_main(args: argparse.Namespace, t0: float) -> None:
     print("\n".join(lines))
     out = args.out or OUT.with_name("cluster_sim_pipeline.json")
     out.write_text(json.dumps({"bench": "cluster_sim --pipeline", "args": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fleet_settings"},
         "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
         "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
         "total_s": time.perf_counter() - t0}, indent=1) + "\n")

@@ -69,10 +69,13 @@ def plot(result: dict, png: Path) -> Path:
     axes.flat[0].legend(loc="upper left", fontsize=9)
     fig.supxlabel("RL job GPUs: half train, half roll out; the serving fleet lent to it = as many GPUs as roll out",
                   fontsize=10)
-    a = result.get("args", {})
-    fig.suptitle(f"ROSE cluster simulation (sim/): every engine the local CPU models' measured profile, "
-                 f"not a GPU kind; {a.get('steps', '?')} RL steps, seed {a.get('seed', '?')}, serving trace "
-                 f"x{a.get('rate', '?')} per serving GPU; SLO = 2x fixed's P99 per scale", fontsize=10)
+    a, fleet = result.get("args", {}), result.get("fleet")
+    rate = fleet["settings"]["serving_rate"] if fleet else a.get("rate") or 6.0
+    engines = (f"fleet {a.get('fleet')} (engines measured on the GPU, {a.get('workload')} turns)" if fleet
+               else "every engine the local CPU models' measured profile, not a GPU kind")
+    fig.suptitle(f"ROSE cluster simulation (sim/): {engines}; {a.get('steps', '?')} RL steps, seed "
+                 f"{a.get('seed', '?')}, serving trace x{rate:.3g} per serving GPU; SLO = 2x fixed's P99 per scale",
+                 fontsize=10)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)

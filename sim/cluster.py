@@ -22,7 +22,7 @@ from executors.policies.stall import StallDetector
 from sim.config import SimConfig
 from sim.device import Device, Turn
 from sim.events import EventLoop
-from sim.profiles import load_profile, scaled
+from sim.profiles import PROFILE_DIR, load_profile, scaled
 from sim.report import summarize
 from sim.staleness import policy_floor
 from sim.workload import StepModel, WorkloadSpec, p90, serving_arrivals
@@ -36,8 +36,10 @@ class ClusterSim:
     def __init__(self, cfg: SimConfig, workload: WorkloadSpec | None = None,
                  step_model: StepModel = DEFAULT_STEP_MODEL, router: TurnRouter | None = None) -> None:
         self.cfg, self.loop = cfg, EventLoop()
-        self.workload = workload or WorkloadSpec.load()
+        self.workload = workload or WorkloadSpec.load(PROFILE_DIR / f"{cfg.workload}.json")
         self.step_model = step_model
+        if cfg.train_s_per_token is not None:
+            self.step_model = StepModel(cfg.train_s_per_token, cfg.publish_s, "SimConfig")
         self.rng = random.Random(cfg.seed)
         self.router = router or TurnRouter(cfg.cap_per_rollout_gpu, cfg.mode)
         self.rollout_prof = scaled(load_profile(cfg.rollout_profile), cfg.engine_scale)
@@ -64,9 +66,10 @@ class ClusterSim:
         c = self.cfg
         for i in range(c.rollout_gpus):
             self._add(Device(self.loop, f"rollout-{i}", "rollout", self.rollout_prof, self._done, self._abort))
-        arrival_len = p90([r.prompt for r in _sample_prompts(c.serving_rate)])
+        arrival_len = p90([r.prompt for r in _sample_prompts(c)])
         for j in range(c.serving_gpus):
-            arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600))
+            arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600), c.serving_length_scale,
+                                        max_model_len=c.serving_max_len)
             name = f"serving-{j}"
             if c.config == "fixed":
                 dev = Device(self.loop, name, "serving", None, self._done, self._abort,
@@ -248,7 +251,7 @@ class ClusterSim:
         self.router.set_admitting(name, flag)
 
 
-def _sample_prompts(rate: float):
+def _sample_prompts(c: SimConfig):
     """The first 2,000 serving requests: their P90 prompt is the arrival length admission guards."""
-    gen = serving_arrivals(rate, 0.0)
+    gen = serving_arrivals(c.serving_rate, 0.0, c.serving_length_scale, max_model_len=c.serving_max_len)
     return [next(gen) for _ in range(2000)]

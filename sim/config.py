@@ -41,6 +41,14 @@ class SimConfig:
     # recorded under other load is matched by calibrating this one factor (bench/cluster_sim.py)
     engine_scale: float = 1.0
     serving_profile: str = "cpu_serving"
+    workload: str = "workload_frozenlake"  # sim/profiles/<name>.json (sim/workload.py WorkloadSpec)
+    # serving requests' lengths: the CPU models replay the trace's prompts x1/16 under a
+    # 2,048-token context (as the demo does); a GPU fleet (sim/fleet.py) replays them whole
+    serving_length_scale: float = 1 / 16
+    serving_max_len: int = 2048
+    # the RL step's train and publish model; None: fitted from the local stack's measured steps
+    train_s_per_token: float | None = None
+    publish_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
@@ -55,6 +63,12 @@ class SimConfig:
             raise ValueError(f"engine_scale must be > 0, got {self.engine_scale}")
         if self.serving_ratio < 0 or self.serving_rate <= 0:
             raise ValueError("serving_ratio must be >= 0 and serving_rate > 0")
+        if self.serving_length_scale <= 0 or self.serving_max_len < 2:
+            raise ValueError("serving_length_scale must be > 0 and serving_max_len >= 2")
+        if (self.train_s_per_token is None) != (self.publish_s is None):
+            raise ValueError("give both train_s_per_token and publish_s, or neither")
+        if self.train_s_per_token is not None and (self.train_s_per_token < 0 or self.publish_s < 0):
+            raise ValueError("train_s_per_token and publish_s must be >= 0")
 
     @property
     def train_gpus(self) -> int:

@@ -187,6 +187,12 @@ def _requests(path: str, length_scale: float, output_scale: float, max_model_len
     return _REQUESTS[key]
 
 
+def trace_requests(max_model_len: int, path: Path = DEFAULT_TRACE) -> tuple[list[int], list[int], float]:
+    """The trace's whole prompt and output lengths (clipped to max_model_len) and its span, s."""
+    _, prompts, outputs = _requests(str(path), 1.0, 1.0, max_model_len)
+    return prompts, outputs, _trace(str(path)).span_s + 1.0
+
+
 @dataclass(frozen=True)
 class StepModel:
     """Train seconds = tokens x train_s_per_token / train GPUs (data parallel, linear: an

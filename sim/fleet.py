@@ -1,0 +1,101 @@
+"""A GPU fleet for the simulator: the measured profiles its engines run, and what follows from
+the models' shapes and the device (KV pool, train and publish seconds, serving load).
+
+sim/profiles/fleet_<name>.json names two measured profiles (sim/profiles/<kind>_<model>.json),
+the two architectures (sim/profiles/shapes/) and the device's memory; everything else is
+derived here, and each derivation is returned beside the settings so a report can print it:
+- KV pool: what vLLM's default 0.9 of device memory leaves after both models' bf16 weights,
+  in 32-token blocks of the larger per-token KV of the two models;
+- train seconds per token: 3x the measured forward time per token at the longest profiled
+  prompt (backward is twice the forward's matrix work), per trainer GPU, data parallel;
+- publish seconds: the dense bf16 weights over the link (no codec gain assumed);
+- serving rate: the trace speed-up at which one serving GPU, serving requests one at a time,
+  is busy `serving_utilization` of the time (default 18.9%: the paper's measured mean SM
+  utilization of a serving fleet).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+
+from sim.profiles import PROFILE_DIR, load_profile
+from sim.serving import BLOCK
+from sim.workload import trace_requests
+
+SHAPES = PROFILE_DIR / "shapes"
+BYTES = 2  # bf16
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    rollout_profile: str
+    serving_profile: str
+    rollout_shape: str
+    serving_shape: str
+    gpu_memory_gb: float
+    memory_utilization: float = 0.9
+    serving_utilization: float = 0.189
+    link_gbps: float = 200.0
+    serving_max_len: int = 8192
+
+    def __post_init__(self) -> None:
+        for shape in (self.rollout_shape, self.serving_shape):
+            if not (SHAPES / shape / "config.json").is_file():
+                raise ValueError(f"no architecture {shape!r} in {SHAPES}")
+        if not 0 < self.memory_utilization <= 1 or not 0 < self.serving_utilization < 1:
+            raise ValueError("memory_utilization must be in (0, 1] and serving_utilization in (0, 1)")
+        if self.gpu_memory_gb <= 0 or self.link_gbps <= 0 or self.serving_max_len < 2:
+            raise ValueError("gpu_memory_gb and link_gbps must be > 0, serving_max_len >= 2")
+
+
+def load_fleet(name: str) -> FleetSpec:
+    path = PROFILE_DIR / f"fleet_{name}.json"
+    if not path.is_file():
+        known = sorted(p.stem.removeprefix("fleet_") for p in PROFILE_DIR.glob("fleet_*.json"))
+        raise FileNotFoundError(f"no fleet {name!r} in {PROFILE_DIR}; shipped: {known}")
+    d = json.loads(path.read_text())
+    return FleetSpec(**{k: v for k, v in d.items() if k != "comment"})
+
+
+def shape_numbers(shape: str) -> tuple[int, int]:
+    """(parameters, KV bytes per token) of an architecture, from its config.json."""
+    c = json.loads((SHAPES / shape / "config.json").read_text())
+    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    head_dim = c.get("head_dim") or h // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * c["intermediate_size"]
+    embeddings = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
+    return layers * per_layer + embeddings, layers * 2 * kv * BYTES
+
+
+def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
+    """SimConfig keyword arguments for this fleet, and how each was derived."""
+    rollout, serving = load_profile(spec.rollout_profile), load_profile(spec.serving_profile)
+    r_params, r_kv = shape_numbers(spec.rollout_shape)
+    s_params, s_kv = shape_numbers(spec.serving_shape)
+    free = spec.gpu_memory_gb * 1e9 * spec.memory_utilization - BYTES * (r_params + s_params)
+    if free <= 0:
+        raise ValueError(f"{spec.rollout_shape} and {spec.serving_shape} do not fit in "
+                         f"{spec.gpu_memory_gb} GB together")
+    kv_blocks = int(free // (BLOCK * max(r_kv, s_kv)))
+    longest = rollout.monolithic.xs[-1]
+    train_s_per_token = 3 * rollout.prefill(int(longest)) / longest
+    publish_s = BYTES * r_params / (spec.link_gbps * 1e9 / 8)
+    prompts, outputs, span_s = trace_requests(spec.serving_max_len)
+    busy = statistics.fmean(serving.prefill(p) + o * serving.decode_step(1) for p, o in zip(prompts, outputs))
+    trace_rate = len(prompts) / span_s
+    serving_rate = spec.serving_utilization / (busy * trace_rate)
+    settings = dict(rollout_profile=spec.rollout_profile, serving_profile=spec.serving_profile,
+                    kv_blocks=kv_blocks, train_s_per_token=train_s_per_token, publish_s=publish_s,
+                    serving_rate=serving_rate, serving_length_scale=1.0,
+                    serving_max_len=spec.serving_max_len)
+    how = {"rollout_params": r_params, "serving_params": s_params,
+           "kv_bytes_per_token": {"rollout": r_kv, "serving": s_kv},
+           "kv_blocks": f"({spec.gpu_memory_gb} GB x {spec.memory_utilization} - bf16 weights) / "
+                        f"({BLOCK} x {max(r_kv, s_kv)} B) = {kv_blocks}",
+           "train_s_per_token": f"3 x P({int(longest)}) / {int(longest)} = {train_s_per_token:.3g} s",
+           "publish_s": f"{BYTES * r_params / 1e9:.1f} GB at {spec.link_gbps:g} Gbps = {publish_s:.2f} s",
+           "serving_rate": (f"{spec.serving_utilization:.1%} busy / ({busy:.3f} s per request alone x "
+                            f"{trace_rate:.2f} req/s of the trace) = x{serving_rate:.3f}")}
+    return settings, how
