@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
+from sim.fleet import fleet_settings, load_fleet
 
 
 class SimSweep(BaseModel):
@@ -30,7 +31,8 @@ class SimSweep(BaseModel):
     configs: list[str] = Field(default_factory=lambda: ["rose", "slo_unaware", "static"])
     off_policy: list[int] = Field(default_factory=lambda: [0])  # SimConfig.off_policy values
     steps: int = Field(3, ge=1)
-    rate: float = Field(6.0, gt=0)  # trace speed-up per serving GPU
+    rate: float | None = Field(None, gt=0)  # trace speed-up per serving GPU (None: 6, or the fleet's)
+    fleet: str | None = None  # sim/profiles/fleet_<name>.json: a GPU fleet (sim/fleet.py)
     serving_ratio: float = Field(1.0, ge=0)
     seed: int = 0
     dask_scheduler: str | None = None  # None: the local stack's, else a local Dask cluster
@@ -43,9 +45,22 @@ class SimSweep(BaseModel):
             raise ValueError(f"unknown configurations {unknown} (have: {', '.join(CONFIGS)})")
         return configs
 
+    @field_validator("fleet")
+    @classmethod
+    def _fleet_exists(cls, fleet: str | None) -> str | None:
+        if fleet is not None:
+            try:
+                load_fleet(fleet)
+            except FileNotFoundError as e:  # its message names the shipped fleets
+                raise ValueError(str(e)) from None
+        return fleet
+
     def base(self, gpus: int) -> SimConfig:
-        return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed, serving_rate=self.rate,
-                         serving_ratio=self.serving_ratio)
+        settings = fleet_settings(load_fleet(self.fleet))[0] if self.fleet else {}
+        if self.rate is not None or not self.fleet:
+            settings["serving_rate"] = self.rate or 6.0
+        return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed,
+                         serving_ratio=self.serving_ratio, **settings)
 
 
 @task(name="simulate", retries=1, cache_policy=NO_CACHE)
@@ -105,6 +120,7 @@ if __name__ == "__main__":
     ap.add_argument("--configs", nargs="+", default=["rose", "slo_unaware", "static"])
     ap.add_argument("--off-policy", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--fleet", default=None, help="sim/profiles/fleet_<name>.json, e.g. h100_qwen3_8b")
     a = ap.parse_args()
     cluster_sim(SimSweep(scales=a.scales, configs=a.configs, off_policy=a.off_policy,
-                         steps=a.steps))
+                         steps=a.steps, fleet=a.fleet))

@@ -18,6 +18,15 @@ def test_sweep_rejects_an_unknown_configuration():
         SimSweep(configs=["rose", "fast"])
 
 
+def test_sweep_takes_a_gpu_fleet_by_name():
+    with pytest.raises(ValueError, match="h100_qwen3_8b"):
+        SimSweep(fleet="h800_qwen3_8b")
+    base = SimSweep(fleet="h100_qwen3_8b").base(16)
+    assert base.rollout_profile == "h100_qwen3_8b" and base.serving_length_scale == 1.0
+    assert SimSweep(fleet="h100_qwen3_8b", rate=2.0).base(16).serving_rate == 2.0
+    assert SimSweep().base(16).rollout_profile == "cpu_policy"
+
+
 def test_sweep_runs_one_task_per_simulation_and_matches_a_local_run(monkeypatch, tmp_path):
     from dataclasses import asdict
 

@@ -81,3 +81,37 @@ def test_cluster_sim_fleet_flag_writes_its_own_result(tmp_path):
                                 "--scales", "2", "--steps", "1", "--rate", "1e-6", "--out", str(tmp_path / "x.json")],
                                capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert too_short.returncode != 0 and "no serving request finished" in too_short.stderr
+
+
+def test_fit_workload_reads_a_data_directorys_turns(tmp_path, monkeypatch):
+    import argparse
+    from datetime import datetime, timedelta, timezone
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import bench.cluster_sim as cs
+    from sim.workload import WorkloadSpec
+
+    t0, rows = datetime(2026, 1, 1, tzinfo=timezone.utc), []
+    for traj in range(6):
+        for turn in range(1 + traj % 3):  # 1, 2 or 3 turns; responses of 40 tokens
+            rows.append(dict(run="r", trajectory=f"t{traj}", turn=turn, num_prompt_tokens=500 + 60 * turn,
+                             response_ids=[7] * 40, env_s=0.5, trajectory_reward=float(traj % 2),
+                             finished_at=t0 + timedelta(seconds=10 * traj + 2 * turn),
+                             decode_s=0.4, prefill_s=0.1, queued_s=0.0))
+    part = tmp_path / "data" / "trajectories" / "run=r" / "step=1"
+    part.mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "run"} for r in rows]),
+                   part / "part-0.parquet")
+    monkeypatch.setattr(cs, "PROFILE_DIR", tmp_path)
+    ap = argparse.ArgumentParser()
+    assert cs.fit_workload(ap, tmp_path / "data", "mine") == "workload_mine"
+    spec = WorkloadSpec.load(tmp_path / "workload_mine.json")
+    assert spec.q["response"][0] == spec.q["response"][-1] == 40
+    assert spec.q["first_prompt"][0] == 500 and spec.q["turns"][-1] == 3
+    assert spec.success_rate == 0.5
+    with pytest.raises(SystemExit):  # a second fit under the same name overwrites nothing
+        cs.fit_workload(ap, tmp_path / "data", "mine")
+    with pytest.raises(SystemExit):
+        cs.fit_workload(ap, tmp_path / "nothing", "other")
