@@ -213,7 +213,8 @@ def main() -> None:
     for name in (args.rollout_profile, args.serving_profile):
         if not (PROFILE_DIR / f"{name}.json").is_file():
             known = sorted(p.stem for p in PROFILE_DIR.glob("*.json")
-                           if not p.stem.startswith(("gpu_sources", "workload", "fleet_")))
+                           if not p.stem.startswith(("gpu_sources", "workload", "fleet_"))
+                           and not p.stem.endswith("_train"))
             ap.error(f"no simulator profile {name!r} in {PROFILE_DIR}; shipped: {known}")
     if args.fit_workload:
         args.workload = fit_workload(ap, Path(args.fit_workload[0]), args.fit_workload[1])

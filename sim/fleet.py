@@ -6,8 +6,10 @@ the two architectures (sim/profiles/shapes/) and the device's memory; everything
 derived here, and each derivation is returned beside the settings so a report can print it:
 - KV pool: what vLLM's default 0.9 of device memory leaves after both models' bf16 weights,
   in 32-token blocks of the larger per-token KV of the two models;
-- train seconds per token: 3x the measured forward time per token at the longest profiled
-  prompt (backward is twice the forward's matrix work), per trainer GPU, data parallel;
+- train seconds per token: measured by bench/train_profile.py where
+  sim/profiles/<rollout_profile>_train.json exists, else 3x the measured forward time per
+  token at the longest profiled prompt (backward is twice the forward's matrix work); per
+  trainer GPU, data parallel;
 - publish seconds: the dense bf16 weights over the link (no codec gain assumed);
 - serving rate: the trace speed-up at which one serving GPU, serving requests one at a time,
   is busy `serving_utilization` of the time (default 18.9%: the paper's measured mean SM
@@ -79,8 +81,14 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
         raise ValueError(f"{spec.rollout_shape} and {spec.serving_shape} do not fit in "
                          f"{spec.gpu_memory_gb} GB together")
     kv_blocks = int(free // (BLOCK * max(r_kv, s_kv)))
-    longest = rollout.monolithic.xs[-1]
-    train_s_per_token = 3 * rollout.prefill(int(longest)) / longest
+    train_file = PROFILE_DIR / f"{spec.rollout_profile}_train.json"
+    if train_file.is_file():
+        train_s_per_token = float(json.loads(train_file.read_text())["train_s_per_token"])
+        train_how = f"measured: {train_file.name} = {train_s_per_token:.3g} s"
+    else:
+        longest = rollout.monolithic.xs[-1]
+        train_s_per_token = 3 * rollout.prefill(int(longest)) / longest
+        train_how = f"3 x P({int(longest)}) / {int(longest)} = {train_s_per_token:.3g} s"
     publish_s = BYTES * r_params / (spec.link_gbps * 1e9 / 8)
     prompts, outputs, span_s = trace_requests(spec.serving_max_len)
     busy = statistics.fmean(serving.prefill(p) + o * serving.decode_step(1) for p, o in zip(prompts, outputs))
@@ -94,7 +102,7 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
            "kv_bytes_per_token": {"rollout": r_kv, "serving": s_kv},
            "kv_blocks": f"({spec.gpu_memory_gb} GB x {spec.memory_utilization} - bf16 weights) / "
                         f"({BLOCK} x {max(r_kv, s_kv)} B) = {kv_blocks}",
-           "train_s_per_token": f"3 x P({int(longest)}) / {int(longest)} = {train_s_per_token:.3g} s",
+           "train_s_per_token": train_how,
            "publish_s": f"{BYTES * r_params / 1e9:.1f} GB at {spec.link_gbps:g} Gbps = {publish_s:.2f} s",
            "serving_rate": (f"{spec.serving_utilization:.1%} busy / ({busy:.3f} s per request alone x "
                             f"{trace_rate:.2f} req/s of the trace) = x{serving_rate:.3f}")}

@@ -90,3 +90,16 @@ def test_engine_profile_torch_backend_writes_a_loadable_profile(tiny_shape, tmp_
     assert "eager" in saved["source"] and saved["graphed_ms"]["decode"] == {}
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert again.returncode != 0 and "--force" in again.stderr  # nothing written is lost
+
+
+def test_train_profile_fits_the_full_depth_from_two_cut_models(tiny_shape, tmp_path) -> None:
+    cmd = [sys.executable, str(ROOT / "bench/train_profile.py"), "--model", str(tiny_shape), "--name", "t",
+           "--out", str(tmp_path), "--tokens", "32", "--layers", "1", "2", "--repeats", "1"]
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
+    d = json.loads((tmp_path / "t.json").read_text())
+    one, two = d["step_s"]["1"], d["step_s"]["2"]
+    assert d["per_layer_s"] == pytest.approx(two - one)
+    assert d["step_s_full_model"] == pytest.approx(one + (d["layers"] - 1) * (two - one))
+    assert d["train_s_per_token"] == pytest.approx(d["step_s_full_model"] / 32)
+    bad = subprocess.run(cmd[:-5] + ["--layers", "2", "2"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert bad.returncode != 0 and "two different depths" in bad.stderr

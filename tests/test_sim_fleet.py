@@ -13,7 +13,7 @@ import pytest
 from sim.cluster import ClusterSim, _sample_prompts
 from sim.config import SimConfig
 from sim.fleet import FleetSpec, fleet_settings, load_fleet, shape_numbers
-from sim.profiles import load_profile
+from sim.profiles import PROFILE_DIR, load_profile
 from sim.workload import p90
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,8 +30,12 @@ def test_shapes_give_the_published_parameter_counts():
 def test_fleet_settings_follow_the_measured_profiles_and_the_device():
     spec = load_fleet("h100_qwen3_8b")
     settings, how = fleet_settings(spec)
-    rollout = load_profile(spec.rollout_profile)
-    assert settings["train_s_per_token"] == pytest.approx(3 * rollout.prefill(8176) / 8176)
+    measured = json.loads((PROFILE_DIR / "h100_qwen3_8b_train.json").read_text())["train_s_per_token"]
+    assert settings["train_s_per_token"] == measured and "measured" in how["train_s_per_token"]
+    # the H200 fleet has no measured train step: 3x the forward per token at the longest prompt
+    h200, how200 = fleet_settings(load_fleet("h200_qwen3_8b"))
+    rollout = load_profile("h200_qwen3_8b")
+    assert h200["train_s_per_token"] == pytest.approx(3 * rollout.prefill(8176) / 8176)
     assert settings["publish_s"] == pytest.approx(2 * 8.19e9 / 25e9, rel=1e-2)  # 16.4 GB at 200 Gbps
     bigger, _ = fleet_settings(replace(spec, gpu_memory_gb=2 * spec.gpu_memory_gb))
     assert bigger["kv_blocks"] > 2 * settings["kv_blocks"]  # weights are paid once

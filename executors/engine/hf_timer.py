@@ -186,11 +186,17 @@ def _new_cache(config):
         return DynamicCache()
 
 
-def build_random_model(config_path, device: str, dtype: torch.dtype = torch.bfloat16):
-    """A model of the given architecture (config.json) with random weights, made on `device`."""
+def build_random_model(config_path, device: str, dtype: torch.dtype = torch.bfloat16, **overrides):
+    """A model of the given architecture (config.json, fields replaced by `overrides`, e.g. fewer
+    layers) with random weights, made on `device`."""
+    import json
+    from pathlib import Path
+
     from transformers import AutoConfig, AutoModelForCausalLM
     _register_timing_attention()
-    cfg = AutoConfig.from_pretrained(str(config_path))
+    fields = {**json.loads((Path(config_path) / "config.json").read_text()), **overrides}
+    fields.pop("layer_types", None)  # per-layer lists follow num_hidden_layers when rebuilt
+    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
