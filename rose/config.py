@@ -82,6 +82,9 @@ class RolloutConfig(Strict):
     borrow_serving: bool = True  # False: serving workers only serve; turns stay on rollout GPUs
     heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness
     turn_timeout_s: float = Field(120.0, gt=0)  # a worker silent this long on a batch is excluded
+    # a borrowed turn out this many dedicated median turn times while a rollout GPU idles is
+    # taken back and rerouted there (executors/policies/tail_handback.py); 0 = never
+    handback_factor: float = Field(4.0, ge=0)
     # DAPO dynamic sampling: launch groups until `groups` of them have reward variance, abort the
     # surplus; only those groups reach the step. The next step's launch comes from this one's
     # keep rate (persisted in the run dir).
@@ -90,11 +93,14 @@ class RolloutConfig(Strict):
     dynamic_sampling_max_launch: float = Field(4.0, ge=1)  # cap: ceil(groups * this) per step
 
     @model_validator(mode="after")
-    def _check_sampling(self) -> "RolloutConfig":
+    def _check_settings(self) -> "RolloutConfig":
         if self.dynamic_sampling_max_launch < self.dynamic_sampling_oversample:
             raise ValueError(f"dynamic_sampling_max_launch ({self.dynamic_sampling_max_launch}) "
                              f"must be >= dynamic_sampling_oversample "
                              f"({self.dynamic_sampling_oversample})")
+        if 0 < self.handback_factor < 1:
+            raise ValueError(f"handback_factor must be 0 (off) or >= 1, got {self.handback_factor}: "
+                             "a turn cannot be due before a dedicated GPU would have finished it")
         return self
 
 

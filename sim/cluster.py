@@ -11,6 +11,7 @@ flag is open (pushed to the router with `set_admitting`, as the scheduler's admi
 from __future__ import annotations
 
 import gc
+import math
 import random
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from executors.policies.kv_memory import KVMemoryPolicy
 from executors.policies.router import TurnRouter, WorkerInfo
 from executors.policies.slo_admission import DualSLOAdmission, SLOConfig
 from executors.policies.stall import StallDetector
+from executors.policies.tail_handback import TailHandback
 from sim.config import SimConfig
 from sim.device import Device, Turn
 from sim.events import EventLoop
@@ -55,10 +57,17 @@ class ClusterSim:
         self.closed_until: dict[str, float] = {}
         self.version: dict[str, int] = {}
         self.counts = dict(started=0, finished=0, turns=0, rerouted=0, affine=0, later_turns=0,
-                           tokens=0, borrowed_tokens=0, cached=0, prompt=0)
+                           tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0)
         self.steps: list[dict] = []
         self._step_started, self._step_tokens, self._left = 0.0, 0, 0
         self._trainer_free, self._published_at = 0.0, {0: 0.0}  # the trainer's and publishes' timeline
+        self.handback = TailHandback()
+        self._sent: dict[str, tuple[str, float]] = {}  # tid -> (device, sent at) of turns out now
+        # turns out on co-serving GPUs, oldest first (the loop's clock never goes back):
+        # tid -> (sent at, (tid, turn index)); and turns out on dedicated rollout GPUs
+        self._borrowed: dict[str, tuple[float, tuple[str, int]]] = {}
+        self._dedicated_out = 0
+        self._handback_at = math.inf  # the pending hand-back check, if any
         self._build()
 
     # ---- fleet ------------------------------------------------------------------------------
@@ -187,6 +196,11 @@ class ClusterSim:
 
     def _place(self, tid: str, name: str) -> None:
         traj, k, context = self.trajs[tid]
+        self._sent[tid] = (name, self.loop.now)
+        if name in self.flags:
+            self._borrowed[tid] = (self.loop.now, (tid, k))
+        elif not self.devices[name].borrowed:
+            self._dedicated_out += 1
         placement = self.router.on_turn_start(tid, name)
         turn = Turn(tid, context, traj.responses[k])
         if placement.affine and k > 0:
@@ -195,6 +209,11 @@ class ClusterSim:
 
     def _done(self, dev: Device, turn: Turn) -> None:
         self.router.on_turn_end(turn.tid, dev.name)
+        _, sent = self._sent.pop(turn.tid)
+        self._borrowed.pop(turn.tid, None)
+        if dev.kind == "rollout" and not dev.borrowed:
+            self._dedicated_out -= 1
+            self.handback.on_dedicated_turn(self.loop.now - sent)
         c, tokens = self.counts, turn.context + turn.response
         c["turns"] += 1
         c["tokens"] += tokens
@@ -211,6 +230,7 @@ class ClusterSim:
         else:
             self._finish(turn.tid)
         self._dispatch()
+        self._hand_back_tail()
 
     def _ready(self, tid: str) -> None:
         self.queue.append(tid)
@@ -230,12 +250,39 @@ class ClusterSim:
     def _abort(self, dev: Device, turn: Turn) -> None:
         """A KV cut or stall gave the turn back: reroute it; close the worker's gate for a poll."""
         self.router.on_turn_aborted(turn.tid, dev.name)
+        self._sent.pop(turn.tid, None)
+        self._borrowed.pop(turn.tid, None)
+        if dev.kind == "rollout" and not dev.borrowed:
+            self._dedicated_out -= 1
         self.counts["rerouted"] += 1
         self.closed_until[dev.name] = self.loop.now + self.cfg.admission_refresh_s
         self.loop.at(self.closed_until[dev.name], lambda d: self._on_iter(d), dev)
         self._set_flag(dev.name, False)
         self.queue.appendleft(turn.tid)
         self._dispatch()
+
+    def _hand_back_tail(self, _=None) -> None:
+        """Borrowed turns out too long while dedicated GPUs have room come home (the scheduler's
+        own policy, executors/policies/tail_handback.py). Called on every finished turn, so the
+        common cases return in O(1): something queued, no room, or the oldest not yet due."""
+        now = self.loop.now
+        if now >= self._handback_at:
+            self._handback_at = math.inf
+        if not (self.cfg.tail_handback and self._borrowed) or self.queue:
+            return
+        free = self.cfg.rollout_gpus * self.cfg.cap_per_rollout_gpu - self._dedicated_out
+        limit = self.handback.threshold_s()
+        if free <= 0 or limit is None:
+            return
+        oldest = next(iter(self._borrowed.values()))[0]
+        if now < oldest + limit:  # nothing due yet: look again when the oldest will be
+            if oldest + limit < self._handback_at:
+                self._handback_at = oldest + limit
+                self.loop.at(oldest + limit, self._hand_back_tail)
+            return
+        for tid, _k in self.handback.due({key: sent for sent, key in self._borrowed.values()}, free, 0, now):
+            self.counts["handed_back"] += 1
+            self.devices[self._sent[tid][0]].take_back(tid)  # aborts it there: _abort reroutes it
 
     def _on_iter(self, dev: Device) -> None:
         if dev.name not in self.flags:

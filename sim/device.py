@@ -228,6 +228,12 @@ class Device:
             else:
                 self._abort(t.rid)
 
+    def take_back(self, tid: str) -> None:
+        """The scheduler takes a turn back (tail hand-back): aborted here, rerouted by on_abort."""
+        t = next((x for x in self.running + self.waiting if x.tid == tid), None)
+        if t is not None:
+            self._abort(t.rid)
+
     def _abort(self, rid: int) -> None:
         t = next((x for x in self.running + self.waiting if x.rid == rid), None)
         if t is None:

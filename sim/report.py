@@ -44,6 +44,7 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "serving_busy_mean": sum(busy) / len(busy) if busy else 0.0,
         "trajectories_started": c["started"], "trajectories_finished": c["finished"],
         "trajectories_in_flight": in_flight, "turns": c["turns"], "turns_rerouted": c["rerouted"],
+        "turns_handed_back": c["handed_back"],
         "stall_kept": sum(d.stall_kept for d in sim.devices.values()),
         "kv_cuts": sum(d.memory.cuts for d in sim.devices.values() if d.memory is not None),
         "events": sim.loop.events, "sim_s": sim.loop.now, "wall_s": wall_s,

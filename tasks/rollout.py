@@ -113,7 +113,8 @@ def summarize(report, policy_version: int) -> dict:
         "rerouted_turns": report.rerouted_turns, "interrupted_turns": report.interrupted,
         "dead_workers": report.dead_workers,
         "excluded_workers": report.excluded_workers, "rejoined_workers": report.rejoined_workers,
-        "aborted_turns": report.aborted_turns, "sampling": report.sampling,
+        "aborted_turns": report.aborted_turns, "handed_back_turns": report.handed_back,
+        "sampling": report.sampling,
         "worker_events": report.events,
         "scheduler_queued_s": sum(r["queued_s"] for r in rows),
         "rollout_s": report.seconds, "batches": report.batches,
@@ -152,7 +153,8 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         scheduler = RolloutScheduler(
             client, workers, r.max_concurrency_per_worker, r.routing,
             serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
-            turn_timeout_s=r.turn_timeout_s, resync=resync_from_relay(client, cfg, policy_version),
+            turn_timeout_s=r.turn_timeout_s, handback_factor=r.handback_factor,
+            resync=resync_from_relay(client, cfg, policy_version),
             serving_lag=cfg.publish.max_staleness)
         report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it

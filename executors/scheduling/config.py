@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from executors.policies.router import MODES
+from executors.policies.tail_handback import HandbackConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,10 @@ class SchedulerConfig:
     # a borrowed serving worker may run a policy this many versions older than the step's
     # (its pull finishes in the background: weight_sync.policy_floor); dedicated ones may not
     serving_lag: int = 0
+    # tail hand-back (executors/policies/tail_handback.py): a borrowed turn out longer than
+    # this many dedicated median turn times, while nothing is queued and a dedicated worker
+    # has room, is aborted on its serving worker and rerouted; 0 turns it off
+    handback_factor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -36,6 +41,8 @@ class SchedulerConfig:
                      "result_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.handback_factor != 0:
+            HandbackConfig(factor=self.handback_factor)  # raises on a bad factor
         if self.max_rejoins < 0 or self.serving_lag < 0:
             raise ValueError(f"max_rejoins and serving_lag must be >= 0, got {self.max_rejoins}, "
                              f"{self.serving_lag}")

@@ -31,6 +31,7 @@ from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F40
 from executors.workers.pinned import fetch_result
 from executors.workers.rollout_worker import generate_turns
 from executors.policies.router import TurnRouter
+from executors.policies.tail_handback import HandbackConfig, TailHandback
 from executors.scheduling.worker_pool import WorkerPool
 
 log = logging.getLogger("rose.rollout")
@@ -68,11 +69,14 @@ class RolloutScheduler:
         self.abandoned: set[str] = set()
         self.active: set[str] = set()
         self.failures: dict[str, int] = {}
+        factor = self.config.handback_factor
+        self.handback = TailHandback(HandbackConfig(factor=factor)) if factor else None
         self._start(launcher.launch())
         progress = time.monotonic()
         while self.active:
             self._on_lost(self.pool.poll())
             self._dispatch()
+            self._hand_back_tail()
             if time.monotonic() - progress > self.config.stuck_after_s:
                 raise RolloutStuck(f"no turn finished for {self.config.stuck_after_s:.0f} s; "
                                    f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
@@ -153,8 +157,29 @@ class RolloutScheduler:
             batches.setdefault(worker, []).append(tid)
         return waiting
 
+    def _hand_back_tail(self) -> None:
+        """Borrowed turns out too long while a dedicated worker has room are aborted on their
+        serving worker; the "abort" answer reroutes them (executors/policies/tail_handback.py)."""
+        if self.handback is None:
+            return
+        borrowed, where = {}, {}
+        for worker, tids, sent in self.inflight.values():
+            if self.kinds.get(worker) != "serving":
+                continue
+            for tid in tids:
+                if tid in self.running and tid not in self.abandoned:
+                    key = (tid, self.by_id[tid].turn)
+                    borrowed[key], where[key] = sent, worker
+        if not borrowed:
+            return
+        free = sum(max(0, self.router.cap - self.router.load(w)) for w in self.routable
+                   if self.kinds.get(w) == "rollout")
+        for key in self.handback.due(borrowed, free, len(self.ready), time.monotonic()):
+            self.report.handed_back += 1
+            self.pool.abort(where[key], [self.running[key[0]][1]])
+
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
-        worker, tids, _ = self.inflight.pop(fut)
+        worker, tids, sent = self.inflight.pop(fut)
         try:
             results = fetch_result(fut, self.config.result_timeout_s)
         except Exception as exc:  # worker died (also: with the results), or the batch failed
@@ -175,6 +200,8 @@ class RolloutScheduler:
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)
+            if self.handback is not None and self.kinds.get(worker) == "rollout":
+                self.handback.on_dedicated_turn(time.monotonic() - sent)
             self.last_worker[tid] = worker
             ep, progressed = self.by_id[tid], True
             row = ep.apply(result)
