@@ -162,7 +162,7 @@ def summarize(records: list[RequestRecord], ttft_slo_s: float | None = None,
     tpot = np.array([r.tpot_s for r in ok if r.output_tokens > 1])
     out = {"requests": len(records), "ok": len(ok), "errors": len(records) - len(ok),
            # what went wrong, most common first: a failed request names its cause
-           "error_kinds": Counter(str(r.error)[:60] for r in records if not r.ok).most_common(3),
+           "error_kinds": Counter(str(r.error)[:60] for r in records if not r.ok).most_common(),
            "output_tokens": int(sum(r.output_tokens for r in ok)),
            "late_p99_s": _pct(np.array([r.late_s for r in records]), 99)}
     for name, arr in (("ttft", ttft), ("tpot", tpot)):
