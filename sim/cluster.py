@@ -268,7 +268,8 @@ class ClusterSim:
         now = self.loop.now
         if now >= self._handback_at:
             self._handback_at = math.inf
-        if not (self.cfg.tail_handback and self._borrowed) or self.queue:
+        # pinned trajectories never move: a handed-back turn would only wait for its home again
+        if not (self.cfg.tail_handback and self._borrowed) or self.queue or self.cfg.mode == "pinned":
             return
         free = self.cfg.rollout_gpus * self.cfg.cap_per_rollout_gpu - self._dedicated_out
         limit = self.handback.threshold_s()

@@ -69,8 +69,9 @@ class RolloutScheduler:
         self.abandoned: set[str] = set()
         self.active: set[str] = set()
         self.failures: dict[str, int] = {}
-        factor = self.config.handback_factor
-        self.handback = TailHandback(HandbackConfig(factor=factor)) if factor else None
+        factor = self.config.handback_factor  # pinned trajectories never move: no hand-back
+        self.handback = (TailHandback(HandbackConfig(factor=factor))
+                         if factor and self.router.mode != "pinned" else None)
         self._start(launcher.launch())
         progress = time.monotonic()
         while self.active:
