@@ -24,6 +24,7 @@ from executors.policies.tail_handback import TailHandback
 from sim.config import SimConfig
 from sim.device import Device, Turn
 from sim.events import EventLoop
+from sim.handback import HandbackSide
 from sim.profiles import PROFILE_DIR, load_profile, scaled
 from sim.report import summarize
 from sim.staleness import policy_floor
@@ -34,7 +35,7 @@ DEFAULT_STEP_MODEL = StepModel(1.0633637e-4, 1.2176131,
                                "median over 24 fixed-rollout steps of bench/results/learning_fidelity.json")
 
 
-class ClusterSim:
+class ClusterSim(HandbackSide):
     def __init__(self, cfg: SimConfig, workload: WorkloadSpec | None = None,
                  step_model: StepModel = DEFAULT_STEP_MODEL, router: TurnRouter | None = None) -> None:
         self.cfg, self.loop = cfg, EventLoop()
@@ -260,30 +261,6 @@ class ClusterSim:
         self._set_flag(dev.name, False)
         self.queue.appendleft(turn.tid)
         self._dispatch()
-
-    def _hand_back_tail(self, _=None) -> None:
-        """Borrowed turns out too long while dedicated GPUs have room come home (the scheduler's
-        own policy, executors/policies/tail_handback.py). Called on every finished turn, so the
-        common cases return in O(1): something queued, no room, or the oldest not yet due."""
-        now = self.loop.now
-        if now >= self._handback_at:
-            self._handback_at = math.inf
-        # pinned trajectories never move: a handed-back turn would only wait for its home again
-        if not (self.cfg.tail_handback and self._borrowed) or self.queue or self.cfg.mode == "pinned":
-            return
-        free = self.cfg.rollout_gpus * self.cfg.cap_per_rollout_gpu - self._dedicated_out
-        limit = self.handback.threshold_s()
-        if free <= 0 or limit is None:
-            return
-        oldest = next(iter(self._borrowed.values()))[0]
-        if now < oldest + limit:  # nothing due yet: look again when the oldest will be
-            if oldest + limit < self._handback_at:
-                self._handback_at = oldest + limit
-                self.loop.at(oldest + limit, self._hand_back_tail)
-            return
-        for tid, _k in self.handback.due({key: sent for sent, key in self._borrowed.values()}, free, 0, now):
-            self.counts["handed_back"] += 1
-            self.devices[self._sent[tid][0]].take_back(tid)  # aborts it there: _abort reroutes it
 
     def _on_iter(self, dev: Device) -> None:
         if dev.name not in self.flags:
