@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
-from sim.fleet import fleet_settings, load_fleet  # noqa: E402
+from sim.fleet import fleet_settings, load_fleet, sweep_settings  # noqa: E402
 from sim.workload import fit_from_arrow  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
@@ -55,11 +55,8 @@ def run(cfg: SimConfig) -> dict:
 
 def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict]:
     """The base config at `gpus`, and the SLO there: 2x the fixed configuration's P99s."""
-    fleet = dict(args.fleet_settings or dict(rollout_profile=args.rollout_profile,
-                                             serving_profile=args.serving_profile))
-    if args.rate is not None or not args.fleet_settings:
-        fleet["serving_rate"] = args.rate or 6.0
-    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, workload=args.workload, **fleet)
+    base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, workload=args.workload,
+                     **sweep_settings(args.fleet, args.rate, args.rollout_profile, args.serving_profile))
     fixed = run(replace(base, config="fixed"))
     if fixed["ttft_p99_s"] is None or fixed["tpot_p99_s"] is None:
         raise SystemExit(f"at {gpus} GPUs no serving request finished in {args.steps} step(s), so no SLO "

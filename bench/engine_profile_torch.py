@@ -52,12 +52,10 @@ def measure_torch(args: Namespace) -> dict:
     built_s = time.perf_counter() - t0
     timer = HFForwardTimer(model, args.device, repeats=args.repeats, decode_context=args.decode_context)
     lengths = prefill_lengths(args.max_model_len, args.chunk_tokens)
-    mono = timer.prefill(lengths)
-    chunked = timer.prefill(lengths, chunk=args.chunk_tokens)
-    decode = timer.decode([b for b in BATCHES if b <= args.max_num_seqs])
-    curves = {}
-    for label, times in (("monolithic", mono), ("chunked", chunked), ("decode", decode)):
-        curves[label] = _curve(times, label)
+    measured = {"monolithic": timer.prefill(lengths),
+                "chunked": timer.prefill(lengths, chunk=args.chunk_tokens),
+                "decode": timer.decode([b for b in BATCHES if b <= args.max_num_seqs])}
+    curves = {label: _curve(times, label) for label, times in measured.items()}
     profile = LatencyProfile(curves["monolithic"][0], curves["chunked"][0], curves["decode"][0],
                              args.chunk_tokens, f"{args.role}:{args.model.name}")
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.machine()
@@ -72,11 +70,9 @@ def measure_torch(args: Namespace) -> dict:
                    + f"; decode at {args.decode_context} tokens of context per request; "
                    "no paged attention, no continuous batching: one forward per step"),
         "gpu_kind": args.gpu_kind, "device": device, "build_s": round(built_s, 1),
-        "graphed_ms": {k: _ms(t.graphed) for k, t in (("monolithic", mono), ("chunked", chunked),
-                                                      ("decode", decode))},
-        "eager_ms": {k: _ms(t.eager) for k, t in (("monolithic", mono), ("chunked", chunked),
-                                                  ("decode", decode))},
-        "errors": mono.errors + chunked.errors + decode.errors,
+        "graphed_ms": {k: _ms(t.graphed) for k, t in measured.items()},
+        "eager_ms": {k: _ms(t.eager) for k, t in measured.items()},
+        "errors": [e for t in measured.values() for e in t.errors],
         "model": {k: model_cfg.get(k) for k in ("architectures", "hidden_size", "num_hidden_layers",
                                                 "num_attention_heads", "num_key_value_heads",
                                                 "intermediate_size", "vocab_size")},

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
-from sim.fleet import fleet_settings, load_fleet
+from sim.fleet import load_fleet, sweep_settings
 
 
 class SimSweep(BaseModel):
@@ -56,11 +56,8 @@ class SimSweep(BaseModel):
         return fleet
 
     def base(self, gpus: int) -> SimConfig:
-        settings = fleet_settings(load_fleet(self.fleet))[0] if self.fleet else {}
-        if self.rate is not None or not self.fleet:
-            settings["serving_rate"] = self.rate or 6.0
-        return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed,
-                         serving_ratio=self.serving_ratio, **settings)
+        return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed, serving_ratio=self.serving_ratio,
+                         **sweep_settings(self.fleet, self.rate))
 
 
 @task(name="simulate", retries=1, cache_policy=NO_CACHE)

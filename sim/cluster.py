@@ -197,11 +197,7 @@ class ClusterSim(HandbackSide):
 
     def _place(self, tid: str, name: str) -> None:
         traj, k, context = self.trajs[tid]
-        self._sent[tid] = (name, self.loop.now)
-        if name in self.flags:
-            self._borrowed[tid] = (self.loop.now, (tid, k))
-        elif not self.devices[name].borrowed:
-            self._dedicated_out += 1
+        self._turn_out(tid, name, k)
         placement = self.router.on_turn_start(tid, name)
         turn = Turn(tid, context, traj.responses[k])
         if placement.affine and k > 0:
@@ -210,10 +206,8 @@ class ClusterSim(HandbackSide):
 
     def _done(self, dev: Device, turn: Turn) -> None:
         self.router.on_turn_end(turn.tid, dev.name)
-        _, sent = self._sent.pop(turn.tid)
-        self._borrowed.pop(turn.tid, None)
-        if dev.kind == "rollout" and not dev.borrowed:
-            self._dedicated_out -= 1
+        sent = self._turn_left(dev, turn.tid)
+        if sent is not None:  # a dedicated GPU's turn: its time sets the hand-back's pace
             self.handback.on_dedicated_turn(self.loop.now - sent)
         c, tokens = self.counts, turn.context + turn.response
         c["turns"] += 1
@@ -251,10 +245,7 @@ class ClusterSim(HandbackSide):
     def _abort(self, dev: Device, turn: Turn) -> None:
         """A KV cut or stall gave the turn back: reroute it; close the worker's gate for a poll."""
         self.router.on_turn_aborted(turn.tid, dev.name)
-        self._sent.pop(turn.tid, None)
-        self._borrowed.pop(turn.tid, None)
-        if dev.kind == "rollout" and not dev.borrowed:
-            self._dedicated_out -= 1
+        self._turn_left(dev, turn.tid)
         self.counts["rerouted"] += 1
         self.closed_until[dev.name] = self.loop.now + self.cfg.admission_refresh_s
         self.loop.at(self.closed_until[dev.name], lambda d: self._on_iter(d), dev)

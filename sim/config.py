@@ -34,7 +34,7 @@ class SimConfig:
     off_policy: int = 0
     pull_s: float = 0.0  # serving GPUs' background pull of a new version (0: no model given)
     admission_refresh_s: float = 0.3  # a serving GPU that aborted a turn stays closed this long
-    tail_handback: bool = True  # executors/policies/tail_handback.py (SchedulerConfig.tail_handback)
+    tail_handback: bool = True  # executors/policies/tail_handback.py (SchedulerConfig.handback_factor)
     slo_ttft_s: float | None = None  # None: SLOConfig.from_profile (the serving worker's own rule)
     slo_tpot_s: float | None = None
     rollout_profile: str = "cpu_policy"

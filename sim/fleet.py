@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sim.profiles import PROFILE_DIR, load_profile
 from sim.serving import BLOCK
@@ -69,6 +70,27 @@ def shape_numbers(shape: str) -> tuple[int, int]:
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * c["intermediate_size"]
     embeddings = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
     return layers * per_layer + embeddings, layers * 2 * kv * BYTES
+
+
+DEFAULT_RATE = 6.0  # trace speed-up per serving GPU of the CPU sweep (no fleet)
+
+
+def sweep_settings(fleet: str | None, rate: float | None, rollout_profile: str = "cpu_policy",
+                   serving_profile: str = "cpu_serving") -> dict:
+    """SimConfig keyword arguments shared by a sweep's configurations: the fleet's (its derived
+    serving rate unless `rate` is given), or the named profiles at `rate` (default 6)."""
+    if fleet is None:
+        return dict(rollout_profile=rollout_profile, serving_profile=serving_profile,
+                    serving_rate=rate or DEFAULT_RATE)
+    settings = dict(_fleet_settings_by_name(fleet)[0])
+    if rate is not None:
+        settings["serving_rate"] = rate
+    return settings
+
+
+@lru_cache(maxsize=None)
+def _fleet_settings_by_name(name: str) -> tuple[dict, dict]:
+    return fleet_settings(load_fleet(name))  # one derivation per fleet and process
 
 
 def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:

@@ -8,6 +8,23 @@ import math
 
 
 class HandbackSide:
+    def _turn_out(self, tid: str, name: str, k: int) -> None:
+        """Turn k of `tid` sent to device `name` now."""
+        self._sent[tid] = (name, self.loop.now)
+        if name in self.flags:  # a co-serving GPU
+            self._borrowed[tid] = (self.loop.now, (tid, k))
+        elif not self.devices[name].borrowed:
+            self._dedicated_out += 1
+
+    def _turn_left(self, dev, tid: str) -> float | None:
+        """The turn left `dev` (finished or aborted); when it was sent, if dev is a dedicated GPU."""
+        _, sent = self._sent.pop(tid)
+        self._borrowed.pop(tid, None)
+        if dev.kind == "rollout" and not dev.borrowed:
+            self._dedicated_out -= 1
+            return sent
+        return None
+
     def _hand_back_tail(self, _=None) -> None:
         """Borrowed turns out too long while dedicated GPUs have room come home (the scheduler's
         own policy, executors/policies/tail_handback.py). Called on every finished turn, so the

@@ -18,7 +18,7 @@ from tests.test_rollout_scheduler import cluster, enc, episodes, fake_generate, 
 def test_nothing_is_due_before_a_dedicated_turn_sets_the_pace():
     hb = TailHandback()
     assert hb.due({"a": 0.0}, free_dedicated_slots=4, queued=0, now=100.0) == []
-    assert hb.next_due_at({"a": 0.0}) is None
+    assert hb.threshold_s() is None
 
 
 def test_due_turns_are_the_oldest_past_the_threshold_up_to_the_free_slots():
@@ -32,7 +32,7 @@ def test_due_turns_are_the_oldest_past_the_threshold_up_to_the_free_slots():
     assert hb.due(borrowed, free_dedicated_slots=2, queued=0, now=10.0) == ["oldest", "older"]
     # each turn at most once; "new" (0.1 s out) is not due yet
     assert hb.due(borrowed, free_dedicated_slots=5, queued=0, now=10.0) == ["old"]
-    assert hb.next_due_at(borrowed) == pytest.approx(9.9 + 0.4)
+    assert hb.due(borrowed, free_dedicated_slots=5, queued=0, now=9.9 + 0.4) == ["new"]  # due in time
 
 
 def test_the_threshold_never_falls_below_the_floor_and_bad_settings_are_refused():

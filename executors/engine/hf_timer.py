@@ -126,8 +126,8 @@ class HFForwardTimer:
         del graph
         return statistics.median(samples)
 
-    def _time(self, make_run, sizes, out: ForwardTimes, label: str) -> ForwardTimes:
-        graphs_ok = self.cuda
+    def _time(self, make_run, sizes, label: str) -> ForwardTimes:
+        out, graphs_ok = ForwardTimes(), self.cuda
         for size in sizes:
             try:
                 with torch.inference_mode():
@@ -150,10 +150,10 @@ class HFForwardTimer:
 
     def prefill(self, lengths, chunk: int | None = None) -> ForwardTimes:
         label = f"prefill chunk {chunk}" if chunk else "prefill"
-        return self._time(lambda L: self._prefill_fn(L, chunk), lengths, ForwardTimes(), label)
+        return self._time(lambda L: self._prefill_fn(L, chunk), lengths, label)
 
     def decode(self, batches) -> ForwardTimes:
-        return self._time(self._decode_fn, batches, ForwardTimes(), "decode")
+        return self._time(self._decode_fn, batches, "decode")
 
 
 def _timing_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -180,10 +180,7 @@ def _register_timing_attention() -> None:
 
 def _new_cache(config):
     from transformers import DynamicCache
-    try:
-        return DynamicCache(config=config)
-    except TypeError:  # transformers < 4.56 builds it without the config
-        return DynamicCache()
+    return DynamicCache(config=config)
 
 
 def build_random_model(config_path, device: str, dtype: torch.dtype = torch.bfloat16, **overrides):

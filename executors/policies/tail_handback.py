@@ -63,11 +63,3 @@ class TailHandback:
         chosen = [key for _, key in old[:free_dedicated_slots]]
         self._handed.update(chosen)
         return chosen
-
-    def next_due_at(self, borrowed: dict[Hashable, float]) -> float | None:
-        """When the next not-yet-handed-back borrowed turn becomes old enough (for a timer)."""
-        limit = self.threshold_s()
-        pending = [sent for key, sent in borrowed.items() if key not in self._handed]
-        if limit is None or not pending:
-            return None
-        return min(pending) + limit
