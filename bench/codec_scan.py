@@ -1,10 +1,13 @@
-"""The codec's change scan: numpy (storage/delta/bits.changes) vs a numba-compiled fused kernel.
+"""The codec's two per-element passes, numpy vs the compiled kernels (storage/delta/kernels.py).
 
-Issue 15 asked to choose between vectorised numpy and numba by measurement. The scan (compare
-new with base, collect changed positions and their differences) is the one per-element pass of
-encoding a delta; this times both on the same bf16 bit patterns at several change densities,
-best of --repeat, one thread, side by side in one run, and checks they agree exactly.
-numba is the one vLLM installs (not a ROSE dependency); without it the bench says so and stops.
+Issue 15 asked to choose between vectorised numpy and numba by measurement. Encoding a delta
+scans every element (compare new with base, collect changed positions and their differences);
+applying one writes the differences onto a copy of the base at the Elias-Fano positions. This
+times, on the same bf16 bit patterns at several change densities, best of --repeat, one thread,
+side by side in one run: the scan as numpy does it best (cache-sized chunks, one subtraction,
+flatnonzero on the bool mask) against kernels.scan_changes, and the apply as numpy does it
+(elias_fano.decode, then a fancy-index add on a copy) against kernels.ef_apply; every result
+is checked equal.
 
     .venv/bin/python bench/codec_scan.py [--elements 64e6] [--repeat 3]
 """
@@ -23,28 +26,28 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storage.delta import bits  # noqa: E402
+from storage.delta import elias_fano, kernels  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DENSITIES = (0.001, 0.01, 0.042, 0.15)  # 0.042: the 0.5B shape's AdamW delta at lr 1e-6
 
 
-def _fused_kernel():
-    import numba
+def numpy_scan(new: np.ndarray, base: np.ndarray, chunk: int = 1 << 18):
+    """numpy's best change scan: in cache-sized chunks, d = new - base, flatnonzero(d != 0)."""
+    pos, diff = [], []
+    for start in range(0, new.size, chunk):
+        d = new[start:start + chunk] - base[start:start + chunk]
+        p = np.flatnonzero(d != 0)
+        pos.append(p + start)
+        diff.append(d[p])
+    return np.concatenate(pos), np.concatenate(diff)
 
-    @numba.njit(nogil=True)
-    def fused(a, b):  # count, then fill: one compare per element per pass, no temporaries
-        count = 0
-        for i in range(a.size):
-            count += a[i] != b[i]
-        positions, diff, j = np.empty(count, np.int64), np.empty(count, a.dtype), 0
-        for i in range(a.size):
-            if a[i] != b[i]:
-                positions[j], diff[j] = i, a[i] - b[i]
-                j += 1
-        return positions, diff
 
-    return fused
+def numpy_apply(blob: bytes, base: np.ndarray, diff: np.ndarray) -> np.ndarray:
+    positions, _ = elias_fano.decode(blob)
+    out = base.copy()
+    out[positions] += diff
+    return out
 
 
 def _best(fn, repeat: int):
@@ -62,31 +65,40 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, default=RESULTS / "codec_scan.json")
     args = ap.parse_args()
-    try:
-        fused = _fused_kernel()
-    except ImportError:
-        sys.exit("numba is not installed here (it comes with vLLM): nothing to compare")
     n, rng = int(args.elements), np.random.default_rng(0)
     base = rng.integers(0, 1 << 16, n, dtype=np.uint16)
-    fused(base[:8], base[:8])  # compile outside the timing
+    kernels.scan_changes(base[:100], base[:100])  # compile (or load) outside the timing
     rows = []
     for density in DENSITIES:
         new = base.copy()
         new[rng.random(n) < density] += 1
-        t_np, ch = _best(lambda: bits.changes(new, base), args.repeat)
-        t_nb, (pos, diff) = _best(lambda: fused(new, base), args.repeat)
-        if not (np.array_equal(pos, ch.positions) and np.array_equal(diff, ch.diff)):
-            raise AssertionError(f"numba and numpy disagree at density {density}")
-        dense_bytes = 2 * new.nbytes  # both tensors read
-        rows.append({"density": density, "changed": int(pos.size), "numpy_s": t_np,
-                     "numba_s": t_nb, "numpy_GBps": dense_bytes / t_np / 1e9,
-                     "numba_GBps": dense_bytes / t_nb / 1e9, "numba_over_numpy": t_np / t_nb})
-    table = Table(title=f"change scan, {n:,} bf16 elements, one thread, best of {args.repeat}")
-    for col in ("density", "numpy ms", "numba ms", "numpy GB/s", "numba GB/s", "numba speed-up"):
+        t_np, (pos, diff) = _best(lambda: numpy_scan(new, base), args.repeat)
+        t_nb, (kpos, kdiff) = _best(lambda: kernels.scan_changes(new, base, density), args.repeat)
+        if not (np.array_equal(pos, kpos) and np.array_equal(diff, kdiff)):
+            raise AssertionError(f"scan: kernel and numpy disagree at density {density}")
+        blob = elias_fano.encode(pos, n)
+        count, _, low, lows, unary = elias_fano.split(blob)
+        a_np, out = _best(lambda: numpy_apply(blob, base, diff), args.repeat)
+        a_nb, kout = _best(lambda: kernels.ef_apply(base, lows, unary, count, low, diff),
+                           args.repeat)
+        if not (np.array_equal(out, new) and np.array_equal(kout, new)):
+            raise AssertionError(f"apply: a result differs from new at density {density}")
+        gb = new.nbytes / 1e9  # dense bytes of the tensor
+        rows.append({"density": density, "changed": int(pos.size),
+                     "scan_numpy_s": t_np, "scan_kernel_s": t_nb, "scan_speedup": t_np / t_nb,
+                     "scan_kernel_GBps": gb / t_nb, "apply_numpy_s": a_np, "apply_kernel_s": a_nb,
+                     "apply_speedup": a_np / a_nb, "apply_kernel_GBps": gb / a_nb})
+    table = Table(title=f"codec passes, {n:,} bf16 elements, one thread, best of {args.repeat}"
+                        " (GB/s of the tensor's dense bytes)")
+    for col in ("density", "scan numpy ms", "scan kernel ms", "speed-up", "kernel GB/s",
+                "apply numpy ms", "apply kernel ms", "speed-up", "kernel GB/s"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"{r['density']:.1%}", f"{r['numpy_s'] * 1e3:.0f}", f"{r['numba_s'] * 1e3:.0f}",
-                      f"{r['numpy_GBps']:.2f}", f"{r['numba_GBps']:.2f}", f"{r['numba_over_numpy']:.2f}x")
+        table.add_row(f"{r['density']:.1%}", f"{r['scan_numpy_s'] * 1e3:.0f}",
+                      f"{r['scan_kernel_s'] * 1e3:.0f}", f"{r['scan_speedup']:.2f}x",
+                      f"{r['scan_kernel_GBps']:.2f}", f"{r['apply_numpy_s'] * 1e3:.0f}",
+                      f"{r['apply_kernel_s'] * 1e3:.0f}", f"{r['apply_speedup']:.2f}x",
+                      f"{r['apply_kernel_GBps']:.2f}")
     Console().print(table)
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps({"bench": "codec_scan", "elements": n, "repeat": args.repeat,

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from storage.delta import kernels
+
 # Stable on-the-wire codes: never renumber, only append.
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.bfloat16: 1, torch.float16: 2, torch.float32: 3, torch.float64: 4,
@@ -28,10 +30,6 @@ _TORCH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _NP_UINT = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 _NP_INT = {1: np.dtype("u1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
-# Scan for changes in cache-sized chunks. When very few 8-byte words changed (estimated from a
-# sample), compare whole words first and look at lanes only inside changed words.
-_CHUNK = 1 << 18
-_SPARSE_WORDS = 1 / 64
 # Samples: evenly spaced windows, for density estimates without a full pass.
 SAMPLE_WINDOWS, SAMPLE_WINDOW = 16, 8192
 
@@ -96,42 +94,17 @@ def estimated_density(new: np.ndarray, base: np.ndarray) -> float:
 
 
 def changes(new: np.ndarray, base: np.ndarray, density: float | None = None) -> Changes:
-    """Every element whose bit pattern differs, with its difference (one pass, chunked).
+    """Every element whose bit pattern differs, with its difference (one compiled pass).
 
-    `density`: sampled_density(new, base) if the caller already has it.
+    `density`: sampled_density(new, base) if the caller already has it (sizes the output).
     """
     if new.shape != base.shape or new.dtype != base.dtype or new.ndim != 1:
         raise ValueError(f"cannot compare {new.dtype}{new.shape} with {base.dtype}{base.shape}")
-    lanes = 8 // new.itemsize
     density = sampled_density(new, base) if density is None else density
-    words = lanes > 1 and density is not None and 1 - (1 - density) ** lanes <= _SPARSE_WORDS
-    pos, diff = [], []
-    for start in range(0, new.size, _CHUNK):
-        a, b = new[start:start + _CHUNK], base[start:start + _CHUNK]
-        if words:
-            p = _word_positions(a, b, lanes)
-            diff.append(a[p] - b[p])
-        else:
-            d = a - b  # wraps; zero exactly where the bits agree
-            p = np.flatnonzero(d != 0)  # a bool scan is numpy's fastest nonzero
-            diff.append(d[p])
-        pos.append(p + start)
-    if not pos:
-        return Changes(np.zeros(0, np.int64), np.zeros(0, new.dtype))
-    return Changes(np.concatenate(pos), np.concatenate(diff))
+    positions, diff = kernels.scan_changes(new, base, density)
+    return Changes(positions, diff)
 
 
 def changed_positions(new: np.ndarray, base: np.ndarray) -> np.ndarray:
     """Sorted int64 indices where the bit patterns of `new` and `base` differ."""
     return changes(new, base).positions
-
-
-def _word_positions(a: np.ndarray, b: np.ndarray, lanes: int) -> np.ndarray:
-    whole = a.size - a.size % lanes
-    hits = np.flatnonzero(a[:whole].view(np.uint64) != b[:whole].view(np.uint64))
-    in_a, in_b = a[:whole].reshape(-1, lanes)[hits], b[:whole].reshape(-1, lanes)[hits]
-    rows, lane = np.nonzero(in_a != in_b)
-    pos = hits[rows] * lanes + lane
-    if whole < a.size:
-        pos = np.concatenate([pos, np.flatnonzero(a[whole:] != b[whole:]) + whole])
-    return pos

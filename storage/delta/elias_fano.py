@@ -4,7 +4,8 @@ With k positions out of u, each position is split into L = floor(log2(u/k)) low 
 verbatim (k * L bits, position after position, least significant bit first), and a high part
 stored in unary as one bit-vector of k + (u-1 >> L) + 1 bits (bit high_i + i is set). That is
 at most k * (2 + log2(u/k)) bits, within about half a bit per position of log2 C(u, k).
-Everything is vectorised numpy: no Python loop runs over positions.
+Encoding runs in a compiled kernel (kernels.py); `decode` is vectorised numpy (the receiver's
+apply decodes positions inside its own kernel instead).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import struct
 
 import numpy as np
 
-from storage.delta.bitpack import pack_bits, packed_size, unpack_bits
+from storage.delta import kernels
+from storage.delta.bitpack import packed_size, unpack_bits
 
 _HEADER = struct.Struct("<QQB")  # count, universe, low bits
 _CHUNK = 1 << 16  # positions per vectorised step (a multiple of 8)
@@ -63,17 +65,14 @@ def encode(positions: np.ndarray, universe: int, *, check: bool = True) -> bytes
     parts = [_HEADER.pack(count, universe, low)]
     if count:
         # Chunks of positions stay in cache; a multiple of 8 keeps each chunk's lows whole bytes.
-        mask = (1 << low) - 1
-        parts += [pack_bits(pos[i:i + _CHUNK] & mask, low) for i in range(0, count, _CHUNK)]
-        unary = np.zeros(_high_bits(count, universe, low), np.uint8)
-        for i in range(0, count, _CHUNK):
-            unary[(pos[i:i + _CHUNK] >> low) + np.arange(i, min(i + _CHUNK, count))] = 1
-        parts.append(np.packbits(unary, bitorder="little").tobytes())
+        parts += kernels.ef_pack(pos, low, packed_size(count, low),
+                                 _high_bits(count, universe, low))
     return b"".join(parts)
 
 
-def decode(data: bytes | memoryview) -> tuple[np.ndarray, int]:
-    """(positions as int64, universe) from `encode`'s bytes; raises EliasFanoError if malformed."""
+def split(data: bytes | memoryview) -> tuple[int, int, int, memoryview, memoryview]:
+    """(count, universe, low bits, packed lows, unary high part) of `encode`'s bytes, the header
+    and sizes checked (the positions themselves are checked by whoever decodes them)."""
     buf = memoryview(data)
     if len(buf) < _HEADER.size:
         raise EliasFanoError(f"Elias-Fano block of {len(buf)} bytes is shorter than its header")
@@ -83,6 +82,14 @@ def decode(data: bytes | memoryview) -> tuple[np.ndarray, int]:
     if len(buf) != encoded_size(count, universe):
         raise EliasFanoError(
             f"Elias-Fano block is {len(buf)} bytes, header implies {encoded_size(count, universe)}")
+    offset = _HEADER.size + packed_size(count, low)
+    return count, universe, low, buf[_HEADER.size:offset], buf[offset:]
+
+
+def decode(data: bytes | memoryview) -> tuple[np.ndarray, int]:
+    """(positions as int64, universe) from `encode`'s bytes; raises EliasFanoError if malformed."""
+    buf = memoryview(data)
+    count, universe, low, _, _ = split(buf)
     if count == 0:
         return np.zeros(0, np.int64), universe
     offset = _HEADER.size + packed_size(count, low)

@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 
-from storage.delta import elias_fano, ternary, values, zstd_io
+from storage.delta import elias_fano, kernels, ternary, values, zstd_io
 
 _LEN = struct.Struct("<Q")
 DENSE_RAW, DENSE_ZSTD = 0, 1
@@ -109,13 +109,12 @@ def decode_ef(body: memoryview, base: np.ndarray) -> np.ndarray:
     (pos_len,) = _LEN.unpack_from(body)
     if _LEN.size + pos_len > len(body):
         raise ValueError("ef body is truncated")
-    positions, universe = elias_fano.decode(body[_LEN.size:_LEN.size + pos_len])
+    count, universe, low, lows, unary = elias_fano.split(body[_LEN.size:_LEN.size + pos_len])
     if universe != base.size:
         raise ValueError(f"position universe {universe} != element count {base.size}")
-    diff = values.decode_values(body[_LEN.size + pos_len:], positions.size, base.dtype)
-    out = base.copy()
-    out[positions] += diff  # unsigned: wraps, the inverse of the encoder's new - base
-    return out
+    diff = values.decode_values(body[_LEN.size + pos_len:], count, base.dtype)
+    # unsigned adds wrap: the inverse of the encoder's new - base
+    return kernels.ef_apply(base, lows, unary, count, low, diff)
 
 
 encode_ternary = ternary.encode

@@ -3,13 +3,9 @@
 Threads, not processes: the codec's kernels are vectorised numpy, zstd and xxhash, which
 release the GIL for most of their work, so threads scale without pickling tensors to another
 process: on this project's 2-core machine two threads encode 1.4-1.9x as fast as one
-(bench/transfer_calibrate.py). Applying scales ~1.0x here: its base copy, fancy-index scatter
-and result checksum are memory-bound (a bare 16 MB copy or xxh3 gains 1.1x from a second
-thread; the scatter none). numba was measured and not adopted: a fused compare-and-collect
-kernel for the change scan, the codec's one per-element pass, ran 0.51x / 0.86x / 1.34x / 0.75x
-numpy's speed at 0.1 / 1 / 4.2 / 15% changed (bench/codec_scan.py, results/codec_scan.json):
-numpy's word-wide scan wins on sparse deltas and the branchy kernel on dense ones, so a JIT
-dependency would buy 1.3x on one pass at one density.
+(bench/transfer_calibrate.py). The per-element passes are numba kernels that release the GIL
+(storage/delta/kernels.py, chosen over numpy by bench/codec_scan.py); applying is memory-bound
+(its base copy and result checksum), so a second thread gains it little on this machine.
 
 Small tensors are grouped into tasks of at least `chunk_bytes`, since a task's hand-off
 (~20 us) would otherwise dominate them, and a model that fits in one task is coded inline; at

@@ -1,0 +1,165 @@
+"""Compiled kernels for the codec's per-element passes (numba, nogil: they run on every core).
+
+Two passes touch every element of a tensor, and numpy needs several temporaries for each:
+  scan   compare new with base and collect (position, new - base) of every changed element;
+  pack   the changed positions as Elias-Fano low bits and unary high part;
+  apply  Elias-Fano positions + value differences written onto a copy of the base.
+The scan compares 64 elements into one bit mask (the compare loop vectorises) and visits only
+the set bits (count-trailing-zeros), so a block with no change costs one compare pass and a
+block with a few costs a few stores: 2.2x / 1.9x / 1.6x / 1.5x numpy's chunked flatnonzero
+scan at 0.1 / 1 / 4.2 / 15% changed, one thread on this project's machine (bench/codec_scan.py,
+results/codec_scan.json). The apply kernel decodes the positions straight into the scatter,
+never building the position array: 1.1-2.1x numpy's decode-then-fancy-index add.
+
+Kernels compile on first use (cached on disk next to this file, so a worker process loads
+them in milliseconds) and raise nothing: they return an error code the caller turns into
+CorruptPayload, so a damaged payload never crashes a worker.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.core.extending import intrinsic
+
+_BLOCK = 64
+
+
+@intrinsic
+def _cttz(typingctx, word):  # noqa: ARG001 (numba's intrinsic signature)
+    """Index of the lowest set bit of a non-zero uint64 (LLVM's cttz)."""
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _grow(array: np.ndarray, used: int, need: int) -> np.ndarray:
+    bigger = np.empty(max(2 * array.size, used + need), array.dtype)
+    bigger[:used] = array[:used]
+    return bigger
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan(new: np.ndarray, base: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    n = new.size
+    positions = np.empty(max(capacity, _BLOCK), np.int64)
+    diff = np.empty(max(capacity, _BLOCK), new.dtype)
+    k = 0
+    whole = n - n % _BLOCK
+    for block in range(whole // _BLOCK):
+        start = block * _BLOCK
+        mask = np.uint64(0)
+        for j in range(_BLOCK):
+            mask |= np.uint64(new[start + j] != base[start + j]) << np.uint64(j)
+        if mask == 0:
+            continue
+        if k + _BLOCK > positions.size:
+            positions, diff = _grow(positions, k, _BLOCK), _grow(diff, k, _BLOCK)
+        while mask:
+            i = start + np.int64(_cttz(mask))
+            positions[k] = i
+            diff[k] = new[i] - base[i]
+            k += 1
+            mask &= mask - np.uint64(1)
+    for i in range(whole, n):
+        if new[i] != base[i]:
+            if k + 1 > positions.size:
+                positions, diff = _grow(positions, k, 1), _grow(diff, k, 1)
+            positions[k] = i
+            diff[k] = new[i] - base[i]
+            k += 1
+    return positions[:k], diff[:k]
+
+
+def scan_changes(new: np.ndarray, base: np.ndarray,
+                 density: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted int64 positions, wrapped new - base) of every element whose bits differ.
+
+    `density`: an estimate of the changed fraction, to size the output once (it grows if low).
+    """
+    capacity = int(new.size * min(1.0, 1.25 * density)) + 1024 if density is not None else 1024
+    return _scan(new, base, capacity)
+
+
+@numba.njit(nogil=True, cache=True)
+def _ef_pack(positions: np.ndarray, low: int, lows: np.ndarray, unary: np.ndarray) -> None:
+    mask = (np.uint64(1) << np.uint64(low)) - np.uint64(1)
+    for i in range(positions.size):
+        p = positions[i]
+        if low:
+            value = np.uint64(p) & mask
+            at = i * low
+            shift = np.uint64(at & 63)
+            lows[at >> 6] |= value << shift
+            if shift:
+                lows[(at >> 6) + 1] |= value >> (np.uint64(64) - shift)
+        bit = (p >> low) + i
+        unary[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+
+
+def ef_pack(positions: np.ndarray, low: int, low_bytes: int, unary_bits: int) -> tuple[bytes, bytes]:
+    """(packed low bits, unary high part) of sorted int64 `positions`, as elias_fano lays
+    them out: LSB-first bit streams of `low_bytes` bytes and `unary_bits` bits."""
+    lows = np.zeros(low_bytes // 8 + 2, "<u8")
+    unary = np.zeros(unary_bits // 64 + 1, "<u8")
+    _ef_pack(positions, low, lows, unary)
+    return lows.view(np.uint8)[:low_bytes].tobytes(), \
+        unary.view(np.uint8)[:(unary_bits + 7) // 8].tobytes()
+
+
+# Error codes of the apply kernel (turned into messages by `ef_apply`).
+_OK, _COUNT, _ORDER, _RANGE = 0, 1, 2, 3
+_ERRORS = {_COUNT: "high part holds another number of positions than the header says",
+           _ORDER: "decoded positions are not increasing",
+           _RANGE: "decoded positions are out of range"}
+
+
+@numba.njit(nogil=True, cache=True)
+def _ef_apply(out: np.ndarray, lows: np.ndarray, unary: np.ndarray, count: int, low: int,
+              diff: np.ndarray) -> int:
+    """out[p_i] += diff[i] for the Elias-Fano positions p_i (lows and unary as uint64 words)."""
+    mask = (np.uint64(1) << np.uint64(low)) - np.uint64(1)
+    k, previous, n = 0, -1, out.size
+    for w in range(unary.size):
+        word = unary[w]
+        while word:
+            bit = w * 64 + np.int64(_cttz(word))
+            word &= word - np.uint64(1)
+            if k >= count:
+                return _COUNT
+            position = (bit - k) << low
+            if low:
+                at = k * low
+                shift = np.uint64(at & 63)
+                value = lows[at >> 6] >> shift
+                if shift:
+                    value |= lows[(at >> 6) + 1] << (np.uint64(64) - shift)
+                position |= np.int64(value & mask)
+            if position <= previous:
+                return _ORDER
+            if position >= n:
+                return _RANGE
+            out[position] += diff[k]
+            previous = position
+            k += 1
+    return _OK if k == count else _COUNT
+
+
+def _words(data: memoryview, spare: int = 0) -> np.ndarray:
+    """Little-endian uint64 words of `data`, zero-padded, with `spare` extra zero words."""
+    return np.frombuffer(bytes(data) + bytes(-len(data) % 8 + 8 * spare), "<u8")
+
+
+def ef_apply(base: np.ndarray, lows: memoryview, unary: memoryview, count: int, low: int,
+             diff: np.ndarray) -> np.ndarray:
+    """A new array: `base` with `diff` added (wrapping) at the Elias-Fano positions (packed
+    low bits `lows`, unary high part `unary`). ValueError when the positions are malformed."""
+    if low >= 64:
+        raise ValueError(f"Elias-Fano low part of {low} bits is wider than a word")
+    out = base.copy()
+    code = _ef_apply(out, _words(lows, spare=1), _words(unary), count, low, diff)
+    if code != _OK:
+        raise ValueError(_ERRORS[code])
+    return out

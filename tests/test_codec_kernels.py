@@ -1,0 +1,95 @@
+"""The codec's compiled kernels against plain numpy references, including malformed input."""
+import numpy as np
+import pytest
+
+from storage.delta import elias_fano, kernels
+from storage.delta.bitpack import pack_bits, packed_size
+
+DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def _pair(n: int, density: float, dtype, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+    new = base.copy()
+    hit = rng.random(n) < density
+    new[hit] += rng.integers(1, 5, int(hit.sum())).astype(dtype)  # wraps at the top
+    return new, base
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 10_007])
+@pytest.mark.parametrize("density", [0.0, 0.03, 0.5, 1.0])
+def test_scan_matches_numpy(dtype, n, density):
+    new, base = _pair(n, density, dtype)
+    positions, diff = kernels.scan_changes(new, base, density)
+    expect = np.flatnonzero(new != base)
+    assert np.array_equal(positions, expect)
+    assert diff.dtype == new.dtype and np.array_equal(diff, new[expect] - base[expect])
+
+
+def test_scan_grows_past_a_low_density_estimate():
+    new, base = _pair(100_000, 0.9, np.uint16)
+    positions, diff = kernels.scan_changes(new, base, density=0.0)  # room for 1,024 at first
+    assert positions.size == int(np.count_nonzero(new != base)) > 80_000
+    assert np.array_equal(base[positions] + diff, new[positions])
+
+
+def _numpy_ef_parts(positions: np.ndarray, universe: int) -> tuple[bytes, bytes]:
+    low = elias_fano.low_bits(positions.size, universe)
+    lows = pack_bits(positions & ((1 << low) - 1), low)
+    unary = np.zeros(positions.size + ((universe - 1) >> low) + 1, np.uint8)
+    unary[(positions >> low) + np.arange(positions.size)] = 1
+    return lows, np.packbits(unary, bitorder="little").tobytes()
+
+
+@pytest.mark.parametrize("count,universe", [(1, 1), (5, 5), (3, 1000), (1000, 1 << 20),
+                                            (7, 1 << 40), (40_000, 100_000)])
+def test_ef_pack_matches_the_bit_layout(count, universe):
+    rng = np.random.default_rng(count)
+    positions = np.sort(rng.choice(universe, count, replace=False)).astype(np.int64)
+    low = elias_fano.low_bits(count, universe)
+    got = kernels.ef_pack(positions, low, packed_size(count, low),
+                          count + ((universe - 1) >> low) + 1)
+    assert got == _numpy_ef_parts(positions, universe)
+    decoded, u = elias_fano.decode(elias_fano.encode(positions, universe))
+    assert u == universe and np.array_equal(decoded, positions)
+
+
+def _apply_parts(positions: np.ndarray, universe: int):
+    blob = elias_fano.encode(positions, universe)
+    count, _, low, lows, unary = elias_fano.split(blob)
+    return count, low, bytes(lows), bytearray(unary)
+
+
+def test_ef_apply_adds_at_positions_and_leaves_base_alone():
+    base = np.arange(1000, dtype=np.uint16)
+    positions = np.array([0, 7, 8, 500, 999])
+    diff = np.array([1, 2, 0xFFFF, 3, 4], np.uint16)  # 0xFFFF: -1, wrapping
+    count, low, lows, unary = _apply_parts(positions, base.size)
+    out = kernels.ef_apply(base, memoryview(lows), memoryview(unary), count, low, diff)
+    expect = base.copy()
+    expect[positions] += diff
+    assert np.array_equal(out, expect) and np.array_equal(base, np.arange(1000, dtype=np.uint16))
+
+
+def test_ef_apply_rejects_malformed_positions():
+    base = np.zeros(64, np.uint16)
+    positions = np.array([3, 9, 40])
+    diff = np.ones(3, np.uint16)
+    count, low, lows, unary = _apply_parts(positions, base.size)
+    extra = bytearray(unary)
+    extra[-1] |= 0x80  # one more high bit than the header's count
+    with pytest.raises(ValueError, match="number of positions"):
+        kernels.ef_apply(base, memoryview(lows), memoryview(extra), count, low, diff)
+    with pytest.raises(ValueError, match="number of positions"):
+        kernels.ef_apply(base, memoryview(lows), memoryview(unary), count + 1, low,
+                         np.ones(4, np.uint16))
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.ef_apply(np.zeros(30, np.uint16), memoryview(lows), memoryview(unary), count,
+                         low, diff)
+    # Both in high bucket 0: lows 1 then 0 decode to positions 1 then 0.
+    count, low, lows, unary = _apply_parts(np.array([1, 2]), 4)
+    with pytest.raises(ValueError, match="not increasing"):
+        kernels.ef_apply(np.zeros(4, np.uint16), memoryview(lows),
+                         memoryview(bytes([0b0000_0011])), count, low, np.ones(2, np.uint16))
