@@ -108,8 +108,13 @@ def test_buckets_arriving_out_of_order_apply_in_place_bit_exact(relays, ns):
     report = rx.pull(1)
     assert report.mode == "delta" and not report.fallback and rx.version == 1
     assert slow.done[-1] == 0 and same(rx.tensors, weights[1]) and rx.tensors is held
-    # no second copy of the model: each v0 tensor was released as its bucket was applied
-    assert alive and alive[0] <= late
+    # no second copy of the model: a delta is decoded into the held tensor itself (the same
+    # object, no tensor-sized allocation); a tensor sent raw replaces the held one, which is
+    # released as its bucket is applied
+    coded = {e.name for _, e in read_manifest(reader, run, 1).entries()
+             if e.meta["encoding"] == "rsdt"}
+    assert all(rx.tensors[n] is old[n]() for n in coded if rx.tensors[n].numel())  # (empties:
+    assert alive and alive[0] <= late | coded  # a fresh torch.empty, normalised at the end)
 
 
 def test_corrupted_bucket_rejected_by_checksum_and_fetched_again(relays, ns):
@@ -238,3 +243,23 @@ def test_pipelined_and_plain_publish_store_the_same_bytes(tmp_path):
     assert same(rx.tensors, weights) and torch.equal(rx.tensors["model.steps"],
                                                       weights["model.steps"])
 
+
+
+def test_delta_onto_a_held_tensor_that_drifted_falls_back_to_a_full_snapshot(relays, ns):
+    """In place, a payload whose result checksum fails (the held base is not the sender's)
+    may have written into the held weights: the receiver then holds no version, and the full
+    snapshot it asks for restores the published version bit for bit."""
+    writer, reader, run, pub, weights = published(relays, ns)
+    rx = WeightReceiver(reader, run, full_timeout_s=10, rerequest_s=0.05)
+    assert rx.pull(0).mode == "full"
+    coded = [e.name for _, e in read_manifest(reader, run, 1).entries()
+             if e.meta["encoding"] == "rsdt" and rx.tensors[e.name].numel()]
+    drifted = rx.tensors[coded[0]].view(-1)
+    drifted.view(torch.int16)[0] ^= 1  # one bit the sender's base does not have
+    pub.start_server(interval_s=0.05)
+    try:
+        report = rx.pull(1)
+    finally:
+        pub.stop_server()
+    assert report.mode == "full" and "DeltaBaseMismatch" in report.fallback
+    assert rx.version == 1 and same(rx.tensors, weights[1])

@@ -58,7 +58,7 @@ class RolloutWeights:
             self.rollout.version = version
         self.version = version
         if self.wiring.evict_on_burst:  # a rebuilt engine starts from the model dir
-            # a shallow copy: the worker's receiver replaces the tensors of `tensors` with the
-            # next version's while it pulls (storage/weights/apply_pipeline.py), never writes
-            # into them, and a rebuild may come mid-pull
-            self._weights = (version, dict(tensors))
+            # a copy: the worker's receiver applies the next version into `tensors` in place
+            # while it pulls (storage/weights/apply_pipeline.py), and a rebuild may come
+            # mid-pull (this baseline mode alone pays for the second copy)
+            self._weights = (version, {n: t.clone() for n, t in tensors.items()})

@@ -7,7 +7,7 @@
   ternary   a 2-bit symbol per element (-1 / same / +1 / escape) + zstd (ternary.py); beats
             Elias-Fano above ~15% density
 Encoders return the body bytes; decoders return a new array and raise ValueError when the body
-is malformed. Decoders never write into `base`.
+is malformed. Decoders never write into `base`, except decode_ef when asked to (in place).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def encode_ef(positions: np.ndarray, n: int, value_blob: bytes) -> bytes:
     return b"".join([_LEN.pack(len(pos_blob)), pos_blob, value_blob])
 
 
-def decode_ef(body: memoryview, base: np.ndarray) -> np.ndarray:
+def decode_ef(body: memoryview, base: np.ndarray, in_place: bool = False) -> np.ndarray:
     if len(body) < _LEN.size:
         raise ValueError("ef body is truncated")
     (pos_len,) = _LEN.unpack_from(body)
@@ -114,7 +114,7 @@ def decode_ef(body: memoryview, base: np.ndarray) -> np.ndarray:
         raise ValueError(f"position universe {universe} != element count {base.size}")
     diff = values.decode_values(body[_LEN.size + pos_len:], count, base.dtype)
     # unsigned adds wrap: the inverse of the encoder's new - base
-    return kernels.ef_apply(base, lows, unary, count, low, diff)
+    return kernels.ef_apply(base, lows, unary, count, low, diff, in_place)
 
 
 encode_ternary = ternary.encode

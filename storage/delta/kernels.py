@@ -3,7 +3,7 @@
 Two passes touch every element of a tensor, and numpy needs several temporaries for each:
   scan   compare new with base and collect (position, new - base) of every changed element;
   pack   the changed positions as Elias-Fano low bits and unary high part;
-  apply  Elias-Fano positions + value differences written onto a copy of the base.
+  apply  Elias-Fano positions + value differences written onto the base (or a copy of it).
 The scan compares 64 elements into one bit mask (the compare loop vectorises) and visits only
 the set bits (count-trailing-zeros), so a block with no change costs one compare pass and a
 block with a few costs a few stores: 2.2x / 1.9x / 1.6x / 1.5x numpy's chunked flatnonzero
@@ -17,6 +17,8 @@ CorruptPayload, so a damaged payload never crashes a worker.
 """
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -24,6 +26,15 @@ from numba.core import types
 from numba.core.extending import intrinsic
 
 _BLOCK = 64
+
+
+def _ro(array: np.ndarray) -> np.ndarray:
+    """A read-only view: numba compiles one specialisation per argument type, and read-only
+    is part of the type, so inputs always go in read-only (a writable and a read-only bucket
+    view would otherwise compile the kernel twice, seconds each, inside a timed publish)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 @intrinsic
@@ -80,7 +91,7 @@ def scan_changes(new: np.ndarray, base: np.ndarray,
     `density`: an estimate of the changed fraction, to size the output once (it grows if low).
     """
     capacity = int(new.size * min(1.0, 1.25 * density)) + 1024 if density is not None else 1024
-    return _scan(new, base, capacity)
+    return _scan(_ro(new), _ro(base), capacity)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -104,7 +115,7 @@ def ef_pack(positions: np.ndarray, low: int, low_bytes: int, unary_bits: int) ->
     them out: LSB-first bit streams of `low_bytes` bytes and `unary_bits` bits."""
     lows = np.zeros(low_bytes // 8 + 2, "<u8")
     unary = np.zeros(unary_bits // 64 + 1, "<u8")
-    _ef_pack(positions, low, lows, unary)
+    _ef_pack(_ro(np.asarray(positions, np.int64)), low, lows, unary)
     return lows.view(np.uint8)[:low_bytes].tobytes(), \
         unary.view(np.uint8)[:(unary_bits + 7) // 8].tobytes()
 
@@ -153,13 +164,41 @@ def _words(data: memoryview, spare: int = 0) -> np.ndarray:
 
 
 def ef_apply(base: np.ndarray, lows: memoryview, unary: memoryview, count: int, low: int,
-             diff: np.ndarray) -> np.ndarray:
-    """A new array: `base` with `diff` added (wrapping) at the Elias-Fano positions (packed
-    low bits `lows`, unary high part `unary`). ValueError when the positions are malformed."""
+             diff: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """`base` with `diff` added (wrapping) at the Elias-Fano positions (packed low bits `lows`,
+    unary high part `unary`): a new array, or `base` itself written into when `in_place`.
+    ValueError when the positions are malformed (in place: some may have been written)."""
     if low >= 64:
         raise ValueError(f"Elias-Fano low part of {low} bits is wider than a word")
-    out = base.copy()
-    code = _ef_apply(out, _words(lows, spare=1), _words(unary), count, low, diff)
+    out = base if in_place else base.copy()
+    code = _ef_apply(out, _ro(_words(lows, spare=1)), _ro(_words(unary)), count, low, _ro(diff))
     if code != _OK:
         raise ValueError(_ERRORS[code])
     return out
+
+
+_warming: threading.Thread | None = None
+_warm_lock = threading.Lock()
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) every kernel for 16- and 32-bit patterns (bf16,
+    fp16, fp32), so the first publish or pull of a process does not pay for it."""
+    for dtype in (np.uint16, np.uint32):
+        base = np.zeros(4 * _BLOCK + 3, dtype)
+        new = base.copy()
+        new[[5, 100, len(new) - 1]] = 1
+        positions, diff = scan_changes(new, base, 0.01)
+        low = 5
+        lows, unary = ef_pack(positions, low, (positions.size * low + 7) // 8,
+                              positions.size + ((new.size - 1) >> low) + 1)
+        ef_apply(base, memoryview(lows), memoryview(unary), positions.size, low, diff)
+
+
+def warm_up_in_background() -> None:
+    """warm_up on a daemon thread, once per process (publishers and receivers start it)."""
+    global _warming
+    with _warm_lock:
+        if _warming is None:
+            _warming = threading.Thread(target=warm_up, name="rose-codec-warm-up", daemon=True)
+            _warming.start()

@@ -147,11 +147,16 @@ def read_header(payload: bytes | memoryview) -> DeltaHeader:
 
 
 def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
-                base_version: int | None) -> torch.Tensor:
+                base_version: int | None, in_place: bool = False) -> torch.Tensor:
     """The tensor the payload encodes, built from `base` (held by the receiver as `base_version`).
 
     Raises DeltaBaseMismatch when the payload needs another base than the one given, and
-    CorruptPayload when the bytes are damaged. `base` is never modified.
+    CorruptPayload when the bytes are damaged. `base` is never modified, unless `in_place`
+    (a contiguous CPU base of the payload's dtype and shape): the result is then written into
+    `base`, which is returned, and no tensor-sized buffer is allocated for a sparse delta (fresh
+    memory is what a pull pays most for: every page faults in). In place, an error raised after
+    the header and body checks (a result checksum that differs: the base was not the sender's)
+    may leave `base` partly written: its holder must treat it as no version.
     """
     buf = memoryview(payload)
     head = unpack_header(buf)
@@ -164,8 +169,11 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
         raise CorruptPayload(f"{where}: body checksum mismatch")
     base_u = _check_base(head, base, base_version, where)
     udt = bits.uint_dtype(head.dtype)
+    into = _in_place_target(head, base, where) if in_place else None
     try:
-        if head.encoding == "dense":
+        if into is not None and head.encoding == "ef":
+            out = enc.decode_ef(body, into, in_place=True)
+        elif head.encoding == "dense":
             out = enc.decode_dense(body, head.numel, udt)
         elif head.encoding == "xor_zstd":
             out = enc.decode_xor_zstd(body, base_u)
@@ -177,11 +185,23 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
             out = enc.decode_ternary(body, base_u)
     except (ValueError, IndexError) as exc:
         raise CorruptPayload(f"{where}: {head.encoding} body does not decode: {exc}") from exc
+    if into is not None and out is not into:  # decoded aside (rare encodings): copy it in
+        np.copyto(into, out)
+        out = into
     if xxhash.xxh3_64_intdigest(out) != head.result_checksum:
         # The body is intact (its checksum passed), so the base differs from the sender's.
         raise DeltaBaseMismatch(f"{where}: result checksum mismatch; the base's content differs "
                                 "from the sender's base")
-    return bits.from_bits(out, head.dtype, head.shape)
+    return base if into is not None else bits.from_bits(out, head.dtype, head.shape)
+
+
+def _in_place_target(head: DeltaHeader, base: torch.Tensor | None, where: str) -> np.ndarray:
+    """The bits of `base` to decode into (the same memory), or ValueError."""
+    if base is None or base.device.type != "cpu" or not base.is_contiguous() \
+            or base.dtype != head.dtype or tuple(base.shape) != head.shape:
+        raise ValueError(f"{where}: applying in place needs a contiguous CPU {head.dtype}"
+                         f"{head.shape} tensor to write into")
+    return bits.to_bits(base)
 
 
 def _check_base(head: DeltaHeader, base: torch.Tensor | None, base_version: int | None,

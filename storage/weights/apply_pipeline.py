@@ -3,22 +3,22 @@
 `pull_into` reads a version whose manifest is already in the relay (so it is complete: the
 publisher writes the manifest last). Fetcher threads get buckets from the relay, each verified
 against the manifest's checksum as it arrives; the calling thread decodes every bucket as soon
-as it is there, in whatever order they arrive, on the decoding pool, and puts its tensors into
-the held weights (`dest`, whose tensors are also a delta's base) in place of the old ones.
-Tensors are replaced in the dict, never written into: a raw payload becomes a view on its
-bucket (no copy at all), a coded one a fresh tensor, and the old tensor is released there and
-then. So no second copy of the model is built (memory beyond the weights is at most `depth`
-buckets and one bucket's decoded tensors), and a caller that kept a shallow copy of the dict
-(`dict(held)`) keeps an intact earlier version.
+as it is there, in whatever order they arrive, on the decoding pool, into the held weights
+(`dest`). A delta is decoded into the held tensor it applies to, in place: no tensor-sized
+buffer is allocated (fresh memory is what a pull paid most for: every page of it faults in,
+2-20x the cost of the decoding itself on this project's VM, bench/transfer.py). A raw payload
+becomes a view on its bucket (no copy at all), put in the dict in place of the old tensor. So
+no second copy of the model is built (memory beyond the weights is at most `depth` buckets),
+and a caller that needs an earlier version intact while the next one is pulled must copy it
+(the co-serving executor's evict-and-reload baseline does).
 
-What is applied is always whole and verified: a bucket that fails its checksum (damaged or
-cut short in the relay or on the way) is rejected before any of its tensors is touched and
-fetched again, up to `retries` times; a bucket is applied only once every payload in it
-decoded to the result checksum in its header (storage.delta) and the shape and dtype the
-manifest gives, so a bucket goes in whole or not at all. When a bucket stays bad, the error
-is raised and the buckets applied before it stay applied: `stats["written"]` says whether
-any did, so the caller knows its weights are no longer the version it held
-(storage/weights/receiver.py then takes a full snapshot).
+What is applied is verified: a bucket that fails its checksum (damaged or cut short in the
+relay or on the way) is rejected before any of its tensors is touched and fetched again, up to
+`retries` times; every payload must decode to the result checksum in its header (storage.delta)
+and the shape and dtype the manifest gives. A payload that does not (its body intact, so the
+held base was not the sender's) or a bucket that stays bad raises, and what was written before
+stays written: `stats["written"]` says whether anything was, so the caller knows its weights
+are no longer the version it held (storage/weights/receiver.py then takes a full snapshot).
 """
 from __future__ import annotations
 
@@ -135,10 +135,12 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
               wait_s=0.0, rejected=0, applied=0, written=False, order=[])
     out: dict[str, torch.Tensor] = {} if dest is None else dest
 
+    in_place = dest is not None and base is dest  # a delta onto the held weights
+
     def decode(item: tuple[memoryview, Any]) -> torch.Tensor:
         view, entry = item
         return decode_payload(entry.name, view[entry.offset:entry.offset + entry.length],
-                              entry.meta, base, base_version)
+                              entry.meta, base, base_version, in_place)
 
     def decode_cost(item: tuple[memoryview, Any]) -> int:
         return shape_bytes(item[1].meta)
@@ -151,8 +153,7 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
             t1 = time.perf_counter()
             st["wait_s"] += t1 - t
             entries = manifest.buckets[i].entries
-            # Decode the whole bucket first (every result checksum checked), then apply it:
-            # a bucket whose decoding fails leaves the held tensors untouched.
+            st["written"] |= in_place  # decoding deltas writes into `dest` as it goes
             decoded = list(ordered_map(decode, [(view, e) for e in entries], workers,
                                        decode_cost))
             if dest is not None:

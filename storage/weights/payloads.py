@@ -39,6 +39,8 @@ def _decode_raw(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | 
     dtype, shape = _DTYPES[meta["dtype"]], meta["shape"]
     if payload.nbytes == 0:  # torch.frombuffer refuses empty buffers
         return torch.empty(shape, dtype=dtype)
+    if payload.readonly:  # held tensors are written into by later deltas (in place)
+        payload = memoryview(bytearray(payload))
     return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
@@ -59,19 +61,35 @@ def register_decoder(encoding: str, decoder: Decoder) -> None:
 
 
 def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
-                   base: dict[str, torch.Tensor] | None, base_version: int | None) -> torch.Tensor:
+                   base: dict[str, torch.Tensor] | None, base_version: int | None,
+                   in_place: bool = False) -> torch.Tensor:
     """The tensor `name` from its payload, checked against the manifest's shape and dtype;
-    `base` / `base_version`: what the receiver holds, for a delta (CorruptBucket, DeltaError)."""
-    decoder = _DECODERS.get(meta.get("encoding", ""))
+    `base` / `base_version`: what the receiver holds, for a delta (CorruptBucket, DeltaError).
+    `in_place`: a storage.delta payload is decoded into the base tensor itself (apply_delta)."""
+    encoding = meta.get("encoding", "")
+    decoder = _DECODERS.get(encoding)
     if decoder is None:
         raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
                             f"(known: {', '.join(_DECODERS)})")
-    tensor = decoder(payload, meta, (base or {}).get(name), base_version)
+    held = (base or {}).get(name)
+    if in_place and encoding == "rsdt" and _fits(held, meta):
+        from storage.delta import apply_delta
+
+        tensor = apply_delta(payload, held, base_version=base_version, in_place=True)
+    else:
+        tensor = decoder(payload, meta, held, base_version)
     dtype = str(tensor.dtype).removeprefix("torch.")
     if list(tensor.shape) != list(meta["shape"]) or dtype != meta["dtype"]:
         raise CorruptBucket(f"tensor {name!r} decoded as {tensor.dtype}{list(tensor.shape)}, "
                             f"manifest says {meta['dtype']}{meta['shape']}")
     return tensor
+
+
+def _fits(tensor: torch.Tensor | None, meta: dict[str, Any]) -> bool:
+    """Whether a payload described by `meta` can be decoded into `tensor`'s own memory."""
+    return tensor is not None and tensor.device.type == "cpu" and tensor.is_contiguous() \
+        and list(tensor.shape) == list(meta["shape"]) \
+        and str(tensor.dtype).removeprefix("torch.") == meta["dtype"]
 
 
 def shape_bytes(meta: dict[str, Any]) -> int:

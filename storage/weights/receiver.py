@@ -3,13 +3,13 @@
 `WeightReceiver.pull(v)` ends holding version v (or newer, when the publisher has moved on and
 `accept_newer`), bit-identical to what the trainer published (the whole set's digest is checked
 against the manifest's), or it raises. Pipelined (the default, storage/weights/apply_pipeline.py)
-it decodes bucket k while the next ones are fetched and puts its verified tensors in place of
-the held ones (the dict is updated, no tensor is written into), so no second copy of the model
-is built; a bucket failing its checksum is rejected whole and fetched again, and a bucket is
-applied only once every payload in it decoded to its result checksum. If the pull then fails
-after some buckets went in, the receiver holds no version (`version` None: the next pull takes
-a full snapshot, applied the same way). The engine never sees any of this: it runs its own copy
-until the loader hands it a complete, verified version.
+it decodes bucket k while the next ones are fetched, each delta into the held tensor it applies
+to (in place: no tensor-sized allocation), so no second copy of the model is built; a bucket
+failing its checksum is rejected whole and fetched again, and every payload must decode to its
+result checksum. If the pull then fails after something was written, the receiver holds no
+version (`version` None: the next pull takes a full snapshot, applied the same way). The
+engine never sees any of this: it runs its own copy until the loader hands it a complete,
+verified version.
 With `pipelined=False` a version is fetched and verified whole, then decoded into new tensors
 swapped in at the end: a failed pull leaves what was held untouched, at twice the memory.
 
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from storage.delta import kernels
 from storage.weights.apply_pipeline import fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.parallel import available_cores
@@ -74,6 +75,7 @@ class WeightReceiver:
         apply while fetching, into the held dict (see the module docstring)."""
         self.relay, self.run, self.requester = relay, run, requester
         self.pipelined = pipelined
+        kernels.warm_up_in_background()  # the codec's kernels, before the first delta
         self.workers = available_cores() if workers is None else max(1, workers)
         self.batch_bytes, self.full_timeout_s = batch_bytes, full_timeout_s
         self.poll_s, self.rerequest_s = poll_s, rerequest_s

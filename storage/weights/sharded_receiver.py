@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from storage.delta import kernels
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.shards.grain import PublishLayout, receiver_pieces, rank_parts
 from storage.shards.layout import ParallelLayout, Rank
@@ -72,6 +73,7 @@ class ShardedReceiver:
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
         self.server_rules, self.batch_bytes = server_rules, batch_bytes
         self.requester, self.full_timeout_s = requester, full_timeout_s
+        kernels.warm_up_in_background()  # the codec's kernels, before the first delta
         self.workers = available_cores() if workers is None else max(1, workers)
         self.tensors: dict[str, torch.Tensor] | None = None  # param name -> this rank's slice
         self.version: int | None = None

@@ -40,7 +40,7 @@ import xxhash
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
-from storage.delta import bits, time_model
+from storage.delta import bits, kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shards.layout import layer_index
@@ -97,6 +97,8 @@ class SparsePublisher:
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part = part
         self.link_gbps = link_gbps
+        if sparse:  # compile the codec's kernels before the first publish needs them
+            kernels.warm_up_in_background()
         self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
         self._held: dict[str, torch.Tensor] | None = None
