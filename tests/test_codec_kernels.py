@@ -93,3 +93,33 @@ def test_ef_apply_rejects_malformed_positions():
     with pytest.raises(ValueError, match="not increasing"):
         kernels.ef_apply(np.zeros(4, np.uint16), memoryview(lows),
                          memoryview(bytes([0b0000_0011])), count, low, np.ones(2, np.uint16))
+
+
+def _numpy_symbols(diff: np.ndarray):
+    signed = diff.view(f"i{diff.itemsize}")
+    magnitude = np.abs(signed).view(diff.dtype)  # abs(INT_MIN) wraps to 2**(w-1)
+    classes = np.minimum(magnitude - diff.dtype.type(1), 3).astype(np.uint8)
+    padded = np.zeros((diff.size + 3) // 4 * 4, np.uint8)
+    padded[:diff.size] = classes
+    packed = np.bitwise_or.reduce(padded.reshape(-1, 4) << np.array([0, 2, 4, 6], np.uint8),
+                                  axis=1).astype(np.uint8)
+    return (np.packbits(signed < 0, bitorder="little"), packed,
+            magnitude[classes == 3] - diff.dtype.type(4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 4, 9, 1001])
+def test_value_symbols_match_numpy(dtype, n):
+    rng = np.random.default_rng(n)
+    top = np.iinfo(dtype).max
+    diff = rng.integers(1, top, n, dtype=dtype, endpoint=True)
+    diff[: n // 3] = rng.choice(np.array([1, 2, 3, top, top - 1], dtype), n // 3)  # +-1, +-2
+    diff[-1] = dtype(1) << dtype(8 * np.dtype(dtype).itemsize - 1)  # INT_MIN: magnitude 2**(w-1)
+    got = kernels.value_symbols(diff)
+    for g, want in zip(got, _numpy_symbols(diff)):
+        assert g.dtype == want.dtype and np.array_equal(g, want)
+
+
+def test_value_symbols_refuse_a_zero_difference():
+    with pytest.raises(ValueError, match="non-zero"):
+        kernels.value_symbols(np.array([1, 0, 2], np.uint16))

@@ -98,6 +98,8 @@ def test_publish_by_time_bit_exact(tmp_path, gbps, workers):
     big = "model.embed_tokens.weight"
     if gbps > 100:  # a fast link: nothing is worth coding
         assert set(picked.values()) == {"raw"}
+        # decided before any encoding: sent as the dense path sends it, no per-tensor step
+        assert all(t.encode_s == 0.0 for t in report.tensors)
         assert report.pushed_bytes >= sum(t.numel() * 2 for t in new.values())
     else:  # a slow link: the large tensors go coded, and far smaller
         assert picked[big] not in ("raw", "dense")

@@ -2,7 +2,8 @@
 
 Two passes touch every element of a tensor, and numpy needs several temporaries for each:
   scan   compare new with base and collect (position, new - base) of every changed element;
-  pack   the changed positions as Elias-Fano low bits and unary high part;
+  pack   the changed positions as Elias-Fano low bits and unary high part, and the changed
+         values as sign bits, magnitude classes and escapes (values.py);
   apply  Elias-Fano positions + value differences written onto the base (or a copy of it).
 The scan compares 64 elements into one bit mask (the compare loop vectorises) and visits only
 the set bits (count-trailing-zeros), so a block with no change costs one compare pass and a
@@ -120,6 +121,41 @@ def ef_pack(positions: np.ndarray, low: int, low_bytes: int, unary_bits: int) ->
         unary.view(np.uint8)[:(unary_bits + 7) // 8].tobytes()
 
 
+@numba.njit(nogil=True, cache=True)
+def _value_symbols(diff: np.ndarray, width: int, signs: np.ndarray, classes: np.ndarray,
+                   escapes: np.ndarray) -> int:
+    top = np.uint64(width - 1)
+    mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - width)
+    e = 0
+    for i in range(diff.size):
+        u = np.uint64(diff[i])
+        negative = (u >> top) & np.uint64(1)
+        magnitude = ((~u + np.uint64(1)) & mask) if negative else u
+        if magnitude == 0:
+            return -1
+        c = min(magnitude - np.uint64(1), np.uint64(3))
+        signs[i >> 3] |= np.uint8(negative << np.uint64(i & 7))
+        classes[i >> 2] |= np.uint8(c << np.uint64(2 * (i & 3)))
+        if c == 3:
+            escapes[e] = magnitude - np.uint64(4)
+            e += 1
+    return e
+
+
+def value_symbols(diff: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sign bits, 2-bit magnitude classes packed four to a byte, escapes) of the wrapped
+    differences `diff` read as signed (values.py's symbols, LSB first), in one pass.
+    ValueError when a difference is zero."""
+    count = diff.size
+    signs = np.zeros((count + 7) // 8, np.uint8)
+    classes = np.zeros((count + 3) // 4, np.uint8)
+    escapes = np.empty(count, diff.dtype)
+    used = _value_symbols(_ro(diff), 8 * diff.itemsize, signs, classes, escapes)
+    if used < 0:
+        raise ValueError("value differences must be non-zero (only changed elements are coded)")
+    return signs, classes, escapes[:used]
+
+
 # Error codes of the apply kernel (turned into messages by `ef_apply`).
 _OK, _COUNT, _ORDER, _RANGE = 0, 1, 2, 3
 _ERRORS = {_COUNT: "high part holds another number of positions than the header says",
@@ -193,6 +229,7 @@ def warm_up() -> None:
         lows, unary = ef_pack(positions, low, (positions.size * low + 7) // 8,
                               positions.size + ((new.size - 1) >> low) + 1)
         ef_apply(base, memoryview(lows), memoryview(unary), positions.size, low, diff)
+        value_symbols(diff)
 
 
 def warm_up_in_background() -> None:

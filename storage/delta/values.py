@@ -16,11 +16,10 @@ import struct
 
 import numpy as np
 
-from storage.delta import zstd_io
+from storage.delta import kernels, zstd_io
 
 _LEN = struct.Struct("<Q")
 _ESCAPE = 3
-_SIGNED = {1: np.dtype("i1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
 def encode_values(diff: np.ndarray) -> bytes:
@@ -29,21 +28,11 @@ def encode_values(diff: np.ndarray) -> bytes:
     if count == 0:
         return b""
     udt = diff.dtype
-    signed = diff.view(_SIGNED[udt.itemsize])
-    negative = signed < 0
-    magnitude = np.abs(signed).view(udt)  # abs(INT_MIN) wraps to INT_MIN = 2**(w-1) unsigned
-    if not bool(np.all(magnitude)):
-        raise ValueError("value differences must be non-zero (only changed elements are coded)")
-    padded = np.zeros((count + 3) // 4 * 4, np.uint8)
-    np.minimum(magnitude - udt.type(1), udt.type(_ESCAPE), out=padded[:count], casting="unsafe")
-    escapes = magnitude[padded[:count] == _ESCAPE] - udt.type(_ESCAPE + 1)
-    # Four class bytes as one uint32 word; shifting folds them into the low byte as 2-bit fields.
-    word = padded.view("<u4")
-    packed = (word | (word >> 6) | (word >> 12) | (word >> 18)).astype(np.uint8)
+    signs, packed, escapes = kernels.value_symbols(diff)
     planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, udt.itemsize).T)
     z_classes = zstd_io.compress(packed, 1)
     z_escapes = zstd_io.compress(planes, 1)
-    return b"".join([np.packbits(negative, bitorder="little").tobytes(),
+    return b"".join([signs.tobytes(),
                      _LEN.pack(len(z_classes)), z_classes, _LEN.pack(len(z_escapes)), z_escapes])
 
 

@@ -74,6 +74,32 @@ def snapshot_request_key(run: str, version: int, part: str = "") -> str:
     return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
 
 
+def _all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
+             link: time_model.Link) -> bool:
+    """True when the time model sends every tensor raw before any scan (a tiny model, a fast
+    link, most elements moved): the version then goes out exactly as the dense path sends it,
+    with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
+    Stops at the first tensor worth coding (on a large model, the first one or two)."""
+    return all(t.dtype in DTYPE_CODES and _raw_first(t, base[n], link)
+               for n, t in tensors.items())
+
+
+def _record(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
+            tensor: torch.Tensor, encoding: str, encoded_bytes: int, changed: int | None,
+            seconds: float) -> None:
+    """One tensor's TensorStat; its changed elements are counted when the report is read
+    (off the push path) unless the encoder already knows them."""
+    ref = None if compare is None else compare.get(name)
+    layer = layer_index(name)
+    stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
+                      tensor.numel() if changed is None else changed, encoding,
+                      tensor.numel() * tensor.element_size(), encoded_bytes, seconds)
+    if changed is None and ref is not None and ref.shape == tensor.shape \
+            and ref.dtype == tensor.dtype:
+        report.defer_changed(stat, tensor, ref)
+    report.tensors.append(stat)
+
+
 def _raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
     """The time model's verdict before the change scan, from a sampled density (not even
     sampled when raw beats coding nothing at all: tiny tensors, fast links)."""
@@ -168,24 +194,23 @@ class SparsePublisher:
             else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
                 data, meta = raw_encoder(name, tensor)
                 encoding = "raw"
-            ref = None if compare is None else compare.get(name)
-            same = ref is not None and ref.shape == tensor.shape and ref.dtype == tensor.dtype
-            layer = layer_index(name)
-            stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
-                              tensor.numel() if changed is None else changed, encoding, nbytes,
-                              memoryview(data).nbytes, time.perf_counter() - t)
-            if changed is None and same:  # counted when the report is read, off the push path
-                report.defer_changed(stat, tensor, ref)
-            report.tensors.append(stat)
+            _record(report, compare, name, tensor, encoding, memoryview(data).nbytes, changed,
+                    time.perf_counter() - t)
             return data, meta
 
+        raw = link is not None and base is not None and _all_raw(tensors, base, link)
         t = time.perf_counter()
         report.digest = tensors_digest(tensors)
         digest_s = time.perf_counter() - t
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
-                                encoder, {"kind": kind, "base_version": base_version,
-                                          "reason": reason, "digest": report.digest}, part,
+                                raw_encoder if raw else encoder,
+                                {"kind": kind, "base_version": base_version,
+                                 "reason": reason, "digest": report.digest}, part,
                                 workers=self.workers)
+        if raw:  # as the dense path publishes: no per-tensor work beyond the stats
+            for name, tensor in tensors.items():
+                _record(report, compare, name, tensor, "raw",
+                        tensor.numel() * tensor.element_size(), None, 0.0)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0
