@@ -24,9 +24,12 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	@touch $(STAMP)
 
 demo: setup
+	$(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
 	$(BIN)/rose demo --steps $(STEPS)
 
 test: setup check
+	@# the codec's numba kernels, compiled once into their on-disk cache (not by each worker)
+	$(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
 	$(BIN)/pytest -q -x --timeout 900 tests
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.

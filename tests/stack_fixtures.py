@@ -139,21 +139,22 @@ def rose_cli(args: list[str], env: dict[str, str], timeout: float = 600) -> subp
 @contextmanager
 def cli_stack_env(data: Path):
     """(env for `rose` CLI processes) with ROSE_DATA_DIR=data here too, for in-process readers
-    (stack.json, Arrow); on exit the stack of that data dir is stopped and the variable restored.
-    Other stacks' Prefect/Mooncake/relay settings are left out of the CLI env."""
+    (stack.json, Arrow); on exit this process's Prefect events are delivered while the stack's
+    server is up (flows run in-process by a test), the stack is stopped and the environment
+    restored (a test may have applied the stack's env). Other stacks' Prefect/Mooncake/relay
+    settings are left out of the CLI env."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_", "ROSE_MOONCAKE", "ROSE_RELAY"))}
     env["ROSE_DATA_DIR"] = str(data)
-    old = os.environ.get("ROSE_DATA_DIR")
+    old = dict(os.environ)
     os.environ["ROSE_DATA_DIR"] = str(data)
     try:
         yield env
     finally:
+        drain_prefect_services()
         rose_cli(["down"], env, timeout=120)
-        if old is None:
-            os.environ.pop("ROSE_DATA_DIR", None)
-        else:
-            os.environ["ROSE_DATA_DIR"] = old
+        os.environ.clear()
+        os.environ.update(old)
 
 
 def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import engine_mismatches, flow_runs
+from tests.stack_fixtures import drain_prefect_services, engine_mismatches, flow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +32,7 @@ def stack(tmp_path_factory):
     try:
         yield handle
     finally:
+        drain_prefect_services()  # this process's events reach the server before it stops
         stop_stack(stack_dir())
         os.environ.clear()
         os.environ.update(old)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stack_fixtures import drain_prefect_services
+
 pytestmark = pytest.mark.slow
 PREBUILT = os.environ.get("ROSE_PREBUILT_MODELS")  # a models dir to copy instead of building
 
@@ -47,6 +49,7 @@ def stack(tmp_path_factory):
     try:
         yield handle
     finally:
+        drain_prefect_services()  # this process's events reach the server before it stops
         stop_stack(stack_dir())
         os.environ.clear()
         os.environ.update(old)
