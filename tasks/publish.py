@@ -67,7 +67,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
             publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
                                           cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
             report = publisher.publish(version, weights, copy=False)  # fresh tensors
-        digest = report.digest  # = rollout_worker.weights_digest of the bf16 weights
+        digest = report.digest  # = storage.weights.digest.tensors_digest of the bf16 weights
         pushed_s = time.perf_counter() - t0
         kinds = workers_by_kind(client)
         dedicated = require(kinds, "rollout")

@@ -161,12 +161,13 @@ def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:
     """(trainer version + bf16 digest, rollout-0's version + digest) from the live workers."""
     from distributed import Client
 
-    from executors.workers.rollout_worker import weights_digest, worker_state
+    from executors.workers.rollout_worker import worker_state
+    from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
 
     def trainer_state(run):
         t = local_trainer(run)
-        return {"version": t.version, "digest": weights_digest(t.weights_bf16())}
+        return {"version": t.version, "digest": tensors_digest(t.weights_bf16())}
 
     with Client(scheduler) as client:
         trainer = client.submit(trainer_state, run_id, resources={"train_gpu": 1},

@@ -83,7 +83,7 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from distributed import Client
 
     from executors.coserving.plugin import coserving_state
-    from executors.workers.rollout_worker import weights_digest
+    from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
     from executors.workers.weight_sync import wait_versions
     from flows.train import train
@@ -134,7 +134,7 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     with Client(handle.dask_scheduler) as client:
         wait_versions(client, ["serving-0"], run, 2, timeout=300)
         state = client.submit(coserving_state, workers=["serving-0"], pure=False).result()
-        published = client.submit(lambda: weights_digest(local_trainer(run).weights_bf16()),
+        published = client.submit(lambda: tensors_digest(local_trainer(run).weights_bf16()),
                                   resources={"train_gpu": 1}, pure=False).result()
     assert state["version"] == 2 and state["digest"] == published
     # the serving worker's rollout engine itself runs the trained weights, read from inside vLLM

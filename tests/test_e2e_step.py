@@ -42,7 +42,8 @@ def test_one_rl_step_end_to_end(stack):
     import pyarrow.compute as pc
     from distributed import Client
 
-    from executors.workers.rollout_worker import weights_digest, worker_state
+    from executors.workers.rollout_worker import worker_state
+    from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
     from flows.train import train
     from rose.config import RolloutConfig, RunConfig
@@ -78,7 +79,7 @@ def test_one_rl_step_end_to_end(stack):
     with Client(stack.dask_scheduler) as client:
         state = client.submit(worker_state, workers=["rollout-0"], pure=False).result()
         trainer_digest = client.submit(
-            lambda: weights_digest(local_trainer(run).weights_bf16()),
+            lambda: tensors_digest(local_trainer(run).weights_bf16()),
             resources={"train_gpu": 1}, pure=False).result()
     assert state["version"] == 1 and state["run"] == run
     assert state["digest"] == trainer_digest  # the receiver got what the trainer published

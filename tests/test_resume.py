@@ -95,7 +95,7 @@ def _assert_equals_uninterrupted_training(cfg, trainer_digest: str) -> None:
     """Train steps 1..3 in one go on the same trajectories; compare every bit of state."""
     import torch
 
-    from executors.workers.rollout_worker import weights_digest
+    from storage.weights.digest import tensors_digest
     from executors.workers.trainer import Trainer
     from storage.checkpoints import load_latest_checkpoint
     from storage.trajectories.dataset import TrajectoryStore
@@ -107,7 +107,7 @@ def _assert_equals_uninterrupted_training(cfg, trainer_digest: str) -> None:
     store = TrajectoryStore(cfg.trajectories_dir())
     for step in (1, 2, 3):
         reference.train_step(store.read_step(RUN, step))
-    assert weights_digest(reference.weights_bf16()) == trainer_digest
+    assert tensors_digest(reference.weights_bf16()) == trainer_digest
     ckpt = load_latest_checkpoint(cfg.run_dir() / "checkpoints")
     assert ckpt.step == 3
     for name, p in reference.model.named_parameters():

@@ -13,7 +13,7 @@ from distributed import Client, Scheduler, SpecCluster, Worker
 import tasks.publish
 from executors.workers import publishers
 from executors.workers.publishers import publish_sharded
-from executors.workers.rollout_worker import weights_digest
+from storage.weights.digest import tensors_digest
 from rose.config import RunConfig
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
@@ -86,7 +86,7 @@ def test_publish_task_sharded_reaches_every_engine_bit_exact(live) -> None:
         assert transfer_path(cfg.run_dir(), v).exists()
         state = engines(live.client)
         assert {s["version"] for s in state.values()} == {v}
-        assert {s["digest"] for s in state.values()} == {weights_digest(live.versions[v])}
+        assert {s["digest"] for s in state.values()} == {tensors_digest(live.versions[v])}
 
 
 def test_stale_worker_resynced_by_the_rollout_task_takes_full_parts(live) -> None:
@@ -99,7 +99,7 @@ def test_stale_worker_resynced_by_the_rollout_task_takes_full_parts(live) -> Non
     assert record["version"] == 2 and record["mode"] == "full" and "delta onto v1" in record["fallback"]
     assert all(p.endswith("/full") for p in record["parts"])  # served by the trainer's part servers
     state = engines(live.client)
-    assert state["rollout-1"]["digest"] == weights_digest(live.versions[2])
+    assert state["rollout-1"]["digest"] == tensors_digest(live.versions[2])
     assert state["rollout-0"]["version"] == 0  # not resynced: still on v0
 
 
@@ -110,7 +110,7 @@ def test_default_config_publishes_one_unsharded_version(live) -> None:
         summary = _publish(live, cfg, v)
         assert read_manifest(live.relay, "plain", v).meta["kind"] == summary["kind"] == ("full", "delta")[v]
         assert not live.relay.exists(f"rose/plain/v{v}/shards/r0.0.0/all/manifest")
-    assert {s["digest"] for s in engines(live.client).values()} == {weights_digest(live.versions[1])}
+    assert {s["digest"] for s in engines(live.client).values()} == {tensors_digest(live.versions[1])}
 
 
 def test_shard_split_is_validated() -> None:

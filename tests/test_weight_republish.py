@@ -124,8 +124,7 @@ def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
     """A trainer that came back with other bits under the same version number (e.g. resumed
     from an older checkpoint) republishes in full; a receiver holding the old bits must not
     keep them just because the number matches."""
-    from executors.workers.rollout_worker import weights_digest
-    from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.digest import tensors_digest
 
     relay = FilesystemRelay(tmp_path)
     train = Training(10)
@@ -137,8 +136,6 @@ def test_version_republished_with_other_bits_is_pulled_again(tmp_path):
     restarted = SparsePublisher(relay, "r")  # a new trainer process: no base held
     report = restarted.publish(3, train.weights())
     assert report.kind == "full" and report.digest == tensors_digest(train.weights())
-    nonempty = {n: t for n, t in train.weights().items() if t.numel()}
-    assert tensors_digest(nonempty) == weights_digest(nonempty)  # the spine's digest
     got = rx.pull(3)
     assert got.mode == "full" and "other bits" in got.fallback
     assert same(rx.tensors, train.weights()) and rx.digest == report.digest

@@ -13,7 +13,7 @@ import torch
 from distributed import Client, Scheduler, SpecCluster, Worker, WorkerPlugin
 
 from executors.workers.weight_sync import sync_weights as rollout_sync_weights
-from executors.workers.rollout_worker import weights_digest
+from storage.weights.digest import tensors_digest
 from executors.workers.weight_sync import (policy_floor, pull_status, start_pulls, wait_versions)
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
@@ -70,7 +70,7 @@ class FakeRolloutPlugin(WorkerPlugin):
 
 def engine_state(dask_worker) -> dict:
     plugin = dask_worker.plugins["rose-rollout"]
-    return {"version": plugin.loop.policy_version, "digest": weights_digest(plugin.loop.engine.weights),
+    return {"version": plugin.loop.policy_version, "digest": tensors_digest(plugin.loop.engine.weights),
             "reloads": plugin.loop.engine.reloads}
 
 
@@ -135,7 +135,7 @@ def test_background_pulls_reach_every_engine_bit_exact(cluster):
         state = engines(client)
         for name in rollout:
             assert state[name]["version"] == v
-            assert state[name]["digest"] == weights_digest(weights(v)) == done[name]["digest"]
+            assert state[name]["digest"] == tensors_digest(weights(v)) == done[name]["digest"]
     # the synchronous path (what the rollout scheduler's resync uses) is a no-op now
     again = client.submit(rollout_sync_weights, "filesystem", "r", 2, workers=["rollout-0"],
                           pure=False).result()
@@ -181,7 +181,7 @@ def test_worker_left_behind_resyncs_in_full(cluster):
         assert done["rollout-1"]["mode"] == "full" and "v0 held" in done["rollout-1"]["fallback"]
         assert done["rollout-0"]["mode"] == "noop"
         assert {s["digest"] for s in engines(client).values() if s["reloads"]} == {
-            weights_digest(weights(2))}
+            tensors_digest(weights(2))}
     finally:
         pub.stop_server()
 

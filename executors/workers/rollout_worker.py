@@ -19,15 +19,6 @@ from executors.engine.vllm_engine import EngineLoop, EngineSpec
 PLUGIN = "rose-rollout"
 
 
-def weights_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """Order-independent digest of exact bit patterns: equal digests = bit-identical weights."""
-    h = xxhash.xxh3_64()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        h.update(tensors[name].contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 class RolloutWorkerPlugin(WorkerPlugin):
     idempotent = True  # a second register must not rebuild the engine
 

@@ -30,8 +30,10 @@ from typing import Any
 
 import torch
 
+from storage.delta import read_header
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
+from storage.weights.digest import tensor_hash
 from storage.weights.parallel import ordered_map
 from storage.weights.payloads import decode_payload, shape_bytes
 from storage.weights.publisher import bucket_key
@@ -126,21 +128,26 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     payloads as views on the buckets either way). `base` /
     `base_version`: what deltas apply onto. `stats` receives bytes, buckets, fetch_s (fetcher
     threads' seconds), apply_s, wait_s (waiting for a bucket), rejected, applied (buckets),
-    written (whether `dest` was touched at all) and order (bucket indices as applied)."""
+    written (whether `dest` was touched at all), order (bucket indices as applied) and hashes
+    (per tensor applied, its tensor_hash: a delta's verified result checksum, for the digest)."""
     if dest is not None and not fits(manifest, dest):
         raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
                             "the weights it would be applied into")
     st: dict[str, Any] = stats if stats is not None else {}
     st.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=0.0, apply_s=0.0,
-              wait_s=0.0, rejected=0, applied=0, written=False, order=[])
+              wait_s=0.0, rejected=0, applied=0, written=False, order=[], hashes={})
     out: dict[str, torch.Tensor] = {} if dest is None else dest
 
     in_place = dest is not None and base is dest  # a delta onto the held weights
 
     def decode(item: tuple[memoryview, Any]) -> torch.Tensor:
         view, entry = item
-        return decode_payload(entry.name, view[entry.offset:entry.offset + entry.length],
-                              entry.meta, base, base_version, in_place)
+        payload = view[entry.offset:entry.offset + entry.length]
+        tensor = decode_payload(entry.name, payload, entry.meta, base, base_version, in_place)
+        # a delta's result checksum was just verified against what it decoded to
+        st["hashes"][entry.name] = read_header(payload).result_checksum \
+            if entry.meta.get("encoding") == "rsdt" else tensor_hash(tensor)
+        return tensor
 
     def decode_cost(item: tuple[memoryview, Any]) -> int:
         return shape_bytes(item[1].meta)

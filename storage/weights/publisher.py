@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +72,13 @@ class PublishStats:
 
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
-                    meta: dict[str, Any] | None = None, part: str = "",
+                    meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+                    part: str = "",
                     workers: int = 1, pipelined: bool = True) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
-    `meta` goes into the manifest (e.g. kind and base version). With `part` (e.g. "full") the
+    `meta` goes into the manifest (e.g. kind and base version); a callable is called once
+    every bucket is out, for what is only known then (a digest of what was encoded). With `part` (e.g. "full") the
     payloads go under the version's sub-prefix instead, next to what is published there, and
     neither `latest` nor the held versions change. `workers` threads run `encoder` ahead of
     the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
@@ -116,6 +118,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     finally:
         if pusher:
             pusher.abort()
+    if callable(meta):
+        meta = meta()
     manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
                                          "tensors": len(tensors), "published_at": time.time()})
     relay.put(manifest_key(run, version, part), manifest.to_json())

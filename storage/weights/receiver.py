@@ -159,7 +159,7 @@ class WeightReceiver:
             raise CorruptBucket(f"delta v{target} holds {len(tensors)} tensors, the base "
                                 f"v{self.version} {len(self.tensors)}: names differ")
         t = time.perf_counter()
-        digest = tensors_digest(tensors)
+        digest = tensors_digest(tensors, stats.get("hashes"), self.workers)
         report.apply_s += time.perf_counter() - t
         want = manifest.meta.get("digest")
         if want is not None and digest != want:  # end to end: the whole set, bit for bit

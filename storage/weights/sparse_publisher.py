@@ -36,7 +36,6 @@ import time
 from typing import Any
 
 import torch
-import xxhash
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
@@ -45,23 +44,12 @@ from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.shards.layout import layer_index
 from storage.weights.parallel import available_cores
+from storage.weights.digest import tensor_hash, tensors_digest  # (re-exported)
 from storage.weights.transfer_metrics import PublishReport, TensorStat, changed_in_payload
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
                                       request_key, version_prefix)
 
 log = logging.getLogger("rose.publish")
-
-
-def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
-    """Order-independent xxh3-64 of names and exact bit patterns (the same value as
-    executors.workers.rollout_worker.weights_digest): equal digests = bit-identical weights."""
-    h = xxhash.xxh3_64()
-    for name in sorted(tensors):
-        h.update(name.encode())
-        t = tensors[name]
-        if t.numel():
-            h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
 
 
 def full_part(part: str = "") -> str:
@@ -174,6 +162,7 @@ class SparsePublisher:
         base_version = None if base is None else self.version
         report = PublishReport(version, kind, base_version, reason, part)
         link = None if self.link_gbps is None else time_model.Link(self.link_gbps, self.workers)
+        hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
             t = time.perf_counter()
@@ -184,7 +173,9 @@ class SparsePublisher:
                     tensor, old, link)):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
-                meta, encoding = {"encoding": "rsdt"}, read_header(data).encoding
+                header = read_header(data)
+                meta, encoding = {"encoding": "rsdt"}, header.encoding
+                hashes[name] = header.result_checksum  # = tensor_hash(tensor)
                 if old is not None:
                     changed = changed_in_payload(data)
                 if link and old is not None and time_model.raw_after_encode(
@@ -194,18 +185,24 @@ class SparsePublisher:
             else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
                 data, meta = raw_encoder(name, tensor)
                 encoding = "raw"
+            if name not in hashes:
+                hashes[name] = tensor_hash(tensor)
             _record(report, compare, name, tensor, encoding, memoryview(data).nbytes, changed,
                     time.perf_counter() - t)
             return data, meta
 
         raw = link is not None and base is not None and _all_raw(tensors, base, link)
-        t = time.perf_counter()
-        report.digest = tensors_digest(tensors)
-        digest_s = time.perf_counter() - t
+        digest_s = 0.0
+
+        def manifest_meta() -> dict[str, Any]:  # once every tensor is encoded (and hashed)
+            nonlocal digest_s
+            t = time.perf_counter()
+            report.digest = tensors_digest(tensors, hashes, self.workers)
+            digest_s = time.perf_counter() - t
+            return {"kind": kind, "base_version": base_version, "reason": reason,
+                    "digest": report.digest}
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
-                                raw_encoder if raw else encoder,
-                                {"kind": kind, "base_version": base_version,
-                                 "reason": reason, "digest": report.digest}, part,
+                                raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=self.workers)
         if raw:  # as the dense path publishes: no per-tensor work beyond the stats
             for name, tensor in tensors.items():

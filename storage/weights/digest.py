@@ -1,0 +1,40 @@
+"""The digest of a set of weights: equal digests = bit-identical weights, whoever computed it.
+
+xxh3-64 over the names in sorted order, each followed by its tensor's own xxh3-64 (of the raw
+bits, little-endian, 8 bytes). Per tensor, that hash is exactly the result checksum a delta
+payload carries (storage/delta/header.py), so a publisher that just encoded a tensor, or a
+receiver that just verified a decoded one, passes it in `known` and the tensor is not read a
+second time: the whole-model pass the digest used to cost on each side is gone, and what is
+left is hashed on every core.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import xxhash
+
+from storage.weights.parallel import available_cores, ordered_map
+
+
+def tensor_hash(tensor: torch.Tensor) -> int:
+    """xxh3-64 of a tensor's bits (what storage.delta's result checksum is for its payload)."""
+    t = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return xxhash.xxh3_64_intdigest(t.view(torch.uint8).numpy() if t.numel() else b"")
+
+
+def tensors_digest(tensors: Mapping[str, torch.Tensor], known: Mapping[str, int] | None = None,
+                   workers: int | None = None) -> str:
+    """Order-independent digest of names and exact bit patterns. `known`: tensor hashes
+    already computed (tensor_hash values, e.g. verified result checksums), reused as they are."""
+    names = sorted(tensors)
+    known = known or {}
+    todo = [n for n in names if n not in known]
+    hashed = dict(zip(todo, ordered_map(lambda n: tensor_hash(tensors[n]), todo,
+                                        available_cores() if workers is None else workers,
+                                        lambda n: tensors[n].numel() * tensors[n].element_size())))
+    h = xxhash.xxh3_64()
+    for name in names:
+        h.update(name.encode())
+        h.update((known[name] if name in known else hashed[name]).to_bytes(8, "little"))
+    return h.hexdigest()
