@@ -1,4 +1,5 @@
-"""Lossless sparse deltas of published weights (bf16 first; any dtype via its bit patterns)."""
+"""Lossless sparse deltas of published weights (bf16 first; any dtype via its bit patterns).
+The per-element passes are numba kernels (kernels.py); everything else is numpy, zstd, xxhash."""
 
 from storage.delta.entropy import entropy_bound, entropy_bound_bits
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch, DeltaError
