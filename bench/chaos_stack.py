@@ -177,7 +177,7 @@ def weights_check(bed: Bed) -> dict:
     sample the same trajectories; training is deterministic given them."""
     import torch
 
-    from executors.workers.rollout_worker import weights_digest
+    from storage.weights.digest import tensors_digest
     from executors.workers.trainer import Trainer
     from rose.config import RunConfig
     from storage.checkpoints import load_latest_checkpoint
@@ -194,17 +194,17 @@ def weights_check(bed: Bed) -> dict:
         cfg = RunConfig.model_validate({**bed.config, "run_id": f"{bed.run_id}-reference"})
         shutil.rmtree(cfg.run_dir(), ignore_errors=True)
         reference = Trainer(cfg)
-        initial = weights_digest(reference.weights_bf16())
+        initial = tensors_digest(reference.weights_bf16())
         store = TrajectoryStore(bed.data / "trajectories")
         for step in range(1, steps + 1):
             reference.train_step(store.read_step(bed.run_id, step))
-        ref = weights_digest(reference.weights_bf16())
+        ref = tensors_digest(reference.weights_bf16())
     finally:
         if old is None:
             os.environ.pop("ROSE_DATA_DIR", None)
         else:
             os.environ["ROSE_DATA_DIR"] = old
-    got = weights_digest({n: t.to(torch.bfloat16).contiguous()
+    got = tensors_digest({n: t.to(torch.bfloat16).contiguous()
                           for n, t in ckpt.model_state.items()})
     # with no informative group (every reward in each group equal) GRPO does not move the
     # weights: equal then says nothing, and the row says so

@@ -1,6 +1,7 @@
 """Compiled kernels for the codec's per-element passes (numba, nogil: they run on every core).
 
-Two passes touch every element of a tensor, and numpy needs several temporaries for each:
+Three passes touch every element or every change of a tensor, and numpy needs several
+temporaries for each:
   scan   compare new with base and collect (position, new - base) of every changed element;
   pack   the changed positions as Elias-Fano low bits and unary high part, and the changed
          values as sign bits, magnitude classes and escapes (values.py);
@@ -12,9 +13,11 @@ scan at 0.1 / 1 / 4.2 / 15% changed, one thread on this project's machine (bench
 results/codec_scan.json). The apply kernel decodes the positions straight into the scatter,
 never building the position array: 1.1-2.1x numpy's decode-then-fancy-index add.
 
-Kernels compile on first use (cached on disk next to this file, so a worker process loads
-them in milliseconds) and raise nothing: they return an error code the caller turns into
-CorruptPayload, so a damaged payload never crashes a worker.
+Kernels compile on first use, seconds per argument type, into numba's cache next to this file
+(a later process loads them in about half a second; `make test` and `make demo` fill the
+cache first, and publishers and receivers warm them up on a thread), and raise nothing: they
+return an error code the caller turns into CorruptPayload, so a damaged payload never crashes
+a worker.
 """
 from __future__ import annotations
 
