@@ -123,3 +123,16 @@ def test_value_symbols_match_numpy(dtype, n):
 def test_value_symbols_refuse_a_zero_difference():
     with pytest.raises(ValueError, match="non-zero"):
         kernels.value_symbols(np.array([1, 0, 2], np.uint16))
+
+
+def test_loaded_modules_survive_vllms_kernel_scan():
+    """vLLM's CPU engine start walks every loaded module and reads vars(x).get("kernel") of
+    any object with a __dict__ (vllm/triton_utils/dispatcher.py); with the codec's numba
+    loaded that must still work, or no engine starts in a worker that decoded a delta."""
+    import sys
+
+    assert "llvmlite.binding.ffi" in sys.modules  # loaded by the kernels
+    for module in list(sys.modules.values()):
+        for obj in list((getattr(module, "__dict__", None) or {}).values()):
+            if hasattr(obj, "__dict__"):
+                vars(obj).get("kernel")  # raises for llvmlite's library wrapper, unpatched

@@ -32,6 +32,21 @@ from numba.core.extending import intrinsic
 _BLOCK = 64
 
 
+def _vllm_can_start_after_us() -> None:
+    """vLLM's CPU platform, building an engine, scans every loaded module for objects whose
+    vars() name a Triton kernel (vllm/triton_utils/dispatcher.py _rebind_kernels). llvmlite's
+    library wrapper answers any attribute with a function wrapper, `__dict__` included, so
+    vars() of it is no mapping and no engine can start in a process that imported numba first
+    (a receiver decodes with these kernels, then the co-serving executor builds an engine).
+    An empty `__dict__` for it answers the scan and changes nothing llvmlite uses."""
+    from llvmlite.binding import ffi
+
+    ffi.lib._fntab.setdefault("__dict__", {})
+
+
+_vllm_can_start_after_us()
+
+
 def _ro(array: np.ndarray) -> np.ndarray:
     """A read-only view: numba compiles one specialisation per argument type, and read-only
     is part of the type, so inputs always go in read-only (a writable and a read-only bucket
