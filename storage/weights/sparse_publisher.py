@@ -39,13 +39,13 @@ import torch
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES
 from storage.delta import encode_delta, read_header
-from storage.delta import bits, kernels, time_model
+from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
-from storage.shards.layout import layer_index
 from storage.weights.parallel import available_cores
 from storage.weights.digest import tensor_hash, tensors_digest  # (re-exported)
-from storage.weights.transfer_metrics import PublishReport, TensorStat, changed_in_payload
+from storage.weights.tensor_form import all_raw, raw_first, record_tensor
+from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
                                       request_key, version_prefix)
 
@@ -60,42 +60,6 @@ def full_part(part: str = "") -> str:
 def snapshot_request_key(run: str, version: int, part: str = "") -> str:
     """Where a receiver asks for that snapshot."""
     return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
-
-
-def _all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
-             link: time_model.Link) -> bool:
-    """True when the time model sends every tensor raw before any scan (a tiny model, a fast
-    link, most elements moved): the version then goes out exactly as the dense path sends it,
-    with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
-    Stops at the first tensor worth coding (on a large model, the first one or two)."""
-    return all(t.dtype in DTYPE_CODES and _raw_first(t, base[n], link)
-               for n, t in tensors.items())
-
-
-def _record(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
-            tensor: torch.Tensor, encoding: str, encoded_bytes: int, changed: int | None,
-            seconds: float) -> None:
-    """One tensor's TensorStat; its changed elements are counted when the report is read
-    (off the push path) unless the encoder already knows them."""
-    ref = None if compare is None else compare.get(name)
-    layer = layer_index(name)
-    stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
-                      tensor.numel() if changed is None else changed, encoding,
-                      tensor.numel() * tensor.element_size(), encoded_bytes, seconds)
-    if changed is None and ref is not None and ref.shape == tensor.shape \
-            and ref.dtype == tensor.dtype:
-        report.defer_changed(stat, tensor, ref)
-    report.tensors.append(stat)
-
-
-def _raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
-    """The time model's verdict before the change scan, from a sampled density (not even
-    sampled when raw beats coding nothing at all: tiny tensors, fast links)."""
-    nbytes, size = new.numel() * new.element_size(), new.element_size()
-    if time_model.raw_before_scan(nbytes, size, 0.0, link):
-        return True
-    density = bits.estimated_density(bits.to_bits(new), bits.to_bits(old))
-    return time_model.raw_before_scan(nbytes, size, density, link)
 
 
 class SparsePublisher:
@@ -169,7 +133,7 @@ class SparsePublisher:
             old = None if base is None else base[name]
             changed = None
             nbytes = tensor.numel() * tensor.element_size()
-            if tensor.dtype in DTYPE_CODES and not (link and old is not None and _raw_first(
+            if tensor.dtype in DTYPE_CODES and not (link and old is not None and raw_first(
                     tensor, old, link)):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
@@ -187,11 +151,11 @@ class SparsePublisher:
                 encoding = "raw"
             if name not in hashes:
                 hashes[name] = tensor_hash(tensor)
-            _record(report, compare, name, tensor, encoding, memoryview(data).nbytes, changed,
+            record_tensor(report, compare, name, tensor, encoding, memoryview(data).nbytes, changed,
                     time.perf_counter() - t)
             return data, meta
 
-        raw = link is not None and base is not None and _all_raw(tensors, base, link)
+        raw = link is not None and base is not None and all_raw(tensors, base, link)
         digest_s = 0.0
 
         def manifest_meta() -> dict[str, Any]:  # once every tensor is encoded (and hashed)
@@ -206,7 +170,7 @@ class SparsePublisher:
                                 workers=self.workers)
         if raw:  # as the dense path publishes: no per-tensor work beyond the stats
             for name, tensor in tensors.items():
-                _record(report, compare, name, tensor, "raw",
+                record_tensor(report, compare, name, tensor, "raw",
                         tensor.numel() * tensor.element_size(), None, 0.0)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets

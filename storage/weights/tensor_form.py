@@ -1,0 +1,48 @@
+"""How each tensor of a version goes out, by time (storage/delta/time_model.py): raw or coded,
+decided before the change scan where possible, and the per-tensor stats a publish reports.
+Plain functions over tensors and a link; storage/weights/sparse_publisher.py drives them.
+"""
+from __future__ import annotations
+
+import torch
+
+from storage.delta import bits, time_model
+from storage.delta.bits import DTYPE_CODES
+from storage.shards.layout import layer_index
+from storage.weights.transfer_metrics import PublishReport, TensorStat
+
+
+def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
+             link: time_model.Link) -> bool:
+    """True when the time model sends every tensor raw before any scan (a tiny model, a fast
+    link, most elements moved): the version then goes out exactly as the dense path sends it,
+    with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
+    Stops at the first tensor worth coding (on a large model, the first one or two)."""
+    return all(t.dtype in DTYPE_CODES and raw_first(t, base[n], link)
+               for n, t in tensors.items())
+
+
+def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
+            tensor: torch.Tensor, encoding: str, encoded_bytes: int, changed: int | None,
+            seconds: float) -> None:
+    """One tensor's TensorStat; its changed elements are counted when the report is read
+    (off the push path) unless the encoder already knows them."""
+    ref = None if compare is None else compare.get(name)
+    layer = layer_index(name)
+    stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
+                      tensor.numel() if changed is None else changed, encoding,
+                      tensor.numel() * tensor.element_size(), encoded_bytes, seconds)
+    if changed is None and ref is not None and ref.shape == tensor.shape \
+            and ref.dtype == tensor.dtype:
+        report.defer_changed(stat, tensor, ref)
+    report.tensors.append(stat)
+
+
+def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
+    """The time model's verdict before the change scan, from a sampled density (not even
+    sampled when raw beats coding nothing at all: tiny tensors, fast links)."""
+    nbytes, size = new.numel() * new.element_size(), new.element_size()
+    if time_model.raw_before_scan(nbytes, size, 0.0, link):
+        return True
+    density = bits.estimated_density(bits.to_bits(new), bits.to_bits(old))
+    return time_model.raw_before_scan(nbytes, size, density, link)
