@@ -195,10 +195,15 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
     return base if into is not None else bits.from_bits(out, head.dtype, head.shape)
 
 
+def writable_base(base: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether apply_delta can write a `dtype` `shape` result into `base` (in_place=True)."""
+    return base is not None and base.device.type == "cpu" and base.is_contiguous() \
+        and base.dtype == dtype and tuple(base.shape) == tuple(shape)
+
+
 def _in_place_target(head: DeltaHeader, base: torch.Tensor | None, where: str) -> np.ndarray:
     """The bits of `base` to decode into (the same memory), or ValueError."""
-    if base is None or base.device.type != "cpu" or not base.is_contiguous() \
-            or base.dtype != head.dtype or tuple(base.shape) != head.shape:
+    if not writable_base(base, head.dtype, head.shape):
         raise ValueError(f"{where}: applying in place needs a contiguous CPU {head.dtype}"
                          f"{head.shape} tensor to write into")
     return bits.to_bits(base)

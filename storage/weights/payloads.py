@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from storage.delta.payload import apply_delta, writable_base
 from storage.relay.base import Buffer
 from storage.weights.buckets import CorruptBucket
 
@@ -47,8 +48,6 @@ def _decode_raw(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | 
 def _decode_rsdt(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
                  base_version: int | None) -> torch.Tensor:
     """A storage.delta payload: applied only onto its declared base (DeltaError otherwise)."""
-    from storage.delta import apply_delta
-
     return apply_delta(payload, base, base_version=base_version)
 
 
@@ -72,9 +71,8 @@ def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
         raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
                             f"(known: {', '.join(_DECODERS)})")
     held = (base or {}).get(name)
-    if in_place and encoding == "rsdt" and _fits(held, meta):
-        from storage.delta import apply_delta
-
+    if in_place and encoding == "rsdt" and writable_base(held, _DTYPES.get(meta["dtype"]),
+                                                         tuple(meta["shape"])):
         tensor = apply_delta(payload, held, base_version=base_version, in_place=True)
     else:
         tensor = decoder(payload, meta, held, base_version)
@@ -83,13 +81,6 @@ def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
         raise CorruptBucket(f"tensor {name!r} decoded as {tensor.dtype}{list(tensor.shape)}, "
                             f"manifest says {meta['dtype']}{meta['shape']}")
     return tensor
-
-
-def _fits(tensor: torch.Tensor | None, meta: dict[str, Any]) -> bool:
-    """Whether a payload described by `meta` can be decoded into `tensor`'s own memory."""
-    return tensor is not None and tensor.device.type == "cpu" and tensor.is_contiguous() \
-        and list(tensor.shape) == list(meta["shape"]) \
-        and str(tensor.dtype).removeprefix("torch.") == meta["dtype"]
 
 
 def shape_bytes(meta: dict[str, Any]) -> int:
