@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.rose-setup
 PIP     := $(BIN)/pip install -q -c constraints.txt
 STEPS   ?= 5
+# the codec's numba kernels, compiled once into their on-disk cache (not by each worker)
+KERNELS := $(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
 
 .PHONY: setup demo test test-fast check bench down clean
 
@@ -24,12 +26,11 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	@touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
+	$(KERNELS)
 	$(BIN)/rose demo --steps $(STEPS)
 
 test: setup check
-	@# the codec's numba kernels, compiled once into their on-disk cache (not by each worker)
-	$(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
+	$(KERNELS)
 	$(BIN)/pytest -q -x --timeout 900 tests
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.

@@ -151,8 +151,8 @@ class SparsePublisher:
                 encoding = "raw"
             if name not in hashes:
                 hashes[name] = tensor_hash(tensor)
-            record_tensor(report, compare, name, tensor, encoding, memoryview(data).nbytes, changed,
-                    time.perf_counter() - t)
+            record_tensor(report, compare, name, tensor, encoding, memoryview(data).nbytes,
+                          changed, time.perf_counter() - t)
             return data, meta
 
         raw = link is not None and base is not None and all_raw(tensors, base, link)
@@ -171,7 +171,7 @@ class SparsePublisher:
         if raw:  # as the dense path publishes: no per-tensor work beyond the stats
             for name, tensor in tensors.items():
                 record_tensor(report, compare, name, tensor, "raw",
-                        tensor.numel() * tensor.element_size(), None, 0.0)
+                              tensor.numel() * tensor.element_size(), None, 0.0)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0

@@ -13,7 +13,7 @@ from storage.weights.transfer_metrics import PublishReport, TensorStat
 
 
 def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
-             link: time_model.Link) -> bool:
+            link: time_model.Link) -> bool:
     """True when the time model sends every tensor raw before any scan (a tiny model, a fast
     link, most elements moved): the version then goes out exactly as the dense path sends it,
     with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
@@ -23,8 +23,8 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
 
 
 def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
-            tensor: torch.Tensor, encoding: str, encoded_bytes: int, changed: int | None,
-            seconds: float) -> None:
+                  tensor: torch.Tensor, encoding: str, encoded_bytes: int, changed: int | None,
+                  seconds: float) -> None:
     """One tensor's TensorStat; its changed elements are counted when the report is read
     (off the push path) unless the encoder already knows them."""
     ref = None if compare is None else compare.get(name)
