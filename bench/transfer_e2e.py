@@ -14,7 +14,9 @@ Per workload and rate, two ways to move version v1 to a receiver that holds v0:
   ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
           pulled untimed first), pulled and applied by storage.weights.receiver, each tensor
           coded or raw by the time model at the link's rate (storage/delta/time_model.py),
-          encoded and decoded on every core
+          encoded and decoded on every core; the receiver is already waiting when the publish
+          starts (as `rose train`'s engines are) and applies a coded delta bucket by bucket as
+          it lands (storage/weights/stream_pull.py)
 Time = sender (encode + paced push) + receiver (fetch + apply + checksums), measured as wall
 time from the start of the publish to the receiver's answer; every receiver checks the whole
 set's digest against the trainer's. Each row also gives the issue's time model of a pipelined
@@ -98,10 +100,10 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
             stats["digest_s"] = time.perf_counter() - t - stats["fetch_s"] - stats["decode_s"]
             stats["cpu_s"] = time.process_time() - cpu
             conn.send((time.perf_counter() - t, stats, digest))
-        elif op == "sparse":
+        elif op in ("sparse", "stream"):  # stream: started before the publish, as rose train
             rx = receivers.setdefault(run, WeightReceiver(relay, run, "bench-reader",
                                                           batch_bytes, full_timeout_s=60))
-            report = rx.pull(version)
+            report = rx.pull(version, await_s=120.0 if op == "stream" else 0.0)
             conn.send((time.perf_counter() - t, {**report.as_dict(),
                                                  "cpu_s": time.process_time() - cpu}, rx.digest))
         else:
@@ -144,10 +146,11 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
     conn.send(("sparse", run, 0))
     conn.recv()
     pub.relay = _link(writer, rate)
+    conn.send(("stream", run, 1))  # waiting for v1, as engines are when the trainer pushes
+    time.sleep(0.2)
     t0, cpu = time.perf_counter(), time.process_time()
     report = pub.publish(1, new, copy=False)  # as the trainer: fresh tensors, not copied
     t1, sender_cpu = time.perf_counter(), time.process_time() - cpu
-    conn.send(("sparse", run, 1))
     pull_s, pull, digest = conn.recv()
     t2 = time.perf_counter()
     writer.remove_prefix(f"rose/{run}/")
@@ -160,6 +163,7 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
             "encode_s": report.encode_s, "push_s": report.push_s, "pull_s": pull_s,
             "fetch_s": pull["fetch_s"], "apply_s": pull["apply_s"], "sender_cpu_s": sender_cpu,
             "receiver_cpu_s": pull["cpu_s"], "total_s": t2 - t0,
+            "streamed_buckets": pull["streamed"], "buckets": pull["buckets"],
             "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
             "tensors": len(report.tensors)}
 

@@ -132,6 +132,9 @@ class PublishConfig(Strict):
     # tensor-parallel tensor as N slices in parts of their own, so an engine rank of TP up to N
     # pulls only its slices (engines here are TP=1: they pull every part)
     shard_split: int | None = Field(None, ge=1, le=64)
+    # engines start their pulls before the push (unsharded only): a coded delta is then applied
+    # bucket by bucket while the trainer still encodes the rest (storage/weights/stream_pull.py)
+    stream: bool = True
     # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
     # the background (at least RunConfig.max_staleness, which holds for every turn)
     max_staleness: int = Field(1, ge=0)

@@ -4,7 +4,9 @@ The push is sparse (storage/weights/sparse_publisher.py): a lossless bf16 delta 
 published before, or a full snapshot when there is none; in a delta each tensor is coded or sent
 raw, whichever storage/delta/time_model.py predicts reaches the engines sooner over
 `publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
-worker then pulls in the background (executors/workers/weight_sync.py) and reloads in place when
+worker pulls in the background (executors/workers/weight_sync.py), started just before the push
+(`publish.stream`: a coded delta is applied bucket by bucket as it lands, while the trainer
+still encodes the rest; storage/weights/stream_pull.py), and reloads in place when
 its pull completes: a delta onto the weights it holds, or a full snapshot when it cannot (skew,
 damage, a lost relay). With `publish.shard_split` the version is published by the trainer's
 declared layout instead (executors/workers/publishers.publish_sharded: parts, then one commit)
@@ -59,8 +61,22 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     # one thread there, the next update (max_staleness 1) starts beside encoding and puts
     # instead of queueing behind them. The version still becomes visible only once complete.
     with client_outside_thread_pool() as client:
-        t0 = time.perf_counter()
         sharded = cfg.publish.shard_split is not None
+        kinds = workers_by_kind(client)
+        dedicated = require(kinds, "rollout")
+        serving = sorted(n for n, k in kinds.items() if k == "serving")
+        # a worker that is gone, restarting or silent is not waited for (never a hang): it
+        # pulls this version before the rollout scheduler routes turns to it again
+        left: dict[str, str] = {}
+
+        def start(await_s: float) -> dict[str, dict]:
+            return start_pulls(client, dedicated + serving, cfg.stack.relay, cfg.run_id, version,
+                               cfg.publish.pull_batch_bytes, left_out=left, sharded=sharded,
+                               await_s=await_s)
+        t0 = time.perf_counter()
+        # streamed: the engines wait for the push and apply a coded delta as it lands
+        started = start(timeout_s) if cfg.publish.stream and not sharded else None
+        t_push = time.perf_counter()
         if sharded:
             report = publish_sharded(cfg, version, weights)
         else:
@@ -68,15 +84,9 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                                           cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
             report = publisher.publish(version, weights, copy=False)  # fresh tensors
         digest = report.digest  # = storage.weights.digest.tensors_digest of the bf16 weights
-        pushed_s = time.perf_counter() - t0
-        kinds = workers_by_kind(client)
-        dedicated = require(kinds, "rollout")
-        serving = sorted(n for n, k in kinds.items() if k == "serving")
-        # a worker that is gone, restarting or silent is not waited for (never a hang): it
-        # pulls this version before the rollout scheduler routes turns to it again
-        left: dict[str, str] = {}
-        started = start_pulls(client, dedicated + serving, cfg.stack.relay, cfg.run_id, version,
-                              cfg.publish.pull_batch_bytes, left_out=left, sharded=sharded)
+        pushed_s = time.perf_counter() - t_push
+        if started is None:
+            started = start(0.0)
         engines = [n for n in started if "skipped" not in started[n]]
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]

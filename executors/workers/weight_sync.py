@@ -58,6 +58,7 @@ class PullAgent:
     def __init__(self, receiver: Receiver, loader: Loader, worker: str = "") -> None:
         self.receiver, self.loader, self.worker = receiver, loader, worker
         self.target: int | None = None
+        self.await_s = 0.0  # how long the next pull waits for its version to be published
         self.loaded: int | None = None  # version the engine runs
         self.last: dict[str, Any] = {}  # the last completed pull (or its error)
         self.error: str = ""
@@ -65,12 +66,14 @@ class PullAgent:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def request(self, version: int) -> None:
+    def request(self, version: int, await_s: float = 0.0) -> None:
         """Pull `version` (or newer) in the background. Even when the engine already runs it,
         the receiver looks at the relay's manifest once (a republished version with other bits
-        is pulled again)."""
+        is pulled again). `await_s`: the version's publish may not have begun; wait that long
+        for it, and stream it as it lands (storage/weights/stream_pull.py)."""
         with self._cv:
             self.target = version if self.target is None else max(self.target, version)
+            self.await_s = await_s
             self.error, self._dirty = "", True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
@@ -102,7 +105,8 @@ class PullAgent:
 
     def _pull_and_load(self, target: int) -> dict[str, Any]:
         t0 = time.perf_counter()
-        report = self.receiver.pull(target, accept_newer=True)
+        ahead = {"await_s": self.await_s} if isinstance(self.receiver, WeightReceiver) else {}
+        report = self.receiver.pull(target, accept_newer=True, **ahead)
         t1 = time.perf_counter()
         record = {"worker": self.worker, **report.as_dict(), "pulled": report.mode != "noop",
                   "digest": self.receiver.digest}
@@ -203,14 +207,14 @@ def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 <
 
 
 def start_pull(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30,
-               sharded: bool = False) -> dict:
-    """Fire-and-forget on a worker: start pulling `version`, return at once. A worker with no
-    engine answers {"skipped": reason}."""
+               sharded: bool = False, await_s: float = 0.0) -> dict:
+    """Fire-and-forget on a worker: start pulling `version`, return at once (`await_s`: its
+    publish may not have begun). A worker with no engine answers {"skipped": reason}."""
     try:
         a = agent(relay_kind, run, batch_bytes, sharded=sharded)
     except RuntimeError as e:
         return {"worker": get_worker().name, "skipped": str(e)}
-    a.request(version)
+    a.request(version, await_s)
     return a.status()
 
 
@@ -233,12 +237,14 @@ START_TIMEOUT_S = 60.0  # start_pull returns at once on a live worker
 
 def start_pulls(client: Client, workers: list[str], relay_kind: str, run: str, version: int,
                 batch_bytes: int = 1 << 30,
-                left_out: dict[str, str] | None = None, sharded: bool = False) -> dict[str, dict]:
+                left_out: dict[str, str] | None = None, sharded: bool = False,
+                await_s: float = 0.0) -> dict[str, dict]:
     """Start pulls everywhere at once; worker -> its agent status (or "skipped"). Workers not
     running, gone, or silent for START_TIMEOUT_S are not waited for (pinned.py): they go into
-    `left_out` with the reason. `sharded`: the run is published sharded."""
+    `left_out` with the reason. `sharded`: the run is published sharded; `await_s`: started
+    before the push, the pulls wait that long for it to begin (and stream it)."""
     pinned, left = submit_pinned(client, start_pull, workers, relay_kind, run, version,
-                                 batch_bytes, sharded)
+                                 batch_bytes, sharded, await_s)
     started, late = gather_live(client, pinned, START_TIMEOUT_S)
     if left_out is not None:
         left_out.update(left, **late)

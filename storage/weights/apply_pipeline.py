@@ -118,63 +118,83 @@ class _Fetcher:
             t.join()
 
 
+class BucketApplier:
+    """Decodes verified buckets into `dest` (a new dict when None): deltas onto `base` (in
+    place when `base is dest`), raw payloads as views on their bucket. Each delta's result
+    checksum is kept as its tensor's hash (for the weights digest). `stats` as pull_into's."""
+
+    def __init__(self, dest: dict[str, torch.Tensor] | None, base: dict[str, torch.Tensor] | None,
+                 base_version: int | None, workers: int, stats: dict[str, Any]) -> None:
+        self.out: dict[str, torch.Tensor] = {} if dest is None else dest
+        self.touches_dest = dest is not None
+        self.base, self.base_version, self.workers, self.st = base, base_version, workers, stats
+        self.in_place = dest is not None and base is dest  # a delta onto the held weights
+        for key, zero in (("bytes", 0), ("buckets", 0), ("fetch_s", 0.0), ("apply_s", 0.0),
+                          ("wait_s", 0.0), ("rejected", 0), ("applied", 0), ("written", False)):
+            stats.setdefault(key, zero)
+        stats.setdefault("order", [])
+        stats.setdefault("hashes", {})
+
+    def _decode(self, item: tuple[memoryview, Any]) -> torch.Tensor:
+        view, entry = item
+        payload = view[entry.offset:entry.offset + entry.length]
+        tensor = decode_payload(entry.name, payload, entry.meta, self.base, self.base_version,
+                                self.in_place)
+        # a delta's result checksum was just verified against what it decoded to
+        self.st["hashes"][entry.name] = read_header(payload).result_checksum \
+            if entry.meta.get("encoding") == "rsdt" else tensor_hash(tensor)
+        return tensor
+
+    def apply(self, info: BucketInfo, view: memoryview) -> None:
+        """Decode bucket `info` (verified `view`) into the destination."""
+        t = time.perf_counter()
+        self.st["written"] |= self.in_place  # decoding deltas writes into `dest` as it goes
+        decoded = list(ordered_map(self._decode, [(view, e) for e in info.entries],
+                                   self.workers, lambda item: shape_bytes(item[1].meta)))
+        if self.touches_dest:
+            self.st["written"] = True  # from here on `dest` is no longer what it was
+        for entry, tensor in zip(info.entries, decoded):
+            # decoded empties may carry odd strides: normalize
+            self.out[entry.name] = tensor if tensor.numel() else torch.empty(tensor.shape,
+                                                                             dtype=tensor.dtype)
+        self.st["applied"] += 1
+        self.st["order"].append(info.index)
+        self.st["apply_s"] += time.perf_counter() - t
+
+
 def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
               dest: dict[str, torch.Tensor] | None, base: dict[str, torch.Tensor] | None = None,
               base_version: int | None = None, *, part: str = "", workers: int = 1,
-              fetchers: int = 2, depth: int = 3, retries: int = 2,
+              fetchers: int = 2, depth: int = 3, retries: int = 2, skip: int = 0,
               stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """The tensors of `version` (described by `manifest`): `dest` itself when given (it must
     `fit` the manifest; its tensors are replaced bucket by bucket), else a new dict (raw
     payloads as views on the buckets either way). `base` /
-    `base_version`: what deltas apply onto. `stats` receives bytes, buckets, fetch_s (fetcher
-    threads' seconds), apply_s, wait_s (waiting for a bucket), rejected, applied (buckets),
-    written (whether `dest` was touched at all), order (bucket indices as applied) and hashes
-    (per tensor applied, its tensor_hash: a delta's verified result checksum, for the digest)."""
+    `base_version`: what deltas apply onto. `skip`: the first buckets are already applied
+    (streamed before the manifest, storage/weights/stream_pull.py). `stats` receives (adding
+    to what it holds) bytes, buckets, fetch_s (fetcher threads' seconds), apply_s, wait_s
+    (waiting for a bucket), rejected, applied (buckets), written (whether `dest` was touched
+    at all), order (bucket indices as applied) and hashes (per tensor applied, its
+    tensor_hash: a delta's verified result checksum, for the digest)."""
     if dest is not None and not fits(manifest, dest):
         raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
                             "the weights it would be applied into")
     st: dict[str, Any] = stats if stats is not None else {}
-    st.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=0.0, apply_s=0.0,
-              wait_s=0.0, rejected=0, applied=0, written=False, order=[], hashes={})
-    out: dict[str, torch.Tensor] = {} if dest is None else dest
-
-    in_place = dest is not None and base is dest  # a delta onto the held weights
-
-    def decode(item: tuple[memoryview, Any]) -> torch.Tensor:
-        view, entry = item
-        payload = view[entry.offset:entry.offset + entry.length]
-        tensor = decode_payload(entry.name, payload, entry.meta, base, base_version, in_place)
-        # a delta's result checksum was just verified against what it decoded to
-        st["hashes"][entry.name] = read_header(payload).result_checksum \
-            if entry.meta.get("encoding") == "rsdt" else tensor_hash(tensor)
-        return tensor
-
-    def decode_cost(item: tuple[memoryview, Any]) -> int:
-        return shape_bytes(item[1].meta)
-
-    keys = [bucket_key(run, version, b.index, part) for b in manifest.buckets]
-    fetcher = _Fetcher(relay, keys, manifest.buckets, fetchers, depth, retries)
+    applier = BucketApplier(dest, base, base_version, workers, st)
+    rest = manifest.buckets[skip:]
+    st["bytes"] += sum(b.nbytes for b in rest)
+    st["buckets"] += len(rest)
+    keys = [bucket_key(run, version, b.index, part) for b in rest]
+    fetcher = _Fetcher(relay, keys, rest, fetchers, depth, retries)
     try:
         t = time.perf_counter()
         for i, view in fetcher.arrivals():
-            t1 = time.perf_counter()
-            st["wait_s"] += t1 - t
-            entries = manifest.buckets[i].entries
-            st["written"] |= in_place  # decoding deltas writes into `dest` as it goes
-            decoded = list(ordered_map(decode, [(view, e) for e in entries], workers,
-                                       decode_cost))
-            if dest is not None:
-                st["written"] = True  # from here on `dest` is no longer what it was
-            for entry, tensor in zip(entries, decoded):
-                # decoded empties may carry odd strides: normalize
-                out[entry.name] = tensor if tensor.numel() else torch.empty(tensor.shape,
-                                                                            dtype=tensor.dtype)
-            st["applied"] += 1
-            st["order"].append(i)
+            st["wait_s"] += time.perf_counter() - t
+            applier.apply(rest[i], view)
             t = time.perf_counter()
-            st["apply_s"] += t - t1
     finally:
         fetcher.close()
-        st["fetch_s"], st["rejected"] = fetcher.fetch_s, fetcher.rejected
+        st["fetch_s"] += fetcher.fetch_s
+        st["rejected"] += fetcher.rejected
         st["bytes"] += fetcher.rejected_bytes
-    return out
+    return applier.out

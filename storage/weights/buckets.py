@@ -11,7 +11,7 @@ is returned partially.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -58,6 +58,10 @@ class BucketInfo:
     checksum: str
     entries: tuple[Entry, ...]
 
+    @classmethod
+    def from_dict(cls, b: dict[str, Any]) -> "BucketInfo":
+        return cls(b["index"], b["nbytes"], b["checksum"], tuple(Entry(**e) for e in b["entries"]))
+
 
 @dataclass
 class Manifest:
@@ -93,9 +97,7 @@ class Manifest:
             if body.get("format") != FORMAT or body.get("hash") != HASH:
                 raise CorruptManifest(f"manifest format {body.get('format')}/{body.get('hash')}, "
                                       f"expected {FORMAT}/{HASH}")
-            buckets = [BucketInfo(b["index"], b["nbytes"], b["checksum"],
-                                  tuple(Entry(**e) for e in b["entries"]))
-                       for b in body["buckets"]]
+            buckets = [BucketInfo.from_dict(b) for b in body["buckets"]]
         except CorruptManifest:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -125,14 +127,18 @@ def _close(index: int, pending: Pending) -> tuple[BucketInfo, memoryview]:
 
 
 def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 work: Callable[[dict[str, Any]], int] | None = None
                  ) -> Iterator[tuple[BucketInfo, memoryview]]:
-    """Yield (info, bucket bytes) as each bucket fills, so a caller can push while packing."""
+    """Yield (info, bucket bytes) as each bucket fills, so a caller can push while packing.
+    `work(meta)`, if given, is what a payload costs the receiver (e.g. the dense bytes a delta
+    rewrites): a bucket also closes once its payloads' work reaches `bucket_bytes`, so a
+    sparse version still comes in several buckets a receiver can apply one by one."""
     if bucket_bytes < ALIGN:
         raise ValueError(f"bucket_bytes must be >= {ALIGN}, got {bucket_bytes}")
     seen: set[str] = set()
     pending: Pending = []
-    end, index = 0, 0
+    end, index, done = 0, 0, 0
     for name, data, meta in items:
         if name in seen:
             raise ValueError(f"payload {name!r} appears twice")
@@ -144,11 +150,13 @@ def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
         view = memoryview(data)
         view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
         offset = _align(end)
-        if pending and view.nbytes and offset + view.nbytes > bucket_bytes:
+        cost = work(meta) if work else 0
+        if pending and ((view.nbytes and offset + view.nbytes > bucket_bytes) or
+                        (cost and done + cost > bucket_bytes)):
             yield _close(index, pending)
-            pending, offset, index = [], 0, index + 1
+            pending, offset, index, done = [], 0, index + 1, 0
         pending.append((name, view, dict(meta), offset))
-        end = offset + view.nbytes
+        end, done = offset + view.nbytes, done + cost
     if pending:
         yield _close(index, pending)
 

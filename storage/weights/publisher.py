@@ -2,6 +2,9 @@
 
 Relay keys of a run (versions never share a key, so a reader never mixes two):
   rose/<run>/v<version>/bucket-<i>   packed tensor payloads (storage/weights/buckets.py)
+  rose/<run>/v<version>/announce     written FIRST when the version is streamed: its kind, base
+                                     and attempt, so receivers start before the manifest
+  rose/<run>/v<version>/bucket-<i>.info  each bucket's info, right after the bucket (streamed)
   rose/<run>/v<version>/manifest     written LAST: a version is complete once it exists; its
                                      meta says kind "full" or "delta" (and the delta's base)
   rose/<run>/v<version>/full/...     a full snapshot of a delta version, pushed on request
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -41,6 +45,14 @@ def version_prefix(run: str, version: int, part: str = "") -> str:
 
 def bucket_key(run: str, version: int, index: int, part: str = "") -> str:
     return f"{version_prefix(run, version, part)}bucket-{index}"
+
+
+def announce_key(run: str, version: int) -> str:
+    return f"{version_prefix(run, version)}announce"
+
+
+def bucket_info_key(run: str, version: int, index: int) -> str:
+    return f"{bucket_key(run, version, index)}.info"
 
 
 def manifest_key(run: str, version: int, part: str = "") -> str:
@@ -73,8 +85,9 @@ class PublishStats:
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
                     meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
-                    part: str = "",
-                    workers: int = 1, pipelined: bool = True) -> PublishStats:
+                    part: str = "", workers: int = 1, pipelined: bool = True,
+                    announce: dict[str, Any] | None = None,
+                    work: Callable[[dict[str, Any]], int] | None = None) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version); a callable is called once
@@ -84,6 +97,10 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
     `pipelined`: puts run on a thread of their own while the next bucket is encoded and packed
     (storage/weights/push_pipeline.py); the manifest still goes out only after every bucket.
+    `announce` (streamed, not with `part`): written first with this attempt's stamp, and each
+    bucket's info right after the bucket, so a receiver may apply buckets before the manifest
+    (storage/weights/stream_pull.py); `work(meta)` closes buckets by what they cost a receiver
+    (storage/weights/buckets.pack_buckets). The manifest carries the attempt's stamp.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version must be an int >= 0, got {version!r}")
@@ -91,6 +108,10 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
     held = set() if part else _prune(relay, run, version)
     relay.remove_prefix(version_prefix(run, version, part))  # a re-publish leaves no stale bucket
+    attempt = uuid.uuid4().hex[:16]  # tells a streaming receiver one attempt from a re-publish
+    streamed = announce is not None and not part
+    if streamed:
+        relay.put(announce_key(run, version), json.dumps({**announce, "attempt": attempt}).encode())
 
     def encode(item: tuple[str, torch.Tensor]) -> tuple[str, Buffer, dict[str, Any]]:
         name, tensor = item
@@ -105,10 +126,18 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     pusher = BucketPusher(relay) if pipelined else None
     t = time.perf_counter()
     try:
-        for info, blob in pack_buckets(items(), bucket_bytes):
+        for info, blob in pack_buckets(items(), bucket_bytes, work):
             serialize_s += time.perf_counter() - t
             key = bucket_key(run, version, info.index, part)
-            (pusher.put if pusher else relay.put)(key, blob)  # the put is not serializing
+            after = None if not streamed else (bucket_info_key(run, version, info.index),
+                                               json.dumps({"attempt": attempt,
+                                                           "bucket": asdict(info)}).encode())
+            if pusher:  # the put is not serializing
+                pusher.put(key, blob, after)
+            else:
+                relay.put(key, blob)
+                if after:
+                    relay.put(*after)
             infos.append(info)
             total += info.nbytes
             t = time.perf_counter()
@@ -121,7 +150,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     if callable(meta):
         meta = meta()
     manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
-                                         "tensors": len(tensors), "published_at": time.time()})
+                                         "tensors": len(tensors), "published_at": time.time(),
+                                         "attempt": attempt})
     relay.put(manifest_key(run, version, part), manifest.to_json())
     if not part:
         relay.put(latest_key(run), json.dumps({"version": version}).encode())

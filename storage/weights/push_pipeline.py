@@ -47,21 +47,24 @@ class BucketPusher:
                 return
             if self._error is not None or self._aborted.is_set():
                 continue  # drain: the publish failed, nothing more goes out
-            key, blob = item
+            key, blob, after = item
             t = time.perf_counter()
             try:
                 self.relay.put(key, blob)
                 self.pushed += 1
+                if after is not None:  # what says the bucket is there (stream_pull.py)
+                    self.relay.put(*after)
             except BaseException as e:  # handed to the publisher by put()/close()
                 self._error = e
             self.put_s += time.perf_counter() - t
 
-    def put(self, key: str, blob: Buffer) -> None:
-        """Hand a bucket over; waits while `depth` buckets are already in flight. Raises the
-        error of an earlier put at once (no point encoding more)."""
+    def put(self, key: str, blob: Buffer, after: tuple[str, Buffer] | None = None) -> None:
+        """Hand a bucket over (and a small `after` (key, value) put right behind it); waits
+        while `depth` buckets are already in flight. Raises the error of an earlier put at
+        once (no point encoding more)."""
         self._raise()
         t = time.perf_counter()
-        self._queue.put((key, blob))
+        self._queue.put((key, blob, after))
         self.wait_s += time.perf_counter() - t
 
     def close(self) -> None:

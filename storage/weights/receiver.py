@@ -37,6 +37,7 @@ from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.sparse_publisher import tensors_digest
 from storage.weights.publisher import (latest_version, pull_weights, read_manifest,
                                       request_key)
+from storage.weights.stream_pull import await_published, stream_into
 
 # What makes a version unusable for this receiver (the relay being down is not one of them:
 # RelayError propagates, nothing is requested).
@@ -55,6 +56,7 @@ class PullReport:
     bytes: int = 0  # bucket bytes fetched (including attempts that failed)
     buckets: int = 0
     rejected: int = 0  # bucket copies that failed their checksum (each fetched again)
+    streamed: int = 0  # buckets applied before the manifest (storage/weights/stream_pull.py)
     fetch_s: float = 0.0  # relay gets + bucket checksums
     apply_s: float = 0.0  # decoding and applying payloads (result checksums included)
     wait_s: float = 0.0  # waiting for a requested full snapshot
@@ -84,8 +86,11 @@ class WeightReceiver:
         self.digest: str = ""  # tensors_digest of `tensors`
         self.broken = ""  # why `tensors` are no version (a pipelined pull failed partway)
 
-    def pull(self, version: int | None = None, accept_newer: bool = False) -> PullReport:
-        """Hold `version` (None: the latest published) afterwards; see the module docstring."""
+    def pull(self, version: int | None = None, accept_newer: bool = False,
+             await_s: float = 0.0) -> PullReport:
+        """Hold `version` (None: the latest published) afterwards; see the module docstring.
+        `await_s`: the version may not be published yet: wait up to that long for it to
+        begin, and stream it if it is a delta onto the version held (stream_pull.py)."""
         t0 = time.perf_counter()
         target = version if version is not None else latest_version(self.relay, self.run)
         if target is None:
@@ -94,6 +99,16 @@ class WeightReceiver:
         held = self.tensors is not None and self.version is not None
         if held and self.version > target and accept_newer:
             report.version = self.version
+            return report
+        announced = None if held and self.version >= target or await_s <= 0 else \
+            await_published(self.relay, self.run, target, await_s,
+                            self.version if held else None)
+        if announced is not None:  # a delta onto the version held, still being published
+            try:
+                self._install(target, "", None, report, "delta", announced)
+            except UNUSABLE as e:  # the held weights may be half applied: a full snapshot
+                self._full(target, f"streamed {type(e).__name__}: {e}", report, accept_newer)
+            report.seconds = time.perf_counter() - t0
             return report
         try:
             manifest, reason = read_manifest(self.relay, self.run, target), ""
@@ -130,15 +145,18 @@ class WeightReceiver:
             return f"{type(e).__name__}: {e}"
         return ""
 
-    def _install(self, target: int, part: str, manifest: Manifest, report: PullReport,
-                 mode: str) -> None:
-        """Fetch, verify and decode `target`, then make it the version held. Raises before any
-        change, except a pipelined pull that failed after applying some buckets (then no
+    def _install(self, target: int, part: str, manifest: Manifest | None, report: PullReport,
+                 mode: str, announced: dict[str, Any] | None = None) -> None:
+        """Fetch, verify and decode `target`, then make it the version held; streamed as
+        `announced`, before its manifest, when given. Raises before any change, except a
+        pipelined or streamed pull that failed after applying some buckets (then no
         version)."""
         delta = mode == "delta"
         stats: dict[str, Any] = {}
         try:
-            if self.pipelined:
+            if announced is not None:
+                manifest, tensors = self._pull_streamed(target, announced, stats)
+            elif self.pipelined:
                 tensors = self._pull_pipelined(target, part, manifest, delta, stats)
             else:
                 _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
@@ -150,6 +168,7 @@ class WeightReceiver:
             report.bytes += int(stats.get("bytes", 0))
             report.buckets += int(stats.get("buckets", 0))
             report.rejected += int(stats.get("rejected", 0))
+            report.streamed += int(stats.get("streamed", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
             report.apply_s += stats.get("decode_s", stats.get("apply_s", 0.0))
         for name, t in tensors.items():  # decoded empties may carry odd strides: normalize
@@ -171,6 +190,18 @@ class WeightReceiver:
         # not pipelined: the only mutation, all or nothing (pipelined: `tensors` is the held dict)
         self.tensors, self.version, self.digest = tensors, target, digest
         report.version, report.mode = target, mode
+
+    def _pull_streamed(self, target: int, announced: dict[str, Any], stats: dict[str, Any]
+                       ) -> tuple[Manifest, dict[str, torch.Tensor]]:
+        try:
+            return stream_into(self.relay, self.run, target, announced, self.tensors,
+                               self.version, workers=self.workers, stats=stats,
+                               timeout_s=self.full_timeout_s)
+        except Exception as e:
+            if stats.get("written"):
+                self.version, self.digest = None, ""
+                self.broken = f"a streamed pull of v{target} failed: {type(e).__name__}: {e}"
+            raise
 
     def _pull_pipelined(self, target: int, part: str, manifest: Manifest, delta: bool,
                        stats: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -46,6 +46,7 @@ from storage.weights.parallel import available_cores
 from storage.weights.digest import tensor_hash, tensors_digest  # (re-exported)
 from storage.weights.tensor_form import all_raw, raw_first, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
+from storage.weights.payloads import shape_bytes
 from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
                                       request_key, version_prefix)
 
@@ -67,13 +68,14 @@ class SparsePublisher:
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None, part: str = "") -> None:
+                 workers: int | None = None, part: str = "", stream: bool = True) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
         bytes alone); `workers`: encoding threads (None: every core this process may use);
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
-        part of a version another commits: storage/weights/sharded.py)."""
+        part of a version another commits: storage/weights/sharded.py); `stream`: announce
+        coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py)."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
-        self.part = part
+        self.part, self.stream = part, stream
         self.link_gbps = link_gbps
         if sparse:  # compile the codec's kernels before the first publish needs them
             kernels.warm_up_in_background()
@@ -165,9 +167,14 @@ class SparsePublisher:
             digest_s = time.perf_counter() - t
             return {"kind": kind, "base_version": base_version, "reason": reason,
                     "digest": report.digest}
+        # a coded delta is streamed: receivers holding its base apply each bucket as it lands,
+        # and its buckets close by the dense bytes they rewrite, so there are several to overlap
+        streamed = kind == "delta" and not raw and not part and self.stream
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
-                                workers=self.workers)
+                                workers=self.workers,
+                                announce={"kind": kind, "base_version": base_version}
+                                if streamed else None, work=shape_bytes if streamed else None)
         if raw:  # as the dense path publishes: no per-tensor work beyond the stats
             for name, tensor in tensors.items():
                 record_tensor(report, compare, name, tensor, "raw",

@@ -1,0 +1,131 @@
+"""Streaming a delta version: apply its buckets while the publisher is still encoding the rest.
+
+A publisher that streams a version (storage/weights/publisher.publish_weights `announce`)
+writes `announce` first (kind, base version, an attempt stamp) and each bucket's info right
+after the bucket, the manifest still last. A receiver already waiting for that version and
+holding its base follows the infos: it fetches bucket k, verifies it against its info and
+applies it in place into the held weights while the publisher encodes bucket k+1, so the
+receiver's work overlaps the sender's instead of following it. Once the manifest is there the
+rest is pulled as usual (storage/weights/apply_pipeline.pull_into), after checking that the
+manifest is the same attempt and lists exactly the buckets already applied.
+
+The held weights are half old, half new while this runs: the receiver holds no version until
+the whole set's digest checks out (storage/weights/receiver.py), and the engine is handed
+nothing before that. A publish that stops (no new bucket and no manifest within `timeout_s`)
+or starts again (another attempt stamp) raises StreamBroken; the receiver then takes a full
+snapshot, as after any pull that failed partway.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import torch
+
+from storage.relay.base import Relay, RelayKeyMissing
+from storage.weights.apply_pipeline import BucketApplier, pull_into
+from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
+from storage.weights.publisher import (announce_key, bucket_info_key, bucket_key, manifest_key,
+                                       read_manifest)
+
+
+class StreamBroken(CorruptBucket):
+    """The streamed publish stopped or started again before its manifest."""
+
+
+def announcement(relay: Relay, run: str, version: int) -> dict[str, Any] | None:
+    """What the publisher announced for `version`, or None (not streamed, or not begun)."""
+    try:
+        found = json.loads(relay.get(announce_key(run, version)))
+    except (RelayKeyMissing, ValueError):
+        return None
+    return found if isinstance(found, dict) and "attempt" in found else None
+
+
+def await_published(relay: Relay, run: str, version: int, await_s: float,
+                    base_version: int | None, poll_s: float = 0.002) -> dict[str, Any] | None:
+    """Wait until `version` is announced as a delta onto `base_version` (the announcement: it
+    can be streamed) or complete (None); TimeoutError when neither happens within `await_s`."""
+    deadline = time.monotonic() + await_s
+    announced: dict[str, Any] | None = None
+    while not relay.exists(manifest_key(run, version)):
+        if announced is None and relay.exists(announce_key(run, version)):
+            announced = announcement(relay, run, version)
+            if announced is not None and announced.get("kind") == "delta" \
+                    and base_version is not None and announced.get("base_version") == base_version:
+                return announced
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run!r}: v{version} was not published within {await_s:g} s")
+        time.sleep(poll_s)
+        poll_s = min(2 * poll_s, 0.02)  # an announcement comes first thing; a manifest later
+    return None
+
+
+def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
+                held: dict[str, torch.Tensor], base_version: int, *, workers: int = 1,
+                timeout_s: float = 60.0, poll_s: float = 0.002, retries: int = 2,
+                stats: dict[str, Any] | None = None) -> tuple[Manifest, dict[str, torch.Tensor]]:
+    """Apply the delta `version` onto `held` (which holds `base_version`) bucket by bucket as
+    they are published; (manifest, held) once every bucket is applied. `stats` as pull_into's,
+    plus `streamed` (buckets applied before the manifest)."""
+    st: dict[str, Any] = stats if stats is not None else {}
+    applier = BucketApplier(held, held, base_version, workers, st)
+    st["streamed"] = 0
+    attempt, done = announced["attempt"], []
+    idle_since = time.monotonic()
+    while not relay.exists(manifest_key(run, version)):
+        key = bucket_info_key(run, version, len(done))
+        if not relay.exists(key):
+            if time.monotonic() - idle_since > timeout_s:
+                raise StreamBroken(f"v{version}: no bucket {len(done)} and no manifest within "
+                                   f"{timeout_s:g} s (the publish stopped)")
+            time.sleep(poll_s)
+            continue
+        info = _info(relay, key, attempt, version)
+        t = time.perf_counter()
+        view = _fetch(relay, bucket_key(run, version, info.index), info, retries, st)
+        st["fetch_s"] += time.perf_counter() - t
+        applier.apply(info, view)
+        done.append(info)
+        st["streamed"] += 1
+        idle_since = time.monotonic()
+    manifest = read_manifest(relay, run, version)
+    if manifest.meta.get("attempt") != attempt or manifest.buckets[:len(done)] != done:
+        raise StreamBroken(f"v{version} was published again while it was streamed (attempt "
+                           f"{manifest.meta.get('attempt')}, streamed {attempt})")
+    pull_into(relay, run, version, manifest, held, held, base_version, workers=workers,
+              skip=len(done), stats=st)
+    return manifest, held
+
+
+def _info(relay: Relay, key: str, attempt: str, version: int) -> BucketInfo:
+    try:
+        note = json.loads(relay.get(key))
+        info = BucketInfo.from_dict(note["bucket"])
+    except RelayKeyMissing:  # removed after exists(): a re-publish began
+        raise StreamBroken(f"v{version}: {key} went away (published again)") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CorruptBucket(f"{key} unreadable: {type(e).__name__}: {e}") from None
+    if note.get("attempt") != attempt:
+        raise StreamBroken(f"v{version} was published again while it was streamed")
+    return info
+
+
+def _fetch(relay: Relay, key: str, info: BucketInfo, retries: int,
+           st: dict[str, Any]) -> memoryview:
+    """The bucket, verified; a torn read is fetched again up to `retries` times."""
+    for attempt in range(retries + 1):
+        try:
+            blob = relay.get_many([key])[0]
+        except RelayKeyMissing:
+            raise StreamBroken(f"{key} went away (published again)") from None
+        st["bytes"] += memoryview(blob).nbytes
+        st["buckets"] += attempt == 0
+        try:
+            return verify_bucket(info, blob, key)
+        except CorruptBucket as e:
+            st["rejected"] += 1
+            if attempt == retries:
+                raise CorruptBucket(f"{e} (rejected {retries + 1} times)") from None
+    raise AssertionError("unreachable")
