@@ -135,5 +135,6 @@ def _pull_summary(pulled: dict[str, dict]) -> dict:
     return {"pull_s": worst("total_s"), "fetch_s": worst("fetch_s"), "apply_s": worst("apply_s"),
             "load_s": worst("load_s"), "pulled_bytes": int(worst("bytes")),
             "workers_synced": len(records),
+            "streamed_buckets": int(worst("streamed")),  # applied before the manifest
             "full_fallbacks": sum(1 for r in records if r.get("mode") == "full" and r.get("fallback")),
             "pull_modes": {r["worker"]: r.get("mode", "noop") for r in records}}

@@ -87,3 +87,36 @@ def test_next_update_starts_while_the_version_is_pushed(stack):
     assert latest_version(writer.inner, "bg-publish") == 1
     assert engines(client)["rollout-0"]["version"] == 1
     assert engines(client)["rollout-0"]["digest"] == summary["digest"]
+
+
+def test_engines_apply_a_coded_delta_while_it_is_pushed(stack):
+    """publish.stream: the engines' pulls start before the push, so buckets of a coded delta
+    are applied before its manifest goes out; the engine then runs it bit for bit."""
+    client, writer = stack
+    cfg = RunConfig(run_id="stream-publish", stack={"relay": "filesystem"},
+                    publish={"bucket_bytes": 1 << 20, "link_gbps": 0.05})  # slow: code it all
+    g = torch.Generator().manual_seed(1)
+    v1 = {f"model.layers.{i}.mlp.up_proj.weight":
+          torch.randn(1024, 1024, generator=g).to(torch.bfloat16) for i in range(5)}
+    v2 = {n: t.clone() for n, t in v1.items()}
+    for t in v2.values():  # a sparse update: one element in a hundred moves
+        hit = torch.rand(t.shape, generator=g) < 0.01
+        t[hit] = (t[hit].float() * 1.01).to(torch.bfloat16)
+    on_trainer = {"workers": ["trainer-0"], "allow_other_workers": False, "pure": False}
+    summaries = []
+    try:
+        for version, weights in ((1, v1), (2, v2)):
+            with tasks.publish._snapshot_lock:
+                tasks.publish._snapshots["stream-publish", version] = weights
+            summaries.append(client.submit(publish_and_sync, cfg, version, "dedicated",
+                                           **on_trainer).result(timeout=120))
+    finally:
+        with tasks.publish._snapshot_lock:
+            for v in (1, 2):
+                tasks.publish._snapshots.pop(("stream-publish", v), None)
+    full, delta = summaries
+    assert full["streamed_buckets"] == 0  # a full snapshot is not streamed
+    assert delta["kind"] == "delta" and delta["buckets"] >= 3
+    assert delta["streamed_buckets"] >= 1 and delta["full_fallbacks"] == 0
+    assert engines(client)["rollout-0"]["version"] == 2
+    assert engines(client)["rollout-0"]["digest"] == delta["digest"]
