@@ -44,10 +44,11 @@ def announcement(relay: Relay, run: str, version: int) -> dict[str, Any] | None:
 
 
 def await_published(relay: Relay, run: str, version: int, await_s: float,
-                    base_version: int | None, poll_s: float = 0.002) -> dict[str, Any] | None:
+                    base_version: int | None, poll_s: float = 0.001) -> dict[str, Any] | None:
     """Wait until `version` is announced as a delta onto `base_version` (the announcement: it
     can be streamed) or complete (None); TimeoutError when neither happens within `await_s`."""
-    deadline = time.monotonic() + await_s
+    started = time.monotonic()
+    deadline = started + await_s
     announced: dict[str, Any] | None = None
     while not relay.exists(manifest_key(run, version)):
         if announced is None and relay.exists(announce_key(run, version)):
@@ -58,7 +59,8 @@ def await_published(relay: Relay, run: str, version: int, await_s: float,
         if time.monotonic() > deadline:
             raise TimeoutError(f"run {run!r}: v{version} was not published within {await_s:g} s")
         time.sleep(poll_s)
-        poll_s = min(2 * poll_s, 0.02)  # an announcement comes first thing; a manifest later
+        if time.monotonic() > started + 0.25:  # a small version is out within that: look
+            poll_s = min(2 * poll_s, 0.02)     # often, then back off for a long publish
     return None
 
 
