@@ -7,11 +7,13 @@ Bytes are not the goal, publish-to-applied time is. Per tensor of `n` dense byte
     encode = (encode_fixed + n / encode_speed) / cores     (tensors are coded in a pool)
     apply  = (apply_fixed  + n / apply_speed)  / cores
 
-The live path is not pipelined (encode, push, pull and apply follow each other per version),
-so the time of a version is the SUM of the three over its tensors; that sum is additive per
-tensor, so choosing per tensor is optimal for it. `pipelined_s` gives the issue's model for a
-pipelined path, the largest of the three each summed over the version, which
-bench/transfer.py reports next to the measured time.
+The live path overlaps the two sides only bucket by bucket (a streamed delta is applied
+while its next bucket is encoded: storage/weights/stream_pull.py), and on a small machine
+both sides share the same cores, so the chooser takes the SUM of the three per tensor (what a
+tensor adds when the stages do not overlap): additive per tensor, so choosing per tensor is
+optimal for it. `pipelined_s` gives the issue's model of a fully pipelined path, the largest
+of the three each summed over the version, which bench/transfer.py reports next to the
+measured time.
 
 "raw" is the tensor's bytes as they are (storage.weights.publisher.raw_encoder: no header, no
 copy before the bucket, a view on the receiver): dense at its cheapest. Speeds are GB/s of
