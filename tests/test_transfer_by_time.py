@@ -49,7 +49,9 @@ def entry_encodings(relay, run: str, version: int) -> dict[str, str]:
 
 def test_model_flips_between_raw_and_coded():
     big = 64 << 20
-    assert tm.raw_before_scan(big, 2, 0.02, tm.Link(100, 2))    # fast link: not worth a scan
+    # fast link, a third moved: ternary's coding costs more than the raw bytes' trip
+    assert tm.raw_before_scan(big, 2, 0.3, tm.Link(100, 2))
+    assert not tm.raw_before_scan(big, 2, 0.3, tm.Link(1, 2))
     assert not tm.raw_before_scan(big, 2, 0.02, tm.Link(1, 2))  # slow link: code it
     assert tm.raw_before_scan(2 * 896, 2, 0.02, tm.Link(1, 2))  # tiny: fixed costs dominate
     assert tm.raw_before_scan(big, 2, 1.0, tm.Link(10, 2))      # everything moved: ternary's
@@ -61,8 +63,12 @@ def test_model_flips_between_raw_and_coded():
     assert tm.raw_after_encode("ternary", big, big * 11 // 32, 2, tm.Link(10, 2))
     assert not tm.raw_after_encode("ternary", big, big // 10, 2, tm.Link(10, 2))
     assert tm.coded_estimate(0.0, big, 2)[1] == 0 < tm.coded_estimate(0.02, big, 2)[1] < big / 10
-    assert tm.raw_after_encode("ef", big, big // 40, 2, tm.Link(1000, 2))
+    # once coded, Elias-Fano stays: applying it in place costs less than raw bytes' trip
+    # through fresh memory, even where the wire is free
+    assert not tm.raw_after_encode("ef", big, big // 40, 2, tm.Link(1000, 2))
     assert not tm.raw_after_encode("ef", big, big // 40, 2, tm.Link(1, 2))
+    assert tm.tensor_s("raw", big, big, tm.Link(1000, 2)) > \
+        sum(tm.stages_s(tm.COSTS["ef"], big, big // 40, tm.Link(1000, 2))[::2])
     # more cores make coding cheaper, never dearer
     assert tm.tensor_s("ef", big, big // 40, tm.Link(10, 8)) < tm.tensor_s("ef", big, big // 40,
                                                                            tm.Link(10, 1))

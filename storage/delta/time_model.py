@@ -19,9 +19,10 @@ measured time.
 copy before the bucket, a view on the receiver): dense at its cheapest. Speeds are GB/s of
 dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
 (bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
-1e-6 to 5e-4, one thread) and rounded to the slow side (100 KB ternary tensors measured up to
-2x the fit). Dividing by the cores is optimistic here: two threads encode 1.4-1.9x as fast
-as one, but apply only ~1.0x (bench/results/transfer_calibrate.json). Coding costs depend on
+1e-6 to 5e-4, one thread, applied in place as receivers do; raw as its bytes' trip through
+fresh bucket memory and two hashes on each side) and rounded to the slow side (100 KB ternary
+tensors measured up to 2x the fit). Two threads encode 2.0x as fast as one
+(bench/results/transfer_calibrate.json). Coding costs depend on
 how many elements moved: Elias-Fano where few did, ternary where more did, and ternary where
 nearly all did is 4-10x slower again, so before the scan a sampled density picks the cost
 and estimates the coded size.
@@ -45,9 +46,10 @@ class Cost:
 
 
 COSTS: dict[str, Cost] = {
-    "raw": Cost(4.0, 8.0, 5e-6, 5e-6),  # bucket copy + checksums; a view and a digest
+    # raw: a fresh bucket and two hashes on each side (fit 1.78 GB/s: fresh memory faults in)
+    "raw": Cost(1.8, 1.8, 5e-6, 5e-6),
     "dense": Cost(0.75, 1.0, 15e-6, 10e-6),
-    "ef": Cost(1.2, 2.5, 50e-6, 40e-6),  # fit: 43 us + 1.73 GB/s, 35 us + 4.95 GB/s
+    "ef": Cost(1.2, 4.0, 60e-6, 60e-6),  # fit: 63 us + 1.22 GB/s, 58 us + 3.99 GB/s in place
     # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
     # tensors 1-2 ms: below 512k elements the chooser scans every change before ternary;
     # big ones 0.4 GB/s)
