@@ -8,7 +8,8 @@ import pytest
 import torch
 import xxhash
 
-from storage.weights.buckets import (ALIGN, CorruptBucket, CorruptManifest, Manifest, pack, unpack,
+from storage.weights.buckets import (ALIGN, CorruptBucket, CorruptManifest, Manifest, pack,
+                                     pack_buckets, unpack,
                              verify_bucket)
 from storage.weights.payloads import _decode_raw, raw_encoder
 
@@ -128,3 +129,26 @@ def test_bad_input_rejected():
         pack([("a", b"1", {"x": object()})])
     with pytest.raises(ValueError, match="bucket_bytes"):
         pack([("a", b"1", {})], bucket_bytes=8)
+
+
+def test_bucket_info_as_dict_is_asdict_and_round_trips():
+    import dataclasses
+
+    from storage.weights.buckets import BucketInfo
+    manifest, _ = pack([("a", b"x" * 100, {"encoding": "raw", "shape": [100]}),
+                        ("b", b"", {"encoding": "raw"}), ("c", b"yz" * 70, {})], bucket_bytes=128)
+    for info in manifest.buckets:
+        as_json = lambda d: json.dumps(d, sort_keys=True)  # noqa: E731 (asdict keeps tuples)
+        assert as_json(info.as_dict()) == as_json(dataclasses.asdict(info))
+        assert BucketInfo.from_dict(json.loads(json.dumps(info.as_dict()))) == info
+    assert Manifest.from_json(manifest.to_json()).buckets == manifest.buckets
+
+
+def test_buckets_close_by_the_work_they_carry():
+    """`work`: a bucket also closes once its payloads cost the receiver bucket_bytes (a sparse
+    delta's small payloads that each rewrite a large tensor)."""
+    items = [(f"t{i}", b"p" * 10, {"dense": 200}) for i in range(6)]
+    by_bytes, _ = pack(items, bucket_bytes=512)  # 6 aligned payloads: 384 bytes
+    assert len(by_bytes.buckets) == 1
+    infos = [info for info, _ in pack_buckets(items, 512, work=lambda m: m["dense"])]
+    assert [len(b.entries) for b in infos] == [2, 2, 2]

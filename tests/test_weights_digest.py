@@ -33,3 +33,20 @@ def test_a_delta_result_checksum_is_the_tensor_hash_and_is_reused():
     assert tensors_digest(after, known) == tensors_digest(after)
     # what is known is trusted, not re-read: a wrong value shows in the digest
     assert tensors_digest(after, {"b.weight": 0}) != tensors_digest(after)
+
+
+def test_a_raw_entrys_checksum_is_its_tensors_hash():
+    """The publisher and the receiver take raw tensors' hashes from the bucket entries; that is
+    only right if packing a raw tensor hashes exactly its bits."""
+    from storage.weights.buckets import pack
+    from storage.weights.digest import raw_entry_hashes, tensor_hash
+    from storage.weights.publisher import raw_encoder
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {"a": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+               "b": torch.randn(5, generator=g),
+               "c": torch.arange(6, dtype=torch.int64).reshape(2, 3).t(),  # not contiguous
+               "d": torch.zeros(0, dtype=torch.bfloat16)}
+    items = [(n, *raw_encoder(n, t)) for n, t in tensors.items()]
+    manifest, _ = pack(items, bucket_bytes=256)
+    assert raw_entry_hashes(manifest.buckets) == {n: tensor_hash(t) for n, t in tensors.items()}

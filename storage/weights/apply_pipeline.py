@@ -65,8 +65,11 @@ class _Fetcher:
         self._next = iter(range(len(keys)))
         self._lock = threading.Lock()
         self.fetch_s, self.rejected, self.rejected_bytes = 0.0, 0, 0
-        self.threads = [threading.Thread(target=self._run, daemon=True, name="rose-fetch")
-                        for _ in range(max(1, min(threads, len(keys))))]
+        # one bucket (a small model): fetched inline, nothing to overlap and no thread to start
+        self.inline = len(keys) == 1
+        self.threads = [] if self.inline else [
+            threading.Thread(target=self._run, daemon=True, name="rose-fetch")
+            for _ in range(max(1, min(threads, len(keys))))]
         for t in self.threads:
             t.start()
 
@@ -106,7 +109,7 @@ class _Fetcher:
 
     def arrivals(self) -> Iterator[tuple[int, memoryview]]:
         for _ in self.keys:
-            i, got = self.out.get()
+            i, got = self._fetch(0) if self.inline else self.out.get()
             if isinstance(got, BaseException):
                 raise got
             yield i, got
@@ -140,9 +143,12 @@ class BucketApplier:
         payload = view[entry.offset:entry.offset + entry.length]
         tensor = decode_payload(entry.name, payload, entry.meta, self.base, self.base_version,
                                 self.in_place)
-        # a delta's result checksum was just verified against what it decoded to
+        # a delta's result checksum was just verified against what it decoded to; a raw
+        # payload's entry checksum is its tensor's hash, and its bucket was verified
+        encoding = entry.meta.get("encoding")
         self.st["hashes"][entry.name] = read_header(payload).result_checksum \
-            if entry.meta.get("encoding") == "rsdt" else tensor_hash(tensor)
+            if encoding == "rsdt" else int(entry.checksum, 16) if encoding == "raw" \
+            else tensor_hash(tensor)
         return tensor
 
     def apply(self, info: BucketInfo, view: memoryview) -> None:

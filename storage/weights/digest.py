@@ -4,16 +4,19 @@ xxh3-64 over the names in sorted order, each followed by its tensor's own xxh3-6
 bits, little-endian, 8 bytes). Per tensor, that hash is exactly the result checksum a delta
 payload carries (storage/delta/header.py), so a publisher that just encoded a tensor, or a
 receiver that just verified a decoded one, passes it in `known` and the tensor is not read a
-second time: the whole-model pass the digest used to cost on each side is gone, and what is
-left is hashed on every core.
+second time. A payload sent raw is the tensor's bits as they are, so its bucket entry's
+checksum (xxh3-64, storage/weights/buckets.py) is that hash too (`raw_entry_hashes`): the
+publisher has it from packing, the receiver from the bucket it verified. The whole-model
+pass the digest used to cost on each side is gone; what is left is hashed on every core.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import xxhash
 
+from storage.weights.buckets import BucketInfo
 from storage.weights.parallel import available_cores, ordered_map
 
 
@@ -21,6 +24,12 @@ def tensor_hash(tensor: torch.Tensor) -> int:
     """xxh3-64 of a tensor's bits (what storage.delta's result checksum is for its payload)."""
     t = tensor.detach().to("cpu").contiguous().reshape(-1)
     return xxhash.xxh3_64_intdigest(t.view(torch.uint8).numpy() if t.numel() else b"")
+
+
+def raw_entry_hashes(infos: Iterable[BucketInfo]) -> dict[str, int]:
+    """name -> tensor_hash of every payload sent raw, from the buckets' entry checksums."""
+    return {e.name: int(e.checksum, 16) for b in infos for e in b.entries
+            if e.meta.get("encoding") == "raw"}
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor], known: Mapping[str, int] | None = None,

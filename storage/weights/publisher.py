@@ -23,13 +23,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest, pack_buckets,
-                             verify_bucket)
+from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, CorruptBucket, Manifest,
+                                     pack_buckets, verify_bucket)
 from storage.weights.parallel import ordered_map
 from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
                                       register_decoder, shape_bytes)  # (re-exported)
@@ -84,14 +84,16 @@ class PublishStats:
 
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
                     bucket_bytes: int = DEFAULT_BUCKET_BYTES, encoder: Encoder = raw_encoder,
-                    meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
+                    meta: dict[str, Any] | Callable[[list[BucketInfo]], dict[str, Any]]
+                    | None = None,
                     part: str = "", workers: int = 1, pipelined: bool = True,
                     announce: dict[str, Any] | None = None,
                     work: Callable[[dict[str, Any]], int] | None = None) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
-    `meta` goes into the manifest (e.g. kind and base version); a callable is called once
-    every bucket is out, for what is only known then (a digest of what was encoded). With `part` (e.g. "full") the
+    `meta` goes into the manifest (e.g. kind and base version); a callable is called with the
+    bucket infos once every bucket is out, for what is only known then (a digest of what was
+    encoded: a raw entry's checksum is its tensor's hash, storage/weights/digest.py). With `part` (e.g. "full") the
     payloads go under the version's sub-prefix instead, next to what is published there, and
     neither `latest` nor the held versions change. `workers` threads run `encoder` ahead of
     the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
@@ -131,7 +133,7 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
             key = bucket_key(run, version, info.index, part)
             after = None if not streamed else (bucket_info_key(run, version, info.index),
                                                json.dumps({"attempt": attempt,
-                                                           "bucket": asdict(info)}).encode())
+                                                           "bucket": info.as_dict()}).encode())
             if pusher:  # the put is not serializing
                 pusher.put(key, blob, after)
             else:
@@ -148,7 +150,7 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         if pusher:
             pusher.abort()
     if callable(meta):
-        meta = meta()
+        meta = meta(infos)
     manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
                                          "tensors": len(tensors), "published_at": time.time(),
                                          "attempt": attempt})

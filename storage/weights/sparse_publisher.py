@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from storage.weights.buckets import DEFAULT_BUCKET_BYTES
+from storage.weights.buckets import DEFAULT_BUCKET_BYTES, BucketInfo
 from storage.delta import encode_delta, read_header
 from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
 from storage.weights.parallel import available_cores
-from storage.weights.digest import tensor_hash, tensors_digest  # (re-exported)
+from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.tensor_form import all_raw, raw_first, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
@@ -151,8 +151,6 @@ class SparsePublisher:
             else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
                 data, meta = raw_encoder(name, tensor)
                 encoding = "raw"
-            if name not in hashes:
-                hashes[name] = tensor_hash(tensor)
             record_tensor(report, compare, name, tensor, encoding, memoryview(data).nbytes,
                           changed, time.perf_counter() - t)
             return data, meta
@@ -160,10 +158,11 @@ class SparsePublisher:
         raw = link is not None and base is not None and all_raw(tensors, base, link)
         digest_s = 0.0
 
-        def manifest_meta() -> dict[str, Any]:  # once every tensor is encoded (and hashed)
+        def manifest_meta(infos: list[BucketInfo]) -> dict[str, Any]:  # every tensor encoded
             nonlocal digest_s
             t = time.perf_counter()
-            report.digest = tensors_digest(tensors, hashes, self.workers)
+            report.digest = tensors_digest(tensors, {**raw_entry_hashes(infos), **hashes},
+                                           self.workers)
             digest_s = time.perf_counter() - t
             return {"kind": kind, "base_version": base_version, "reason": reason,
                     "digest": report.digest}
