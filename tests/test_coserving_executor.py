@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from executors.coserving.config import CoServingConfig
+from tests.stack_fixtures import shared_models
 from executors.coserving.profile import load_or_measure, profile_path
 from executors.policies.latency_profile import Curve, LatencyProfile
 
@@ -147,12 +148,9 @@ def test_config_rejects_bad_values(tmp_path):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     src = _model_source()
-    if src is None:
+    if src is None:  # the session's models, built once (tests/stack_fixtures.py)
         os.environ.setdefault("ROSE_DATA_DIR", str(tmp_path_factory.mktemp("rose-data")))
-        from rose.config import ModelsConfig
-        from rose.models.build import build_models
-        build_models(ModelsConfig())
-        src = Path(os.environ["ROSE_DATA_DIR"]) / "models"
+        src = shared_models(tmp_path_factory)
     dst = tmp_path_factory.mktemp("coserving-models")  # fresh: profiles are measured here
     for name in ("policy", "serving"):
         shutil.copytree(src / name, dst / name)

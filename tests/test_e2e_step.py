@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import drain_prefect_services, engine_mismatches, flow_runs
+from tests.stack_fixtures import (drain_prefect_services, prefect_for, engine_mismatches, flow_runs,
+                                  new_data_dir)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-data"))
+    given = os.environ.get("ROSE_TEST_DATA_DIR")  # else the session's models, built once
+    data = Path(given) if given else new_data_dir(tmp_path_factory, "rose-data")
     old = dict(os.environ)
     os.environ["ROSE_DATA_DIR"] = str(data)
     from rose.config import ModelsConfig, StackConfig, stack_dir
@@ -29,10 +31,13 @@ def stack(tmp_path_factory):
         build_models(models)
     handle = start_stack(StackConfig(rollout_workers=1, relay="mooncake"), stack_dir())
     apply_env(stack_env(handle))
-    try:
-        yield handle
+    try:  # Prefect's client settings for this stack's server, whatever stack ran before
+        with prefect_for(handle):
+            try:
+                yield handle
+            finally:
+                drain_prefect_services()  # this process's events reach it before it stops
     finally:
-        drain_prefect_services()  # this process's events reach the server before it stops
         stop_stack(stack_dir())
         os.environ.clear()
         os.environ.update(old)

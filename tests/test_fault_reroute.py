@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import drain_prefect_services
+from tests.stack_fixtures import drain_prefect_services, new_data_dir, prefect_for
 
 pytestmark = pytest.mark.slow
 PREBUILT = os.environ.get("ROSE_PREBUILT_MODELS")  # a models dir to copy instead of building
@@ -31,7 +31,8 @@ PREBUILT = os.environ.get("ROSE_PREBUILT_MODELS")  # a models dir to copy instea
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-fault"))
+    given = os.environ.get("ROSE_TEST_DATA_DIR")  # else the session's models, built once
+    data = Path(given) if given else new_data_dir(tmp_path_factory, "rose-fault")
     old = dict(os.environ)
     os.environ["ROSE_DATA_DIR"] = str(data)
     from rose.config import ModelsConfig, StackConfig, stack_dir
@@ -46,10 +47,13 @@ def stack(tmp_path_factory):
             build_models(models)
     handle = start_stack(StackConfig(rollout_workers=2, relay="filesystem"), stack_dir())
     apply_env(stack_env(handle))
-    try:
-        yield handle
+    try:  # Prefect's client settings for this stack's server, whatever stack ran before
+        with prefect_for(handle):
+            try:
+                yield handle
+            finally:
+                drain_prefect_services()  # this process's events reach it before it stops
     finally:
-        drain_prefect_services()  # this process's events reach the server before it stops
         stop_stack(stack_dir())
         os.environ.clear()
         os.environ.update(old)

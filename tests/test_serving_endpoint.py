@@ -5,15 +5,15 @@ the slow one runs the real co-serving executor with the tiny serving model."""
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from executors.coserving.endpoint.app import endpoint_address, start_endpoint, stop_endpoint
+from tests.stack_fixtures import shared_models
 from fake_serving import FAIL_ID, FakeServingExecutor, expected_ids, fake_model_dir, post_all
 
 CONTEXT = 256
@@ -177,14 +177,11 @@ def test_a_client_leaving_mid_stream_aborts_its_request(fake):
 @pytest.mark.slow
 def test_real_executor_behind_the_endpoint(tmp_path_factory):
     """The tiny serving model in a serving-only co-serving executor, through the openai client."""
-    data = Path(os.environ.get("ROSE_TEST_DATA_DIR") or tmp_path_factory.mktemp("rose-data"))
     from executors.coserving.executor import CoServingConfig, CoServingExecutor
-    from rose.config import ModelsConfig
-    from rose.models.build import build_models
 
-    models = ModelsConfig(policy_dir=data / "models" / "policy",
-                          serving_dir=data / "models" / "serving")
-    policy, serving = build_models(models)
+    src = shared_models(tmp_path_factory)  # built once per session
+    models = tmp_path_factory.mktemp("endpoint-models")  # a copy: the executor profiles into it
+    policy, serving = (shutil.copytree(src / name, models / name) for name in ("policy", "serving"))
     cfg = CoServingConfig(serving, policy, mode="serving_only", max_model_len=512,
                           chunk_tokens=256, max_num_seqs=8, profile_repeats=1)
     ex = CoServingExecutor(cfg, worker="real-0")
