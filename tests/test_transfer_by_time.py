@@ -3,6 +3,8 @@ every core (storage/weights/parallel.py): raw on fast links and tiny tensors, co
 links, bit-exact either way, with one thread or several."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -155,3 +157,27 @@ def test_ordered_map_order_chunks_and_errors():
         for y in ordered_map(boom, items, 2, cost=lambda _: 1, chunk_bytes=10):
             seen.append(y)
     assert seen == items[:150]
+
+
+def test_ordered_map_keeps_threads_busy_behind_a_slow_head():
+    """One large tensor first (an embedding): the other thread goes on with the tensors behind
+    it, up to `ahead_bytes` of work, instead of idling once `window` tasks are queued."""
+    import threading
+
+    def run(ahead_bytes: int) -> int:
+        head_done, before = threading.Event(), []
+
+        def fn(x: int) -> int:
+            if x == 0:
+                time.sleep(0.3)
+                head_done.set()
+            elif not head_done.is_set():
+                before.append(x)
+            return x
+        out = list(ordered_map(fn, range(40), 2, cost=lambda _: 1, chunk_bytes=1,
+                               ahead_bytes=ahead_bytes))
+        assert out == list(range(40))
+        return len(before)
+
+    assert run(ahead_bytes=1000) == 39  # all the rest, while the head still ran
+    assert run(ahead_bytes=0) <= 4      # bounded by the task window alone

@@ -24,6 +24,7 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 CHUNK_BYTES = 4 << 20
+AHEAD_BYTES = 256 << 20  # work the threads may run ahead of a slow task at the head
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
@@ -45,46 +46,56 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
-def _chunks(items: Iterable[T], cost: Callable[[T], int], chunk_bytes: int) -> Iterator[list[T]]:
+def _chunks(items: Iterable[T], cost: Callable[[T], int],
+            chunk_bytes: int) -> Iterator[tuple[list[T], int]]:
     chunk, size = [], 0
     for item in items:
         chunk.append(item)
         size += cost(item)
         if size >= chunk_bytes:
-            yield chunk
+            yield chunk, size
             chunk, size = [], 0
     if chunk:
-        yield chunk
+        yield chunk, size
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int,
                 cost: Callable[[T], int] = lambda _: CHUNK_BYTES,
-                chunk_bytes: int = CHUNK_BYTES, window: int | None = None) -> Iterator[R]:
+                chunk_bytes: int = CHUNK_BYTES, window: int | None = None,
+                ahead_bytes: int = AHEAD_BYTES) -> Iterator[R]:
     """fn over items, results in the items' order, computed by `workers` threads (inline when
     workers <= 1). An exception is raised where its item's result would be, after the tasks
-    already started have finished (none is left running on shared state)."""
+    already started have finished (none is left running on shared state).
+
+    At most `window` tasks (default 2 per thread) run ahead of the consumer, or more while the
+    work queued behind the oldest one costs under `ahead_bytes`: one large tensor at the head
+    (an embedding of a quarter of the model) must not leave the other threads idle until it is
+    done. What is held meanwhile is the results of at most that much work."""
     if workers <= 1:
         yield from map(fn, items)
         return
     chunks = _chunks(items, cost, chunk_bytes)
-    first = next(chunks, [])
+    first = next(chunks, ([], 0))
     second = next(chunks, None)
     if second is None:  # one task's worth in all (a tiny model): the hand-off would only cost
-        yield from map(fn, first)
+        yield from map(fn, first[0])
         return
     pool, window = _pool(workers), window or 2 * workers
-    pending: deque[Future] = deque()
+    pending: deque[tuple[Future, int]] = deque()
+    behind = 0  # cost of the tasks queued behind the oldest one
     run = lambda chunk: [fn(item) for item in chunk]  # noqa: E731
     try:
-        for chunk in itertools.chain([first, second], chunks):
-            pending.append(pool.submit(run, chunk))
-            while len(pending) >= window:
-                yield from pending.popleft().result()
+        for chunk, size in itertools.chain([first, second], chunks):
+            pending.append((pool.submit(run, chunk), size))
+            behind += size if len(pending) > 1 else 0
+            while len(pending) >= window and (behind >= ahead_bytes or pending[0][0].done()):
+                yield from pending.popleft()[0].result()
+                behind -= pending[0][1] if pending else 0
         while pending:
-            yield from pending.popleft().result()
+            yield from pending.popleft()[0].result()
     finally:  # an error or an abandoned iterator: nothing runs on after we return
-        for future in pending:
+        for future, _ in pending:
             future.cancel()
-        for future in pending:
+        for future, _ in pending:
             if not future.cancelled():
                 future.exception()
