@@ -63,16 +63,17 @@ def drain_prefect_services(timeout_s: float = 60.0) -> None:
 
 
 @contextmanager
-def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None):
-    """A local stack (1 rollout worker) in its own data directory, set up for flows run in this
-    process; on exit it is stopped (what stop_stack stopped goes into `stopped`) and the
-    environment restored."""
+def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None,
+                     config: Any = None):
+    """A local stack (`config`, a StackConfig; default 1 rollout worker) in its own data
+    directory with the session's models, set up for flows run in this process; on exit it is
+    stopped (what stop_stack stopped goes into `stopped`) and the environment restored."""
     old = dict(os.environ)
     os.environ["ROSE_DATA_DIR"] = str(new_data_dir(tmp_path_factory, name))
     from rose.config import StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
-    handle = start_stack(StackConfig(rollout_workers=1), stack_dir())
+    handle = start_stack(config or StackConfig(rollout_workers=1), stack_dir())
     apply_env(stack_env(handle))
     try:
         with prefect_for(handle):

@@ -1,46 +1,25 @@
 """One real RL step on the local stack: vLLM + Prefect server + Dask workers + Mooncake relay.
 
-Slow (a minute or two): it starts every real service, builds the tiny models once per data
-directory, runs the `train` flow for one step and checks what landed where.
+Slow (a minute or two): it starts every real service on the session's tiny models, runs the
+`train` flow for one step and checks what landed where.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import (drain_prefect_services, prefect_for, engine_mismatches, flow_runs,
-                                  new_data_dir)
+from tests.stack_fixtures import engine_mismatches, flow_runs, in_process_stack
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    given = os.environ.get("ROSE_TEST_DATA_DIR")  # else the session's models, built once
-    data = Path(given) if given else new_data_dir(tmp_path_factory, "rose-data")
-    old = dict(os.environ)
-    os.environ["ROSE_DATA_DIR"] = str(data)
-    from rose.config import ModelsConfig, StackConfig, stack_dir
-    from rose.models.build import build_models
-    from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
+    from rose.config import StackConfig
 
-    models = ModelsConfig()
-    if not (models.policy_path() / "config.json").is_file():  # reuse any prebuilt models
-        build_models(models)
-    handle = start_stack(StackConfig(rollout_workers=1, relay="mooncake"), stack_dir())
-    apply_env(stack_env(handle))
-    try:  # Prefect's client settings for this stack's server, whatever stack ran before
-        with prefect_for(handle):
-            try:
-                yield handle
-            finally:
-                drain_prefect_services()  # this process's events reach it before it stops
-    finally:
-        stop_stack(stack_dir())
-        os.environ.clear()
-        os.environ.update(old)
+    with in_process_stack(tmp_path_factory, "rose-data",
+                          config=StackConfig(rollout_workers=1, relay="mooncake")) as handle:
+        yield handle
 
 
 def test_one_rl_step_end_to_end(stack):

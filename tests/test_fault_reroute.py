@@ -12,51 +12,26 @@ worker rejoins after a weight sync, or stays out; see tests/test_rollout_schedul
 a loaded 2-core machine the restart can outlast the nanny's 60 s death timeout, and a publish
 that pinned its weight pull to the half-started worker then waits forever: not deterministic.
 
-    ROSE_TEST_DATA_DIR=/tmp/x .venv/bin/pytest -m slow tests/test_fault_reroute.py
+    ROSE_TEST_MODELS_DIR=/tmp/x/models .venv/bin/pytest -m slow tests/test_fault_reroute.py
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import drain_prefect_services, new_data_dir, prefect_for
+from tests.stack_fixtures import in_process_stack
 
 pytestmark = pytest.mark.slow
-PREBUILT = os.environ.get("ROSE_PREBUILT_MODELS")  # a models dir to copy instead of building
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    given = os.environ.get("ROSE_TEST_DATA_DIR")  # else the session's models, built once
-    data = Path(given) if given else new_data_dir(tmp_path_factory, "rose-fault")
-    old = dict(os.environ)
-    os.environ["ROSE_DATA_DIR"] = str(data)
-    from rose.config import ModelsConfig, StackConfig, stack_dir
-    from rose.models.build import build_models
-    from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
+    from rose.config import StackConfig
 
-    models = ModelsConfig()
-    if not (models.policy_path() / "config.json").is_file():
-        if PREBUILT and (Path(PREBUILT) / "policy" / "config.json").is_file():  # beats building
-            shutil.copytree(PREBUILT, data / "models", dirs_exist_ok=True)
-        else:
-            build_models(models)
-    handle = start_stack(StackConfig(rollout_workers=2, relay="filesystem"), stack_dir())
-    apply_env(stack_env(handle))
-    try:  # Prefect's client settings for this stack's server, whatever stack ran before
-        with prefect_for(handle):
-            try:
-                yield handle
-            finally:
-                drain_prefect_services()  # this process's events reach it before it stops
-    finally:
-        stop_stack(stack_dir())
-        os.environ.clear()
-        os.environ.update(old)
+    with in_process_stack(tmp_path_factory, "rose-fault",
+                          config=StackConfig(rollout_workers=2, relay="filesystem")) as handle:
+        yield handle
 
 
 def test_killed_rollout_worker_loses_no_trajectory(stack):
