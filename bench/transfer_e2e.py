@@ -14,9 +14,10 @@ Per workload and rate, two ways to move version v1 to a receiver that holds v0:
   ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
           pulled untimed first), pulled and applied by storage.weights.receiver, each tensor
           coded or raw by the time model at the link's rate (storage/delta/time_model.py),
-          encoded and decoded on every core; the receiver is already waiting when the publish
-          starts (as `rose train`'s engines are) and applies a coded delta bucket by bucket as
-          it lands (storage/weights/stream_pull.py)
+          encoded and decoded on every core; when the version is a coded delta the receiver
+          is told before the push and applies it bucket by bucket as it lands
+          (storage/weights/stream_pull.py), else once it is complete, as dense's is (both as
+          `rose train`'s publish task does)
 Time = sender (encode + paced push) + receiver (fetch + apply + checksums), measured as wall
 time from the start of the publish to the receiver's answer; every receiver checks the whole
 set's digest against the trainer's. Each row also gives the issue's time model of a pipelined
@@ -70,6 +71,9 @@ class PacedRelay(Relay):
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        return self.inner.exists_many(keys)
 
     def remove(self, key: str) -> bool:
         return self.inner.remove(key)
@@ -146,11 +150,14 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
     conn.send(("sparse", run, 0))
     conn.recv()
     pub.relay = _link(writer, rate)
-    conn.send(("stream", run, 1))  # waiting for v1, as engines are when the trainer pushes
-    time.sleep(0.2)
     t0, cpu = time.perf_counter(), time.process_time()
+    streams = pub.streams(1, new)  # as tasks/publish.py: a streamed delta is waited for
+    if streams:
+        conn.send(("stream", run, 1))
     report = pub.publish(1, new, copy=False)  # as the trainer: fresh tensors, not copied
     t1, sender_cpu = time.perf_counter(), time.process_time() - cpu
+    if not streams:  # pulled once complete, as the dense path is
+        conn.send(("sparse", run, 1))
     pull_s, pull, digest = conn.recv()
     t2 = time.perf_counter()
     writer.remove_prefix(f"rose/{run}/")

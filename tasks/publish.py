@@ -5,8 +5,9 @@ published before, or a full snapshot when there is none; in a delta each tensor 
 raw, whichever storage/delta/time_model.py predicts reaches the engines sooner over
 `publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
 worker pulls in the background (executors/workers/weight_sync.py), started just before the push
-(`publish.stream`: a coded delta is applied bucket by bucket as it lands, while the trainer
-still encodes the rest; storage/weights/stream_pull.py), and reloads in place when
+when it is a coded delta (`publish.stream`: applied bucket by bucket as it lands, while the
+trainer still encodes the rest; storage/weights/stream_pull.py), else once it is complete
+(a full snapshot, a delta all sent raw: nothing to overlap), and reloads in place when
 its pull completes: a delta onto the weights it holds, or a full snapshot when it cannot (skew,
 damage, a lost relay). With `publish.shard_split` the version is published by the trainer's
 declared layout instead (executors/workers/publishers.publish_sharded: parts, then one commit)
@@ -74,14 +75,17 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                                cfg.publish.pull_batch_bytes, left_out=left, sharded=sharded,
                                await_s=await_s)
         t0 = time.perf_counter()
-        # streamed: the engines wait for the push and apply a coded delta as it lands
-        started = start(timeout_s) if cfg.publish.stream and not sharded else None
+        publisher = None if sharded else trainer_publisher(
+            cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes, cfg.publish.sparse,
+            link_gbps=cfg.publish.link_gbps, stream=cfg.publish.stream)
+        # streamed (a coded delta): the engines wait for the push and apply it as it lands;
+        # otherwise they pull once it is complete (a full snapshot, a delta all sent raw)
+        streamed = publisher is not None and publisher.streams(version, weights)
+        started = start(timeout_s) if streamed else None
         t_push = time.perf_counter()
-        if sharded:
+        if publisher is None:
             report = publish_sharded(cfg, version, weights)
         else:
-            publisher = trainer_publisher(cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes,
-                                          cfg.publish.sparse, link_gbps=cfg.publish.link_gbps)
             report = publisher.publish(version, weights, copy=False)  # fresh tensors
         digest = report.digest  # = storage.weights.digest.tensors_digest of the bf16 weights
         pushed_s = time.perf_counter() - t_push
@@ -98,6 +102,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     summary = {**report.summary(), **_pull_summary(pulled), "digest": digest,
                "bytes": report.pushed_bytes, "pushed_s": pushed_s,
                "synced_s": time.perf_counter() - t0, "wait_for": wait_for,
+               "streamed": streamed,  # the pulls started before the push, to stream it
                "pending": sorted(set(engines) - set(waited)), "left_out": left,
                "skipped": sorted(n for n in started if "skipped" in started[n]),
                "workers": list(pulled.values())}

@@ -103,20 +103,26 @@ def test_engines_apply_a_coded_delta_while_it_is_pushed(stack):
         hit = torch.rand(t.shape, generator=g) < 0.01
         t[hit] = (t[hit].float() * 1.01).to(torch.bfloat16)
     on_trainer = {"workers": ["trainer-0"], "allow_other_workers": False, "pure": False}
+    v3 = {n: (t.float() * 1.01).to(torch.bfloat16) for n, t in v2.items()}  # all moved
+    fast = cfg.model_copy(update={"publish": cfg.publish.model_copy(update={"link_gbps": 400})})
     summaries = []
     try:
-        for version, weights in ((1, v1), (2, v2)):
+        for version, weights, c in ((1, v1, cfg), (2, v2, cfg), (3, v3, fast)):
             with tasks.publish._snapshot_lock:
                 tasks.publish._snapshots["stream-publish", version] = weights
-            summaries.append(client.submit(publish_and_sync, cfg, version, "dedicated",
+            summaries.append(client.submit(publish_and_sync, c, version, "dedicated",
                                            **on_trainer).result(timeout=120))
     finally:
         with tasks.publish._snapshot_lock:
-            for v in (1, 2):
+            for v in (1, 2, 3):
                 tasks.publish._snapshots.pop(("stream-publish", v), None)
-    full, delta = summaries
-    assert full["streamed_buckets"] == 0  # a full snapshot is not streamed
-    assert delta["kind"] == "delta" and delta["buckets"] >= 3
+    full, delta, raw = summaries
+    # a full snapshot is not streamed: the pulls start once it is complete
+    assert not full["streamed"] and full["streamed_buckets"] == 0
+    assert delta["streamed"] and delta["kind"] == "delta" and delta["buckets"] >= 3
     assert delta["streamed_buckets"] >= 1 and delta["full_fallbacks"] == 0
-    assert engines(client)["rollout-0"]["version"] == 2
-    assert engines(client)["rollout-0"]["digest"] == delta["digest"]
+    # every element moved, a fast link: all raw, nothing to overlap, pulled once complete
+    assert raw["kind"] == "delta" and set(raw["encodings"]) == {"raw"}
+    assert not raw["streamed"] and raw["streamed_buckets"] == 0 and raw["full_fallbacks"] == 0
+    assert engines(client)["rollout-0"]["version"] == 3
+    assert engines(client)["rollout-0"]["digest"] == raw["digest"]

@@ -60,6 +60,12 @@ def test_remove_and_remove_prefix(relays, ns):
     assert not reader.exists(f"{ns}/v1/bucket-0") and not reader.exists(f"{ns}/v1/manifest")
     assert reader.exists(f"{ns}/v10/bucket-0") and reader.exists(f"{ns}/v1x")
     assert reader.exists(f"{ns}.v1/bucket-0")
+    # several keys in one question (one RPC on Mooncake), answered in the keys' order
+    assert reader.exists_many([f"{ns}/v1/manifest", f"{ns}/v1x", f"{ns}/v10/bucket-0"]) == \
+        [False, True, True]
+    assert reader.exists_many([]) == []
+    with pytest.raises(ValueError, match="relay key"):
+        reader.exists_many([f"{ns}/v1x", "a//b"])
     assert writer.remove(f"{ns}/v1x") is True
     assert writer.remove(f"{ns}/v1x") is False
     with pytest.raises(RelayKeyMissing):
@@ -136,6 +142,8 @@ def test_master_gone_after_connect_raises_relay_error(tmp_path):
             relay.put("t/k2", b"v")
         with pytest.raises(RelayError, match=unreachable):
             relay.exists("t/k")
+        with pytest.raises(RelayError, match=unreachable):
+            relay.exists_many(["t/k", "t/k2"])
     finally:
         if relay is not None:
             relay.close()

@@ -81,6 +81,53 @@ def test_model_flips_between_raw_and_coded():
         tm.Link(1, cores=0)
 
 
+def test_a_sample_that_costs_more_than_coding_could_save_is_not_taken(monkeypatch):
+    """Mid-sized tensors on a fast link go raw unsampled (the most coding could save is less
+    than the density sample costs); a large one on a slow link is still sampled."""
+    from storage.delta import bits as delta_bits
+    from storage.weights.tensor_form import raw_first
+
+    mid = 96 << 10  # the demo policy's MLP matrices
+    assert not tm.raw_before_scan(mid, 2, 0.0, tm.Link(10, 2))  # an empty coding would win
+    assert not tm.worth_sampling(mid, mid, tm.Link(10, 2))       # but by less than a sample
+    assert tm.worth_sampling(64 << 20, 256 << 10, tm.Link(10, 2))
+    sampled = []
+    real = delta_bits.estimated_density
+    monkeypatch.setattr(delta_bits, "estimated_density",
+                        lambda a, b: sampled.append(a.size) or real(a, b))
+    t = torch.zeros(mid // 2, dtype=torch.bfloat16)
+    assert raw_first(t, t.clone(), tm.Link(10, 2)) and sampled == []
+    big = torch.zeros(8 << 20, dtype=torch.bfloat16)
+    assert not raw_first(big, big.clone(), tm.Link(10, 2))  # nothing moved: code it
+    assert sampled == [big.numel()]
+
+
+def test_streams_says_what_the_publish_will_do(tmp_path, monkeypatch):
+    """streams(): a full snapshot and an all-raw delta are not streamed, a coded delta is; the
+    publish that follows reuses the verdict instead of judging the version again."""
+    import storage.weights.sparse_publisher as sp
+
+    old, new = versions()
+    judged = []
+    real = sp.all_raw
+    monkeypatch.setattr(sp, "all_raw", lambda *a: judged.append(1) or real(*a))
+    relay = FilesystemRelay(tmp_path)
+    pub = SparsePublisher(relay, "plan", 1 << 20, link_gbps=1)
+    assert not pub.streams(0, old)  # nothing held: a full snapshot
+    pub.publish(0, old)
+    assert pub.streams(1, new) and len(judged) == 1
+    pub.publish(1, new)
+    assert len(judged) == 1 and relay.exists("rose/plan/v1/announce")
+    moved = {n: (t.float() * 1.5 + 1).to(torch.bfloat16) for n, t in new.items()}
+    pub.link_gbps = 400  # every element moved, a fast link: all raw
+    assert not pub.streams(2, moved)
+    pub.publish(2, moved)
+    assert len(judged) == 2 and not relay.exists("rose/plan/v2/announce")
+    assert set(entry_encodings(relay, "plan", 2).values()) == {"raw"}
+    pub.stream = False
+    assert not pub.streams(3, new)
+
+
 def test_config_link_rate_validated():
     assert PublishConfig().link_gbps > 0
     assert PublishConfig(link_gbps=0.5).link_gbps == 0.5

@@ -33,15 +33,18 @@ TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
 
 
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
-                      serve: bool = True, link_gbps: float | None = None) -> SparsePublisher:
+                      serve: bool = True, link_gbps: float | None = None,
+                      stream: bool = True) -> SparsePublisher:
     """This process's publisher of `run` (kept across steps), its request server running;
-    `link_gbps` makes it choose each tensor's form by time over that link."""
+    `link_gbps` makes it choose each tensor's form by time over that link; `stream`: coded
+    deltas are announced for receivers to apply as they land."""
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
             pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
+        pub.stream = stream
     if serve:
         pub.start_server()
     return pub

@@ -76,6 +76,11 @@ def sample_windows(n: int) -> tuple[slice, ...] | None:
     return tuple(slice(int(s), int(s) + SAMPLE_WINDOW) for s in starts)
 
 
+def sampled_elements(n: int) -> int:
+    """How many elements estimated_density compares in a tensor of n."""
+    return n if sample_windows(n) is None else SAMPLE_WINDOWS * SAMPLE_WINDOW
+
+
 def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:
     """Estimated fraction of changed elements, or None when the tensor is too small to sample."""
     windows = sample_windows(new.size)

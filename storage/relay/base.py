@@ -70,6 +70,11 @@ class Relay(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        """exists() of several keys; one round trip where the relay can (a waiting receiver
+        polls two keys at a time, and on Mooncake each RPC costs ~0.1 ms of CPU)."""
+        return [self.exists(k) for k in keys]
+
     @abstractmethod
     def remove(self, key: str) -> bool:
         """Remove `key`; False if it was not there."""

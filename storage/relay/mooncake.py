@@ -35,6 +35,7 @@ _CODES = {-10: "BUFFER_OVERFLOW",
 _MISSING = -704
 _NOT_READY = -703  # REPLICA_IS_NOT_READY: a put of the key is under way
 _NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
+PROBE_EVERY_S = 0.05  # a master dead for less than this is told by the RPC (its ~4 s timeout)
 
 
 def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_buffer_bytes: int):
@@ -74,6 +75,7 @@ class MooncakeRelay(Relay):
         self.zero_copy_min_bytes = zero_copy_min_bytes
         self._lock = threading.Lock()  # register/transfer/unregister must not interleave
         self._store = None
+        self._probed_until = 0.0  # monotonic time until which the master is taken as alive
         if not self._master_answers():  # fail in milliseconds, not after setup's ~4 s
             raise RelayError(f"mooncake relay: master at {master_addr} does not answer")
         store = open_store(master_addr, metadata_url, segment_bytes, local_buffer_bytes)
@@ -102,10 +104,21 @@ class MooncakeRelay(Relay):
         store = self._store
         if store is None:
             raise RelayError(f"mooncake relay: {op} {key!r} on a closed relay")
-        if store.health_check() != 0 or (probe and not self._master_answers()):
+        if store.health_check() != 0 or (probe and not self._probe()):
             raise RelayError(f"mooncake relay: {op} {key!r} failed: master at "
                              f"{self.master_addr} unreachable")
         return store
+
+    def _probe(self) -> bool:
+        """_master_answers, at most once per PROBE_EVERY_S: a receiver polling the relay every
+        millisecond would otherwise open a connection to the master on every poll."""
+        now = time.monotonic()
+        if now < self._probed_until:
+            return True
+        if not self._master_answers():
+            return False
+        self._probed_until = now + PROBE_EVERY_S
+        return True
 
     def _fail(self, op: str, key: str, rc: int) -> RelayError:
         if rc == -900:
@@ -192,10 +205,19 @@ class MooncakeRelay(Relay):
         return self.get_many([key])[0].tobytes()  # too large for the local buffer
 
     def exists(self, key: str) -> bool:
-        rc = self._live("exists", check_key(key), probe=True).is_exist(key)
-        if rc < 0:
-            raise self._fail("exists", key, rc)
-        return rc == 1
+        return self.exists_many([key])[0]
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        if not keys:
+            return []
+        for key in keys:
+            check_key(key)
+        store = self._live("exists", keys[0], probe=True)
+        rcs = [store.is_exist(keys[0])] if len(keys) == 1 else store.batch_is_exist(list(keys))
+        for key, rc in zip(keys, rcs):
+            if rc < 0:
+                raise self._fail("exists", key, rc)
+        return [rc == 1 for rc in rcs]
 
     def remove(self, key: str) -> bool:
         # force: a reader's lease (10 s after each get) would otherwise block the removal; the

@@ -82,6 +82,8 @@ class SparsePublisher:
         self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
         self._held: dict[str, torch.Tensor] | None = None
+        # (version, its tensors, all raw?) as streams() found it, for the publish that follows
+        self._plan: tuple[int, dict[str, torch.Tensor], bool] | None = None
         self._lock = threading.RLock()  # publish and serve_requests share the held copy
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
@@ -102,6 +104,26 @@ class SparsePublisher:
             return "tensor names, shapes or dtypes changed"
         return ""
 
+    def streams(self, version: int, tensors: dict[str, torch.Tensor]) -> bool:
+        """Whether publish(version, tensors) streams: a coded delta, announced before its
+        buckets, which receivers apply as it lands if they wait for it before it starts.
+        Otherwise (a full snapshot, a delta all sent raw) there is nothing to overlap and they
+        had better pull once it is complete, as from the dense path: a receiver polling the
+        relay meanwhile only takes CPU from the push. The verdict is kept for that publish."""
+        with self._lock:
+            if not self.stream or self.part or self._full_reason(version, tensors):
+                return False
+            return not self._all_raw(version, tensors)
+
+    def _all_raw(self, version: int, tensors: dict[str, torch.Tensor]) -> bool:
+        """tensor_form.all_raw against the held base, once per (version, tensors)."""
+        if self.link_gbps is None or self._held is None:
+            return False
+        if self._plan is None or self._plan[0] != version or self._plan[1] is not tensors:
+            link = time_model.Link(self.link_gbps, self.workers)
+            self._plan = (version, tensors, all_raw(tensors, self._held, link))
+        return self._plan[2]
+
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
                 copy: bool = True) -> PublishReport:
         """Push `version`: a delta against the last published version when possible, else full.
@@ -115,7 +137,7 @@ class SparsePublisher:
             held = {n: t.detach().to("cpu") for n, t in tensors.items()}
             self._held = {n: t.clone(memory_format=torch.contiguous_format) if copy
                           else t.contiguous() for n, t in held.items()}
-            self.version = version
+            self.version, self._plan = version, None
             return report
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
@@ -155,7 +177,7 @@ class SparsePublisher:
                           changed, time.perf_counter() - t)
             return data, meta
 
-        raw = link is not None and base is not None and all_raw(tensors, base, link)
+        raw = base is not None and self._all_raw(version, tensors)
         digest_s = 0.0
 
         def manifest_meta(infos: list[BucketInfo]) -> dict[str, Any]:  # every tensor encoded

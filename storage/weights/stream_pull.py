@@ -50,8 +50,12 @@ def await_published(relay: Relay, run: str, version: int, await_s: float,
     started = time.monotonic()
     deadline = started + await_s
     announced: dict[str, Any] | None = None
-    while not relay.exists(manifest_key(run, version)):
-        if announced is None and relay.exists(announce_key(run, version)):
+    keys = [manifest_key(run, version), announce_key(run, version)]
+    while True:
+        complete, announced_now = relay.exists_many(keys)
+        if complete:
+            break
+        if announced is None and announced_now:
             announced = announcement(relay, run, version)
             if announced is not None and announced.get("kind") == "delta" \
                     and base_version is not None and announced.get("base_version") == base_version:
@@ -76,9 +80,12 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
     st["streamed"] = 0
     attempt, done = announced["attempt"], []
     idle_since = time.monotonic()
-    while not relay.exists(manifest_key(run, version)):
+    while True:
         key = bucket_info_key(run, version, len(done))
-        if not relay.exists(key):
+        complete, next_there = relay.exists_many([manifest_key(run, version), key])
+        if complete:
+            break
+        if not next_there:
             if time.monotonic() - idle_since > timeout_s:
                 raise StreamBroken(f"v{version}: no bucket {len(done)} and no manifest within "
                                    f"{timeout_s:g} s (the publish stopped)")

@@ -40,9 +40,12 @@ def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None
 
 def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
     """The time model's verdict before the change scan, from a sampled density (not even
-    sampled when raw beats coding nothing at all: tiny tensors, fast links)."""
-    nbytes, size = new.numel() * new.element_size(), new.element_size()
-    if time_model.raw_before_scan(nbytes, size, 0.0, link):
+    sampled when raw beats coding nothing at all, tiny tensors and fast links, or when
+    coding could save less than the sample costs)."""
+    size = new.element_size()
+    nbytes = new.numel() * size
+    if time_model.raw_before_scan(nbytes, size, 0.0, link) or not time_model.worth_sampling(
+            nbytes, bits.sampled_elements(new.numel()) * size, link):
         return True
-    density = bits.estimated_density(bits.to_bits(new), bits.to_bits(old))
-    return time_model.raw_before_scan(nbytes, size, density, link)
+    return time_model.raw_before_scan(nbytes, size, bits.estimated_density(
+        bits.to_bits(new), bits.to_bits(old)), link)
