@@ -125,6 +125,8 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
     from storage.weights.publisher import publish_weights
 
     publish_weights(writer, run, 0, new, bucket_bytes)  # untimed: the relay holds v0, as for ours
+    conn.send(("dense", run, 0))  # and the receiver pulled it, as ours' did its base
+    conn.recv()
     t0, cpu = time.perf_counter(), time.process_time()
     stats = publish_weights(_link(writer, rate), run, 1, new, bucket_bytes)
     sender_cpu = time.process_time() - cpu

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from storage.delta import elias_fano, kernels
+from storage.delta import elias_fano, kernels, value_kernels
 from storage.delta.bitpack import pack_bits, packed_size
 
 DTYPES = [np.uint8, np.uint16, np.uint32, np.uint64]
@@ -33,6 +33,27 @@ def test_scan_grows_past_a_low_density_estimate():
     positions, diff = kernels.scan_changes(new, base, density=0.0)  # room for 1,024 at first
     assert positions.size == int(np.count_nonzero(new != base)) > 80_000
     assert np.array_equal(base[positions] + diff, new[positions])
+
+
+def test_scan_reuse_keeps_one_scratch_per_thread():
+    """reuse=True: the same answers, written into this thread's scratch (no fresh pages per
+    tensor), which the next reuse scan overwrites; a scan larger than the cap keeps its own."""
+    a, a_base = _pair(50_000, 0.04, np.uint16, seed=1)
+    b, b_base = _pair(40_000, 0.04, np.uint16, seed=2)
+    pa, da = kernels.scan_changes(a, a_base, 0.04, reuse=True)
+    expect = np.flatnonzero(a != a_base)
+    assert np.array_equal(pa, expect) and np.array_equal(da, a[expect] - a_base[expect])
+    pb, _ = kernels.scan_changes(b, b_base, 0.04, reuse=True)
+    assert np.shares_memory(pa, pb)  # the same scratch: pa is no longer a's
+    assert np.array_equal(pb, np.flatnonzero(b != b_base))
+    own, _ = kernels.scan_changes(b, b_base, 0.04)  # without reuse: its own arrays
+    assert not np.shares_memory(own, pb)
+    huge = kernels.SCRATCH_MAX_BYTES // 10 * 2  # at density 0.5, output over the cap
+    c, c_base = _pair(huge, 0.5, np.uint16, seed=3)
+    pc, _ = kernels.scan_changes(c, c_base, 0.5, reuse=True)
+    assert pc.size == int(np.count_nonzero(c != c_base))
+    pd, _ = kernels.scan_changes(b, b_base, 0.04, reuse=True)
+    assert not np.shares_memory(pc, pd) and np.shares_memory(pb, pd)
 
 
 def _numpy_ef_parts(positions: np.ndarray, universe: int) -> tuple[bytes, bytes]:
@@ -115,14 +136,33 @@ def test_value_symbols_match_numpy(dtype, n):
     diff = rng.integers(1, top, n, dtype=dtype, endpoint=True)
     diff[: n // 3] = rng.choice(np.array([1, 2, 3, top, top - 1], dtype), n // 3)  # +-1, +-2
     diff[-1] = dtype(1) << dtype(8 * np.dtype(dtype).itemsize - 1)  # INT_MIN: magnitude 2**(w-1)
-    got = kernels.value_symbols(diff)
+    got = value_kernels.value_symbols(diff)
     for g, want in zip(got, _numpy_symbols(diff)):
         assert g.dtype == want.dtype and np.array_equal(g, want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 4, 9, 1001])
+def test_decode_values_inverts_the_symbols(dtype, n):
+    """Symbols back to the differences in one pass, escapes (|d| >= 4, INT_MIN) included;
+    planes that do not match the classes' escapes are refused, never misread."""
+    rng = np.random.default_rng(n + 7)
+    top = np.iinfo(dtype).max
+    diff = rng.integers(1, top, n, dtype=dtype, endpoint=True)
+    diff[: n // 2] = rng.choice(np.array([1, 2, 3, 4, top, top - 3], dtype), n // 2)
+    diff[-1] = dtype(1) << dtype(8 * np.dtype(dtype).itemsize - 1)
+    signs, classes, escapes = value_kernels.value_symbols(diff)
+    planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, diff.itemsize).T).reshape(-1)
+    assert value_kernels.escape_count(classes, n) == escapes.size
+    got = value_kernels.decode_values(signs, classes, planes, n, np.dtype(dtype))
+    assert got.dtype == dtype and np.array_equal(got, diff)
+    with pytest.raises(ValueError, match="do not match"):
+        value_kernels.decode_values(signs, classes, planes[1:], n, np.dtype(dtype))
+
+
 def test_value_symbols_refuse_a_zero_difference():
     with pytest.raises(ValueError, match="non-zero"):
-        kernels.value_symbols(np.array([1, 0, 2], np.uint16))
+        value_kernels.value_symbols(np.array([1, 0, 2], np.uint16))
 
 
 def test_loaded_modules_survive_vllms_kernel_scan():

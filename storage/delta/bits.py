@@ -98,15 +98,17 @@ def estimated_density(new: np.ndarray, base: np.ndarray) -> float:
     return int(np.count_nonzero(new != base)) / new.size if new.size else 0.0
 
 
-def changes(new: np.ndarray, base: np.ndarray, density: float | None = None) -> Changes:
+def changes(new: np.ndarray, base: np.ndarray, density: float | None = None,
+            reuse: bool = False) -> Changes:
     """Every element whose bit pattern differs, with its difference (one compiled pass).
 
     `density`: sampled_density(new, base) if the caller already has it (sizes the output).
+    `reuse`: kernels.scan_changes's (valid until this thread's next such scan).
     """
     if new.shape != base.shape or new.dtype != base.dtype or new.ndim != 1:
         raise ValueError(f"cannot compare {new.dtype}{new.shape} with {base.dtype}{base.shape}")
     density = sampled_density(new, base) if density is None else density
-    positions, diff = kernels.scan_changes(new, base, density)
+    positions, diff = kernels.scan_changes(new, base, density, reuse)
     return Changes(positions, diff)
 
 

@@ -16,10 +16,9 @@ import struct
 
 import numpy as np
 
-from storage.delta import kernels, zstd_io
+from storage.delta import value_kernels, zstd_io
 
 _LEN = struct.Struct("<Q")
-_ESCAPE = 3
 
 
 def encode_values(diff: np.ndarray) -> bytes:
@@ -28,7 +27,7 @@ def encode_values(diff: np.ndarray) -> bytes:
     if count == 0:
         return b""
     udt = diff.dtype
-    signs, packed, escapes = kernels.value_symbols(diff)
+    signs, packed, escapes = value_kernels.value_symbols(diff)
     planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, udt.itemsize).T)
     z_classes = zstd_io.compress(packed, 1)
     z_escapes = zstd_io.compress(planes, 1)
@@ -49,36 +48,10 @@ def decode_values(data: bytes | memoryview, count: int, udt: np.dtype) -> np.nda
     if offset != len(buf):
         raise ValueError(f"value block has {len(buf) - offset} trailing bytes")
     signs = np.frombuffer(buf, np.uint8, sign_bytes)
-    nibbles = np.zeros((count + 3) // 4, np.uint16)  # the 4 signs of each class byte
-    nibbles[0::2] = signs & 15
-    nibbles[1::2] = (signs >> 4)[:nibbles.size // 2]
-    packed = np.frombuffer(zstd_io.decompress(z_classes, nibbles.size), np.uint8)
-    # One lookup turns (4 classes, 4 signs) into 4 differences; escapes come out as 0.
-    quads = np.take(_quad_table(udt), packed | (nibbles << 8))
-    diff = quads.view(udt)[:count].copy() if count % 4 else quads.view(udt)
-    escaped = np.flatnonzero(diff == 0)
-    raw = zstd_io.decompress(z_escapes, escaped.size * udt.itemsize)
-    magnitude = np.frombuffer(raw, np.uint8).reshape(udt.itemsize, -1).T.copy().view(udt)
-    magnitude = magnitude.reshape(-1) + udt.type(_ESCAPE + 1)
-    negative = (signs[escaped >> 3] >> (escaped & 7).astype(np.uint8)) & 1
-    diff[escaped] = np.where(negative == 1, ~magnitude + udt.type(1), magnitude)
-    return diff
-
-
-_TABLES: dict[np.dtype, np.ndarray] = {}
-
-
-def _quad_table(udt: np.dtype) -> np.ndarray:
-    """4096 entries, index = class byte | sign nibble << 8, each entry the 4 wrapped
-    differences as one opaque 4 * itemsize record (so a lookup is a single 1-d take)."""
-    if udt not in _TABLES:
-        index = np.arange(4096)
-        classes = (index[:, None] >> (2 * np.arange(4))) & 3
-        negative = (index[:, None] >> (8 + np.arange(4))) & 1
-        magnitude = np.where(classes == _ESCAPE, 0, classes + 1)
-        table = np.where(negative == 1, -magnitude, magnitude).astype(np.int64).astype(udt)
-        _TABLES[udt] = table.view(np.dtype((np.void, 4 * udt.itemsize))).reshape(-1)
-    return _TABLES[udt]
+    classes = np.frombuffer(zstd_io.decompress(z_classes, (count + 3) // 4), np.uint8)
+    escapes = value_kernels.escape_count(classes, count)
+    planes = np.frombuffer(zstd_io.decompress(z_escapes, escapes * udt.itemsize), np.uint8)
+    return value_kernels.decode_values(signs, classes, planes, count, udt)
 
 
 def _take_frame(buf: memoryview, offset: int) -> tuple[memoryview, int]:
