@@ -57,6 +57,32 @@ def _cttz(typingctx, word):  # noqa: ARG001 (numba's intrinsic signature)
     return types.uint64(types.uint64), codegen
 
 
+@intrinsic
+def _ctlz(typingctx, word):  # noqa: ARG001 (numba's intrinsic signature)
+    """Leading zero bits of a non-zero uint64 (LLVM's ctlz)."""
+    def codegen(context, builder, signature, args):  # noqa: ARG001
+        return builder.ctlz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.uint64(types.uint64), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _gap_octaves(positions: np.ndarray, starts: np.ndarray, run: int,
+                 counts: np.ndarray) -> None:
+    for s in range(starts.size):
+        for i in range(starts[s] + 1, starts[s] + run):
+            gap = np.uint64(positions[i] - positions[i - 1])  # >= 1: sorted, distinct
+            counts[np.uint64(63) - _ctlz(gap)] += 1
+
+
+def gap_octaves(positions: np.ndarray, starts: np.ndarray, run: int) -> np.ndarray:
+    """Histogram (64 bins) of floor(log2(gap)) over the gaps inside runs of `run` consecutive
+    sorted positions from each of `starts`: the codec's structure probe, with no temporaries."""
+    counts = np.zeros(64, np.int64)
+    _gap_octaves(_ro(np.asarray(positions, np.int64)), _ro(np.asarray(starts, np.int64)), run,
+                 counts)
+    return counts
+
+
 @numba.njit(nogil=True, cache=True)
 def _scan(new: np.ndarray, base: np.ndarray, positions: np.ndarray, diff: np.ndarray,
           offset: int) -> tuple[int, int]:
@@ -241,6 +267,7 @@ def warm_up() -> None:
                               positions.size + ((new.size - 1) >> low) + 1)
         ef_apply(base, memoryview(lows), memoryview(unary), positions.size, low, diff)
         value_kernels.warm_up(diff)
+    gap_octaves(np.arange(8, dtype=np.int64), np.zeros(1, np.int64), 8)
 
 
 def warm_up_in_background() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import xxhash
 
-from storage.delta import bits, elias_fano, encodings as enc, values, zstd_io
+from storage.delta import bits, elias_fano, encodings as enc, kernels, values, zstd_io
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch
 from storage.delta.header import DeltaHeader, unpack_header
 
@@ -125,20 +125,17 @@ def _looks_structured(positions: np.ndarray, n: int) -> bool:
     if k < _GAP_MIN:
         return False  # too few to tell, and too small to matter
     if k > _GAP_SAMPLES * _GAP_RUN:  # evenly spaced runs of consecutive positions
-        starts = np.linspace(0, k - _GAP_RUN, _GAP_SAMPLES).astype(np.int64)
-        runs = positions[starts[:, None] + np.arange(_GAP_RUN)]
-        gaps = np.diff(runs, axis=1).reshape(-1)
+        starts, run = np.linspace(0, k - _GAP_RUN, _GAP_SAMPLES).astype(np.int64), _GAP_RUN
     else:
-        gaps = np.diff(positions)
+        starts, run = np.zeros(1, np.int64), k
     # Code each gap as its octave (entropy-coded) plus its offset inside the octave (verbatim):
     # few symbols, so a sample estimates it well, and within ~0.5 bit of the gap entropy.
-    # (gaps >= 1; frexp of float32 is ~4x cheaper than log2, and a gap of 2**24 or more that
-    # rounds up an octave changes nothing this estimate decides)
-    octave = np.frexp(gaps.astype(np.float32))[1].astype(np.int64) - 1
-    counts = np.bincount(octave)
-    counts = counts[counts > 0]
-    gap_bits = np.log2(gaps.size) - float(np.sum(counts * np.log2(counts))) / gaps.size
-    gap_bits += float(np.mean(octave))
+    counts = kernels.gap_octaves(positions, starts, run)
+    octaves = np.flatnonzero(counts)
+    counts = counts[octaves]
+    total = int(counts.sum())
+    gap_bits = np.log2(total) - float(np.sum(counts * np.log2(counts))) / total
+    gap_bits += float(np.sum(counts * octaves)) / total
     ef_bits = (elias_fano.encoded_size(k, n) - elias_fano.encoded_size(0, n)) * 8 / k
     return gap_bits < ef_bits - _GAP_SLACK_BITS
 
