@@ -50,7 +50,9 @@ COSTS: dict[str, Cost] = {
     # raw: a fresh bucket and two hashes on each side (fit 1.78 GB/s: fresh memory faults in)
     "raw": Cost(1.8, 1.8, 5e-6, 5e-6),
     "dense": Cost(0.75, 1.0, 15e-6, 10e-6),
-    "ef": Cost(1.2, 4.0, 60e-6, 60e-6),  # fit: 63 us + 1.22 GB/s, 58 us + 3.99 GB/s in place
+    # fits over three runs (the scan and apply kernels of 2026-11-26): encode 51-96 us +
+    # 1.62-1.98 GB/s, apply in place 38-65 us + 2.64-3.41 GB/s; medians, to the slow side
+    "ef": Cost(1.9, 2.6, 70e-6, 50e-6),
     # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
     # tensors 1-2 ms: below 512k elements the chooser scans every change before ternary;
     # big ones 0.4 GB/s)
