@@ -128,10 +128,12 @@ def sample_s(compared_bytes: int) -> float:
 
 
 def worth_sampling(dense_bytes: int, compared_bytes: int, link: Link) -> bool:
-    """Whether the most coding could save over raw (coding nothing, for free) is more than
-    the sample that would decide it costs: a mid-sized tensor on a fast link goes raw unseen."""
+    """Whether sampling the density is expected to pay: the most coding could save over raw
+    (coding nothing, for free), at even odds that the sample finds coding worth it (nothing
+    is known of the density before), against the sample's cost. A mid-sized tensor on a fast
+    link goes raw unseen."""
     raw, free = _raw_and_free_s(dense_bytes, link)
-    return raw - free > sample_s(compared_bytes)
+    return 0.5 * (raw - free) > sample_s(compared_bytes)
 
 
 def raw_before_scan(dense_bytes: int, itemsize: int, density: float, link: Link) -> bool:

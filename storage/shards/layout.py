@@ -8,6 +8,8 @@ tensors, which is all a transfer between different TP/PP layouts needs (see stor
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -174,6 +176,7 @@ def layer_stages(num_layers: int, pp: int) -> list[int]:
     return [stage for stage, c in enumerate(counts) for _ in range(c)]
 
 
+@functools.lru_cache(maxsize=65536)  # asked of every tensor of every publish
 def layer_index(param_name: str) -> int | None:
     """Decoder layer number in an HF (`model.layers.3.`) or megatron (`decoder.layers.3.`) name."""
     m = _LAYER.search(param_name)

@@ -63,6 +63,17 @@ def snapshot_request_key(run: str, version: int, part: str = "") -> str:
     return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
 
 
+def _kept(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
+    """What the publisher keeps of a tensor as the next base: a contiguous CPU copy, or the
+    tensor itself when it already is one and `copy` is off (no per-tensor op: it adds up on a
+    model of hundreds of small tensors)."""
+    if not copy and tensor.device.type == "cpu" and not tensor.requires_grad \
+            and tensor.is_contiguous():
+        return tensor
+    held = tensor.detach().to("cpu")
+    return held.clone(memory_format=torch.contiguous_format) if copy else held.contiguous()
+
+
 class SparsePublisher:
     """Publishes versions of one run through one relay; see the module docstring."""
 
@@ -134,9 +145,7 @@ class SparsePublisher:
             reason = self._full_reason(version, tensors)
             base = None if reason else self._held
             report = self._push(version, tensors, base, reason, self.part, compare=self._held)
-            held = {n: t.detach().to("cpu") for n, t in tensors.items()}
-            self._held = {n: t.clone(memory_format=torch.contiguous_format) if copy
-                          else t.contiguous() for n, t in held.items()}
+            self._held = {n: _kept(t, copy) for n, t in tensors.items()}
             self.version, self._plan = version, None
             return report
 

@@ -4,6 +4,8 @@ Plain functions over tensors and a link; storage/weights/sparse_publisher.py dri
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from storage.delta import bits, time_model
@@ -44,8 +46,15 @@ def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bo
     coding could save less than the sample costs)."""
     size = new.element_size()
     nbytes = new.numel() * size
-    if time_model.raw_before_scan(nbytes, size, 0.0, link) or not time_model.worth_sampling(
-            nbytes, bits.sampled_elements(new.numel()) * size, link):
+    if _raw_unseen(new.numel(), size, link):
         return True
     return time_model.raw_before_scan(nbytes, size, bits.estimated_density(
         bits.to_bits(new), bits.to_bits(old)), link)
+
+
+@functools.lru_cache(maxsize=4096)  # a model's tensors come in a few shapes
+def _raw_unseen(numel: int, itemsize: int, link: time_model.Link) -> bool:
+    """True when raw_first says raw without a sample (it depends on the sizes alone)."""
+    nbytes = numel * itemsize
+    return time_model.raw_before_scan(nbytes, itemsize, 0.0, link) or \
+        not time_model.worth_sampling(nbytes, bits.sampled_elements(numel) * itemsize, link)
