@@ -34,7 +34,8 @@ from storage.weights.parallel import available_cores
 from storage.weights.publisher import latest_version, pull_weights, read_manifest
 from storage.weights.sharded import read_sharded
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
-from storage.weights.sparse_publisher import full_part, snapshot_request_key, tensors_digest
+from storage.weights.digest import tensors_digest
+from storage.weights.snapshot_server import full_part, snapshot_request_key
 
 
 

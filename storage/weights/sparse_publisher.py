@@ -29,8 +29,6 @@ threads (storage/weights/parallel.py); the receiver decodes with its own.
 """
 from __future__ import annotations
 
-import json
-import logging
 import threading
 import time
 from typing import Any
@@ -41,26 +39,14 @@ from storage.weights.buckets import DEFAULT_BUCKET_BYTES, BucketInfo
 from storage.delta import encode_delta, read_header
 from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
-from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing
+from storage.relay.base import Buffer, Relay
 from storage.weights.parallel import available_cores
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.tensor_form import all_raw, raw_first, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
-from storage.weights.publisher import (manifest_key, publish_weights, raw_encoder, read_manifest,
-                                      request_key, version_prefix)
-
-log = logging.getLogger("rose.publish")
-
-
-def full_part(part: str = "") -> str:
-    """Where the full snapshot of a version (or of one `part` of it) is pushed on request."""
-    return f"{part}/full" if part else "full"
-
-
-def snapshot_request_key(run: str, version: int, part: str = "") -> str:
-    """Where a receiver asks for that snapshot."""
-    return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
+from storage.weights.snapshot_server import SnapshotServer
+from storage.weights.publisher import publish_weights, raw_encoder
 
 
 def _kept(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
@@ -74,7 +60,7 @@ def _kept(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
     return held.clone(memory_format=torch.contiguous_format) if copy else held.contiguous()
 
 
-class SparsePublisher:
+class SparsePublisher(SnapshotServer):
     """Publishes versions of one run through one relay; see the module docstring."""
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -214,82 +200,3 @@ class SparsePublisher:
         report.seconds = time.perf_counter() - t0
         report.push_s = stats.push_s  # relay puts and pruning (encode_s sums threads)
         return report
-
-    # -- full snapshots on request ----------------------------------------------------------
-    def republish_held(self, version: int) -> PublishReport | None:
-        """Push `version` again in full under this publisher's prefix, if it is the version held
-        (the relay lost it: a master restart); None if another one, or none, is held."""
-        with self._lock:
-            if self._held is None or self.version != version:
-                return None
-            where = f"part {self.part} of " if self.part else ""
-            log.warning("relay %s lost %sv%d of run %s: republishing it in full",
-                        self.relay.name, where, version, self.run)
-            report = self._push(version, self._held, None, "relay lost the published version",
-                                self.part)
-            self.served.append(report)
-            return report
-
-    def serve_requests(self, check_lost: bool = True) -> PublishReport | None:
-        """One pass: republish the held version if the relay lost it (`check_lost`); answer a
-        request for a full snapshot of it. Returns what was pushed, if anything."""
-        with self._lock:
-            if self._held is None:
-                return None
-            v = self.version
-            if check_lost and not self.part and not self.relay.exists(manifest_key(self.run, v)):
-                return self.republish_held(v)
-            key = snapshot_request_key(self.run, v, self.part)
-            if not self.relay.exists(key):  # cheaper than a missing get
-                return None
-            try:
-                request = json.loads(self.relay.get(key))
-            except RelayKeyMissing:
-                return None
-            except ValueError:  # a torn or foreign value: treat as a plain request
-                request = {}
-            report = None
-            damaged = request.get("damaged")
-            stamp = self._full_snapshot_stamp(v)
-            # Push unless a snapshot is there that the requester did not find damaged (it may
-            # have asked before that one landed): repeated requests cost no repeated pushes.
-            if stamp is None or (isinstance(damaged, list) and stamp in damaged):
-                reason = f"requested by {request.get('by', '?')}: {request.get('reason', '')}"
-                report = self._push(v, self._held, None, reason.strip(), part=full_part(self.part))
-                self.served.append(report)
-            self.relay.remove(key)
-            return report
-
-    def _full_snapshot_stamp(self, version: int) -> float | None:
-        """published_at of the full snapshot of `version` in the relay; None if absent or
-        unreadable (then it is pushed again)."""
-        try:
-            return read_manifest(self.relay, self.run, version, full_part(self.part)).meta.get("published_at")
-        except (RelayKeyMissing, ValueError):
-            return None
-
-    def start_server(self, interval_s: float = 0.1) -> None:
-        """Serve requests from a daemon thread until stop_server (idempotent)."""
-        if self._stop is not None:
-            return
-        self._stop = stop = threading.Event()
-
-        def loop() -> None:
-            backoff, passes = interval_s, 0
-            while not stop.wait(backoff):
-                try:  # a lost version is rarer than a request: look for it about once a second
-                    self.serve_requests(check_lost=passes % max(1, round(1 / interval_s)) == 0)
-                    backoff, passes = interval_s, passes + 1
-                except (RelayError, OSError) as e:  # relay down (master restarting): retry
-                    log.warning("full-snapshot server of run %s: %s", self.run, e)
-                    backoff = min(2.0, backoff * 2)
-                except Exception:  # never let the thread die silently
-                    log.exception("full-snapshot server of run %s failed a pass", self.run)
-                    backoff = min(2.0, backoff * 2)
-
-        threading.Thread(target=loop, name=f"rose-snapshots-{self.run}", daemon=True).start()
-
-    def stop_server(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
