@@ -3,8 +3,8 @@
 Three passes touch every element or every change of a tensor, and numpy needs several
 temporaries for each:
   scan   compare new with base and collect (position, new - base) of every changed element;
-  pack   the changed positions as Elias-Fano low bits and unary high part, and the changed
-         values as sign bits, magnitude classes and escapes (values.py);
+  pack   the changed positions as Elias-Fano low bits and unary high part (the changed
+         values' symbols, both ways, are storage/delta/value_kernels.py's);
   apply  Elias-Fano positions + value differences written onto the base (or a copy of it).
 The scan compares 64 elements into one bit mask (the compare loop vectorises) and visits only
 the set bits (count-trailing-zeros), so a block with no change costs one compare pass and a
@@ -29,6 +29,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.core.extending import intrinsic
 
+from storage.delta import value_kernels
 from storage.delta.kernel_args import read_only as _ro
 
 _BLOCK = 64
@@ -255,8 +256,6 @@ _warm_lock = threading.Lock()
 def warm_up() -> None:
     """Compile (or load from the on-disk cache) every kernel for 16- and 32-bit patterns (bf16,
     fp16, fp32), so the first publish or pull of a process does not pay for it."""
-    from storage.delta import value_kernels  # (it imports this module)
-
     for dtype in (np.uint16, np.uint32):
         base = np.zeros(4 * _BLOCK + 3, dtype)
         new = base.copy()

@@ -29,7 +29,6 @@ and estimates the coded size.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -108,10 +107,8 @@ def tensor_s(method: str, dense_bytes: int, coded_bytes: int, link: Link) -> flo
     return sum(stages_s(COSTS[method], dense_bytes, coded_bytes, link))
 
 
-@functools.lru_cache(maxsize=4096)
 def _raw_and_free_s(dense_bytes: int, link: Link) -> tuple[float, float]:
-    """(raw's time, an empty coding's time): a model's tensors come in a few sizes, and the
-    chooser asks about every tensor of every publish."""
+    """(raw's time, an empty coding's time)."""
     return tensor_s("raw", dense_bytes, dense_bytes, link), tensor_s("ef", dense_bytes, 0, link)
 
 

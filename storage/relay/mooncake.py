@@ -213,7 +213,7 @@ class MooncakeRelay(Relay):
         for key in keys:
             check_key(key)
         store = self._live("exists", keys[0], probe=True)
-        rcs = [store.is_exist(keys[0])] if len(keys) == 1 else store.batch_is_exist(list(keys))
+        rcs = store.batch_is_exist(list(keys))
         for key, rc in zip(keys, rcs):
             if rc < 0:
                 raise self._fail("exists", key, rc)

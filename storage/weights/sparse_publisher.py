@@ -108,9 +108,12 @@ class SparsePublisher(SnapshotServer):
         had better pull once it is complete, as from the dense path: a receiver polling the
         relay meanwhile only takes CPU from the push. The verdict is kept for that publish."""
         with self._lock:
-            if not self.stream or self.part or self._full_reason(version, tensors):
-                return False
-            return not self._all_raw(version, tensors)
+            delta = not self._full_reason(version, tensors)
+            return self._streamed(delta, False, self.part) and not self._all_raw(version, tensors)
+
+    def _streamed(self, delta: bool, raw: bool, part: str) -> bool:
+        """A coded delta of the whole version is streamed; see streams()."""
+        return delta and not raw and not part and self.stream
 
     def _all_raw(self, version: int, tensors: dict[str, torch.Tensor]) -> bool:
         """tensor_form.all_raw against the held base, once per (version, tensors)."""
@@ -185,7 +188,7 @@ class SparsePublisher(SnapshotServer):
                     "digest": report.digest}
         # a coded delta is streamed: receivers holding its base apply each bucket as it lands,
         # and its buckets close by the dense bytes they rewrite, so there are several to overlap
-        streamed = kind == "delta" and not raw and not part and self.stream
+        streamed = self._streamed(kind == "delta", raw, part)
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=self.workers,
