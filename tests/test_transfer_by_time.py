@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
@@ -102,6 +103,63 @@ def test_a_sample_that_costs_more_than_coding_could_save_is_not_taken(monkeypatc
     big = torch.zeros(8 << 20, dtype=torch.bfloat16)
     assert not raw_first(big, big.clone(), link)  # nothing moved: code it
     assert sampled == [big.numel()]
+
+
+def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
+    """all_raw on a version whose every element moved, over a link where each tensor alone is
+    worth a sample at even odds: it stops sampling once the odds, lowered by every sample
+    that found raw, no longer pay for one; it still says raw. A version whose first tensor
+    is codable is caught by the first sample."""
+    from storage.delta import bits as delta_bits
+    from storage.weights.tensor_form import all_raw
+
+    n = 48 << 10  # elements: the demo policy's MLP matrices
+    link = tm.Link(1, 2)
+    assert tm.worth_sampling(2 * n, 2 * n, link)  # each alone: yes, at even odds
+    assert not tm.worth_sampling(2 * n, 2 * n, link, odds=1 / 40)
+    old = {f"w{i}": torch.zeros(n, dtype=torch.bfloat16) for i in range(40)}
+    moved = {k: torch.ones(n, dtype=torch.bfloat16) for k in old}
+    sampled = []
+    real = delta_bits.estimated_density
+    monkeypatch.setattr(delta_bits, "estimated_density",
+                        lambda a, b: sampled.append(a.size) or real(a, b))
+    assert all_raw(moved, old, link)
+    assert 1 < len(sampled) < len(old)
+    sampled.clear()
+    assert not all_raw({k: t.clone() for k, t in old.items()}, old, link)  # nothing moved
+    assert len(sampled) == 1
+
+
+def test_density_samples_are_evenly_spaced_windows():
+    """bits.sample_rows: 16 windows spread over the whole tensor, read-only views; small
+    tensors are counted whole; the estimate matches a hand count over those windows."""
+    from storage.delta import bits as delta_bits
+
+    assert delta_bits.sample_rows(torch.zeros(1000).numpy()) is None
+    a = torch.arange(1 << 20, dtype=torch.int32).numpy()
+    rows = delta_bits.sample_rows(a)
+    w = delta_bits.SAMPLE_WINDOW
+    assert rows.shape == (delta_bits.SAMPLE_WINDOWS, w) and not rows.flags.writeable
+    assert rows[0, 0] == 0 and rows[-1, -1] <= a.size - 1 and rows[-1, -1] > a.size - w
+    assert all((r == np.arange(r[0], r[0] + w)).all() for r in rows)
+    b = a.copy()
+    b[rows[3, 0]:rows[3, 0] + w // 2] += 1  # half of one window moved
+    assert delta_bits.sampled_density(a, b) == pytest.approx(0.5 / delta_bits.SAMPLE_WINDOWS)
+    assert delta_bits.sampled_elements(a.size) == rows.size
+    assert delta_bits.sampled_elements(1000) == 1000
+
+
+def test_bits_of_views_and_trainable_tensors():
+    """to_bits reads the bits of a strided view (copied) and of a tensor that requires grad."""
+    from storage.delta import bits as delta_bits
+
+    t = torch.randn(8, 6).to(torch.bfloat16)
+    want = t.contiguous().view(torch.int16).numpy().reshape(-1).view(np.uint16)
+    assert (delta_bits.to_bits(t.t().contiguous().t()) == want).all()
+    assert (delta_bits.to_bits(t.t()) == t.t().contiguous().view(torch.int16).numpy()
+            .reshape(-1).view(np.uint16)).all()
+    p = torch.nn.Parameter(t.float())
+    assert delta_bits.to_bits(p).size == 48
 
 
 def test_streams_says_what_the_publish_will_do(tmp_path, monkeypatch):

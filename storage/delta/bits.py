@@ -48,8 +48,11 @@ def uint_dtype(dtype: torch.dtype) -> np.dtype:
 def to_bits(t: torch.Tensor) -> np.ndarray:
     """Flat unsigned view of a tensor's bits (shares memory when already contiguous on CPU)."""
     check_dtype(t.dtype)
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return flat.view(_TORCH_INT[t.dtype.itemsize]).numpy().view(_NP_UINT[t.dtype.itemsize])
+    size = t.dtype.itemsize
+    if t.device.type != "cpu" or not t.is_contiguous():
+        t = t.to("cpu").contiguous()
+    # one view chain, no copies: this runs per tensor per publish (and per density sample)
+    return t.detach().view(_TORCH_INT[size]).numpy().reshape(-1).view(_NP_UINT[size])
 
 
 def from_bits(u: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -68,26 +71,35 @@ class Changes:
 
 
 @functools.lru_cache(maxsize=256)
-def sample_windows(n: int) -> tuple[slice, ...] | None:
-    """Evenly spaced windows of a tensor, or None when n is small enough to look at it all."""
+def _window_stride(n: int) -> int | None:
+    """Elements between the starts of evenly spaced sample windows, or None when n is small
+    enough to look at it all (the windows then could not be 4x apart)."""
     if n < 4 * SAMPLE_WINDOW * SAMPLE_WINDOWS:
         return None
-    starts = np.linspace(0, n - SAMPLE_WINDOW, SAMPLE_WINDOWS).astype(np.int64)
-    return tuple(slice(int(s), int(s) + SAMPLE_WINDOW) for s in starts)
+    return (n - SAMPLE_WINDOW) // (SAMPLE_WINDOWS - 1)
+
+
+def sample_rows(a: np.ndarray) -> np.ndarray | None:
+    """Evenly spaced windows of a flat array, as the rows of one read-only strided view (one
+    numpy op compares them all), or None when it is small enough to look at it all."""
+    stride = _window_stride(a.size)
+    if stride is None:
+        return None
+    return np.lib.stride_tricks.as_strided(a, (SAMPLE_WINDOWS, SAMPLE_WINDOW),
+                                           (stride * a.itemsize, a.itemsize), writeable=False)
 
 
 def sampled_elements(n: int) -> int:
     """How many elements estimated_density compares in a tensor of n."""
-    return n if sample_windows(n) is None else SAMPLE_WINDOWS * SAMPLE_WINDOW
+    return n if _window_stride(n) is None else SAMPLE_WINDOWS * SAMPLE_WINDOW
 
 
 def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:
     """Estimated fraction of changed elements, or None when the tensor is too small to sample."""
-    windows = sample_windows(new.size)
-    if windows is None:
+    rows = sample_rows(new)
+    if rows is None:
         return None
-    changed = sum(int(np.count_nonzero(new[w] != base[w])) for w in windows)
-    return changed / (len(windows) * SAMPLE_WINDOW)
+    return int(np.count_nonzero(rows != sample_rows(base))) / rows.size
 
 
 def estimated_density(new: np.ndarray, base: np.ndarray) -> float:

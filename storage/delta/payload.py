@@ -111,10 +111,10 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
 def _xor_estimate(new: np.ndarray, base: np.ndarray) -> float:
     """xor_zstd body size, exact for small tensors, else from evenly spaced sample windows
     (zstd-1 looks back at most a window, so clustered changes show up in the samples)."""
-    windows = bits.sample_windows(new.size)
-    if windows is None:
+    rows = bits.sample_rows(new)
+    if rows is None:
         return len(enc.encode_xor_zstd(new, base))
-    sample = np.concatenate([new[w] ^ base[w] for w in windows])
+    sample = (rows ^ bits.sample_rows(base)).reshape(-1)
     return len(zstd_io.compress(sample, 1)) * new.size / sample.size
 
 

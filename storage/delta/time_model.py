@@ -112,10 +112,11 @@ def _raw_and_free_s(dense_bytes: int, link: Link) -> tuple[float, float]:
     return tensor_s("raw", dense_bytes, dense_bytes, link), tensor_s("ef", dense_bytes, 0, link)
 
 
-# Sampling a tensor's density (storage/delta/bits.estimated_density: every element of a
-# small tensor, 16 windows of a large one) costs time too: ~10 us plus ~0.3 ns per element
-# compared on this machine (4k elements 12 us, 256k 79 us, 16 windows of 8k 47 us)
-SAMPLE_FIXED_S = 10e-6
+# Sampling a tensor's density (storage/weights/tensor_form._verdict: both versions' bits and
+# bits.estimated_density, every element of a small tensor, 16 windows of a large one) costs
+# time too: ~20 us plus ~0.17 ns per byte compared on this machine (4k elements 20 us, 32k
+# 26 us, 256k 77 us, 16 windows of 8k 67-69 us)
+SAMPLE_FIXED_S = 20e-6
 SAMPLE_GBPS = 6.0  # GB/s of bf16 bytes compared
 
 
@@ -124,13 +125,14 @@ def sample_s(compared_bytes: int) -> float:
     return SAMPLE_FIXED_S + compared_bytes / (SAMPLE_GBPS * 1e9)
 
 
-def worth_sampling(dense_bytes: int, compared_bytes: int, link: Link) -> bool:
+def worth_sampling(dense_bytes: int, compared_bytes: int, link: Link,
+                   odds: float = 0.5) -> bool:
     """Whether sampling the density is expected to pay: the most coding could save over raw
-    (coding nothing, for free), at even odds that the sample finds coding worth it (nothing
-    is known of the density before), against the sample's cost. A mid-sized tensor on a fast
-    link goes raw unseen."""
+    (coding nothing, for free), at `odds` that the sample finds coding worth it (even when
+    nothing is known of the density before), against the sample's cost. A mid-sized tensor
+    on a fast link goes raw unseen."""
     raw, free = _raw_and_free_s(dense_bytes, link)
-    return 0.5 * (raw - free) > sample_s(compared_bytes)
+    return odds * (raw - free) > sample_s(compared_bytes)
 
 
 def raw_before_scan(dense_bytes: int, itemsize: int, density: float, link: Link) -> bool:

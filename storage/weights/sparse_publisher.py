@@ -42,7 +42,7 @@ from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
 from storage.weights.parallel import available_cores
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
-from storage.weights.tensor_form import all_raw, raw_first, record_tensor
+from storage.weights.tensor_form import all_raw, raw_first, record_raw, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
 from storage.weights.snapshot_server import SnapshotServer
@@ -195,9 +195,7 @@ class SparsePublisher(SnapshotServer):
                                 announce={"kind": kind, "base_version": base_version}
                                 if streamed else None, work=shape_bytes if streamed else None)
         if raw:  # as the dense path publishes: no per-tensor work beyond the stats
-            for name, tensor in tensors.items():
-                record_tensor(report, compare, name, tensor, "raw",
-                              tensor.numel() * tensor.element_size(), None, 0.0)
+            record_raw(report, base, tensors)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0

@@ -19,9 +19,30 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
     """True when the time model sends every tensor raw before any scan (a tiny model, a fast
     link, most elements moved): the version then goes out exactly as the dense path sends it,
     with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
-    Stops at the first tensor worth coding (on a large model, the first one or two)."""
-    return all(t.dtype in DTYPE_CODES and raw_first(t, base[n], link)
-               for n, t in tensors.items())
+    Stops at the first tensor worth coding (on a large model, the first one or two). A model
+    whose sizes alone say raw (no tensor worth a density sample) is judged once per link.
+    Each sample that finds raw lowers the odds that the next finds coding worth it (Laplace's
+    rule of succession: 1 / (samples + 2)), so a version whose every element moved stops
+    being sampled once what coding could still save is smaller than a sample's cost."""
+    sizes = tuple((t.numel(), t.element_size()) if t.dtype in DTYPE_CODES else (-1, 0)
+                  for t in tensors.values())
+    if _sizes_all_raw(sizes, link):
+        return True
+    samples = 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in DTYPE_CODES:
+            return False
+        raw, sampled = _verdict(tensor, base[name], link, 1 / (samples + 2))
+        if not raw:
+            return False
+        samples += sampled
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _sizes_all_raw(sizes: tuple[tuple[int, int], ...], link: time_model.Link) -> bool:
+    """True when every tensor of these (numel, itemsize) goes raw unseen (a codec dtype each)."""
+    return all(numel >= 0 and _raw_unseen(numel, itemsize, link) for numel, itemsize in sizes)
 
 
 def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
@@ -40,16 +61,39 @@ def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None
     report.tensors.append(stat)
 
 
+def record_raw(report: PublishReport, compare: dict[str, torch.Tensor],
+               tensors: dict[str, torch.Tensor]) -> None:
+    """record_tensor of a delta sent all raw (`compare` holds every tensor, same shapes and
+    dtypes): one loop, no per-tensor checks, as it runs on every publish of a small model."""
+    stats, deferred = report.tensors, report.defer_changed
+    for name, tensor in tensors.items():
+        numel = tensor.numel()
+        nbytes = numel * tensor.element_size()
+        layer = layer_index(name)
+        stat = TensorStat(name, -1 if layer is None else layer, numel, numel, "raw", nbytes,
+                          nbytes, 0.0)
+        deferred(stat, tensor, compare[name])
+        stats.append(stat)
+
+
 def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
     """The time model's verdict before the change scan, from a sampled density (not even
     sampled when raw beats coding nothing at all, tiny tensors and fast links, or when
     coding could save less than the sample costs)."""
+    return _verdict(new, old, link, 0.5)[0]
+
+
+def _verdict(new: torch.Tensor, old: torch.Tensor, link: time_model.Link,
+             odds: float) -> tuple[bool, bool]:
+    """(raw?, sampled?): raw_first at `odds` that a sample finds coding worth it."""
     size = new.element_size()
-    nbytes = new.numel() * size
-    if _raw_unseen(new.numel(), size, link):
-        return True
+    numel = new.numel()
+    nbytes = numel * size
+    if _raw_unseen(numel, size, link) or (odds < 0.5 and not time_model.worth_sampling(
+            nbytes, bits.sampled_elements(numel) * size, link, odds)):
+        return True, False
     return time_model.raw_before_scan(nbytes, size, bits.estimated_density(
-        bits.to_bits(new), bits.to_bits(old)), link)
+        bits.to_bits(new), bits.to_bits(old)), link), True
 
 
 @functools.lru_cache(maxsize=4096)  # a model's tensors come in a few shapes
