@@ -16,7 +16,10 @@ from tests.stack_fixtures import shared_models
 
 pytestmark = pytest.mark.slow
 
-QUICK = ["1", "1b", "2", "6"]  # under a minute of training each on this 2-core machine
+# under a minute of training each on this 2-core machine. Fault 2 (a rollout worker killed
+# with its nanny) is tests/test_fault_reroute.py's case, checked there turn by turn; it stays
+# in `python bench/chaos.py`.
+QUICK = ["1", "1b", "6"]
 
 
 @pytest.mark.parametrize("key", QUICK)
