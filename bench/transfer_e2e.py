@@ -31,6 +31,7 @@ how they run on one machine.
 from __future__ import annotations
 
 import multiprocessing as mp
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -208,11 +209,13 @@ def _with_model(row: dict, gbps: float) -> dict:
 
 def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
             bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, repeat: int = 1,
-            log=print, small_repeat: int = 9) -> list[dict]:
+            log=print, small_repeat: int = 31) -> list[dict]:
     """Rows of (workload, rate, method), the best of `repeat` runs by total time (this machine
     is shared: the best run is the least disturbed one), or of `small_repeat` for a workload
-    under one bucket (tens of ms, where a disturbance is as large as the difference measured);
-    see the module docstring."""
+    under one bucket (tens of ms, where a disturbance is as large as the difference measured).
+    Dense and ours run back to back, alternating which goes first; ours' row also carries the
+    median over those pairs of dense / ours (`paired_median_speedup`). See the module
+    docstring."""
     from rose.stack.mooncake import start_mooncake
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import tensors_digest
@@ -247,24 +250,29 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                     runs = []
                     gbps = rate or loopback_gbps
                     for i in range(max(repeat, small_repeat) if small else repeat):
-                        def dense() -> dict:
+                        def run_dense() -> dict:
                             return _with_model(_dense_once(
                                 writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
                                 bucket_bytes, want), gbps)
 
-                        def ours() -> dict:
+                        def run_ours() -> dict:
                             return _with_model(_ours_once(
                                 writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
                                 bucket_bytes, want, gbps), gbps)
                         # alternate which goes first: neither always follows the other's pull
-                        runs.append((dense(), ours()) if i % 2 == 0 else tuple(reversed(
-                            (ours(), dense()))))
+                        runs.append((run_dense(), run_ours()) if i % 2 == 0 else tuple(reversed(
+                            (run_ours(), run_dense()))))
                     dense = min((d for d, _ in runs), key=lambda r: r["total_s"])
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])
+                    # each pair ran back to back: the median of their ratios shrugs off a
+                    # disturbance that hit one pair, where the two bests may come from two
+                    paired = statistics.median(d["total_s"] / o["total_s"] for d, o in runs)
                     for row in (dense, ours):
                         rows.append({"workload": label, "gbps": rate, "repeat": len(runs), **row})
+                    rows[-1]["paired_median_speedup"] = paired
                     log(f"  e2e {label} @ {rate or 'unpaced'} Gbps: dense {dense['total_s']:.2f} s, "
-                        f"ours {ours['total_s']:.2f} s ({dense['total_s'] / ours['total_s']:.1f}x)")
+                        f"ours {ours['total_s']:.2f} s ({dense['total_s'] / ours['total_s']:.1f}x; "
+                        f"median of {len(runs)} back-to-back pairs {paired:.2f}x)")
         finally:
             if proc is not None and proc.is_alive():
                 parent.send(None)

@@ -39,9 +39,10 @@ def print_e2e(console: Console, rows: list[dict]) -> None:
                         + ", ".join(f"{w} = {b / 1e6:.1f} MB bf16" for w, b in sizes.items())
                         + "; model = max(bytes / rate, sender CPU s / cores, receiver CPU s / "
                         "cores); shared = the same with both on the same cores, max(bytes / "
-                        "rate, (sender + receiver CPU s) / cores), as here")
+                        "rate, (sender + receiver CPU s) / cores), as here; paired = median "
+                        "of dense / ours over the back-to-back runs")
     for col in ("workload", "Gbps", "method", "MB sent", "raw/tensors", "encode", "push",
-                "pull", "apply", "total", "speedup", "model", "x model", "x shared"):
+                "pull", "apply", "total", "speedup", "paired", "model", "x model", "x shared"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     dense = {(r["workload"], r["gbps"]): r for r in rows if r["method"] == "dense"}
     last = None
@@ -56,6 +57,7 @@ def print_e2e(console: Console, rows: list[dict]) -> None:
         table.add_row(r["workload"], gbps, r["method"], f"{r['bytes'] / 1e6:.2f}", mix,
                       f"{r['encode_s']:.3f}", f"{r['push_s']:.3f}", f"{r['fetch_s']:.3f}",
                       f"{r['apply_s']:.3f}", f"{r['total_s']:.3f}", speedup,
+                      f"{r['paired_median_speedup']:.2f}x" if "paired_median_speedup" in r else "",
                       f"{r.get('model_s', 0):.3f}", f"{r.get('over_model', 0):.2f}",
                       f"{r.get('over_shared_model', 0):.2f}", style="bold" if r["method"] == "ours" else None)
     console.print(table)
