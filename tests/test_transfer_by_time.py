@@ -128,6 +128,13 @@ def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     sampled.clear()
     assert not all_raw({k: t.clone() for k, t in old.items()}, old, link)  # nothing moved
     assert len(sampled) == 1
+    # tiny tensors go raw unseen and are never looked at; a dtype the codec does not know
+    # (complex) is never the dense path's version, wherever it sits
+    tiny = {f"n{i}": torch.ones(8, dtype=torch.bfloat16) for i in range(5)}
+    sampled.clear()
+    assert all_raw(tiny, {k: t - 1 for k, t in tiny.items()}, link) and sampled == []
+    odd = {**tiny, "c": torch.zeros(4, dtype=torch.complex64)}
+    assert not all_raw(odd, odd, link)
 
 
 def test_density_samples_are_evenly_spaced_windows():

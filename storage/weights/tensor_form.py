@@ -19,20 +19,20 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
     """True when the time model sends every tensor raw before any scan (a tiny model, a fast
     link, most elements moved): the version then goes out exactly as the dense path sends it,
     with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
-    Stops at the first tensor worth coding (on a large model, the first one or two). A model
-    whose sizes alone say raw (no tensor worth a density sample) is judged once per link.
-    Each sample that finds raw lowers the odds that the next finds coding worth it (Laplace's
-    rule of succession: 1 / (samples + 2)), so a version whose every element moved stops
-    being sampled once what coding could still save is smaller than a sample's cost."""
+    Stops at the first tensor worth coding (on a large model, the first one or two). Which
+    tensors the sizes alone send raw is worked out once per model shape and link; only the
+    others are looked at. Each sample that finds raw lowers the odds that the next finds
+    coding worth it (Laplace's rule of succession: 1 / (samples + 2)), so a version whose
+    every element moved stops being sampled once what coding could still save is smaller
+    than a sample's cost."""
+    names = list(tensors)
     sizes = tuple((t.numel(), t.element_size()) if t.dtype in DTYPE_CODES else (-1, 0)
                   for t in tensors.values())
-    if _sizes_all_raw(sizes, link):
-        return True
     samples = 0
-    for name, tensor in tensors.items():
-        if tensor.dtype not in DTYPE_CODES:
-            return False
-        raw, sampled = _verdict(tensor, base[name], link, 1 / (samples + 2))
+    for i in _not_raw_unseen(sizes, link):
+        if sizes[i][0] < 0:
+            return False  # a dtype the codec does not know: not the dense path's version
+        raw, sampled = _verdict(tensors[names[i]], base[names[i]], link, 1 / (samples + 2))
         if not raw:
             return False
         samples += sampled
@@ -40,9 +40,11 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
 
 
 @functools.lru_cache(maxsize=64)
-def _sizes_all_raw(sizes: tuple[tuple[int, int], ...], link: time_model.Link) -> bool:
-    """True when every tensor of these (numel, itemsize) goes raw unseen (a codec dtype each)."""
-    return all(numel >= 0 and _raw_unseen(numel, itemsize, link) for numel, itemsize in sizes)
+def _not_raw_unseen(sizes: tuple[tuple[int, int], ...], link: time_model.Link) -> tuple[int, ...]:
+    """Indices of the tensors of these (numel, itemsize) that the sizes alone do not send raw
+    (numel -1: not a codec dtype)."""
+    return tuple(i for i, (numel, itemsize) in enumerate(sizes)
+                 if numel < 0 or not _raw_unseen(numel, itemsize, link))
 
 
 def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
