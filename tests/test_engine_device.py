@@ -84,3 +84,32 @@ def test_managed_process_starts_at_its_niceness(tmp_path):
                           tmp_path, nice=7).start()
     proc.popen.wait(timeout=30)
     assert int(proc.log_path.read_text().split()[-1]) == os.nice(0) + 7
+
+
+def test_engine_workers_import_vllm_as_they_start(tmp_path, monkeypatch, caplog):
+    """Rollout and serving workers are started with the engine preload, the trainer is not;
+    the preload's hook imports on a daemon thread, and a failed import is logged, not raised
+    (the engine build reports it where a task sees it)."""
+    import threading
+
+    from executors.workers import engine_preload
+    from rose.stack.dask_cluster import ENGINE_PRELOAD, worker_command
+
+    for spec in worker_specs(1, 1, 1):
+        cmd = worker_command(spec, "tcp://127.0.0.1:1", tmp_path)
+        preloaded = "--preload" in cmd and cmd[cmd.index("--preload") + 1] == ENGINE_PRELOAD
+        assert preloaded == (spec.kind in ("rollout", "serving")), spec.kind
+    done = threading.Event()
+    monkeypatch.setattr(engine_preload, "import_engine_modules", done.set)
+    engine_preload.dask_setup(None)
+    assert done.wait(10)
+
+    def broken() -> None:
+        raise ImportError("no vllm here")
+    monkeypatch.setattr(engine_preload, "import_engine_modules", broken)
+    with caplog.at_level("ERROR", logger=engine_preload.__name__):
+        engine_preload.dask_setup(None)
+        for t in threading.enumerate():
+            if t.name == "rose-engine-import":
+                t.join(10)
+    assert "importing vLLM ahead of the engine failed" in caplog.text

@@ -124,18 +124,30 @@ def start_scheduler(run_dir: Path, port: int | None = None) -> tuple[str, Manage
     return f"tcp://{LOCALHOST}:{port}", proc
 
 
+# Workers holding vLLM engines import vLLM on a thread as they start (see that module).
+ENGINE_PRELOAD = "executors.workers.engine_preload"
+ENGINE_KINDS = ("rollout", "serving")
+
+
 def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
                  base_env: dict[str, str]) -> ManagedProcess:
     local_dir = Path(run_dir).resolve() / "dask" / spec.name
     local_dir.mkdir(parents=True, exist_ok=True)
-    return ManagedProcess(f"worker-{spec.name}", [
+    return ManagedProcess(f"worker-{spec.name}", worker_command(spec, scheduler, local_dir),
+                          run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT,
+                          nice=spec.nice).start()
+
+
+def worker_command(spec: WorkerSpec, scheduler: str, local_dir: Path) -> list[str]:
+    return [
         venv_binary("dask"), "worker", scheduler, "--name", spec.name,
         "--nthreads", str(spec.nthreads), "--nworkers", "1", "--nanny",
         "--resources", f"{spec.resource}=1", "--host", LOCALHOST, "--no-dashboard",
         "--dashboard-address", f"{LOCALHOST}:0",
         "--local-directory", str(local_dir),
         "--death-timeout", "60",  # exit on its own if the scheduler is gone: no orphan
-    ], run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT, nice=spec.nice).start()
+        *(["--preload", ENGINE_PRELOAD] if spec.kind in ENGINE_KINDS else []),
+    ]
 
 
 def wait_for_workers(scheduler: str, procs: dict[str, ManagedProcess],
