@@ -88,10 +88,11 @@ def test_managed_process_starts_at_its_niceness(tmp_path):
 
 def test_engine_workers_import_vllm_as_they_start(tmp_path, monkeypatch, caplog):
     """Rollout and serving workers are started with the engine preload, the trainer is not;
-    the preload's hook imports on a daemon thread, and a failed import is logged, not raised
-    (the engine build reports it where a task sees it)."""
+    the preload imports on one daemon thread per process, which an engine build waits for;
+    a failed import is logged, not raised (the engine build reports it where a task sees it)."""
     import threading
 
+    from executors.engine import preload
     from executors.workers import engine_preload
     from rose.stack.dask_cluster import ENGINE_PRELOAD, worker_command
 
@@ -99,17 +100,27 @@ def test_engine_workers_import_vllm_as_they_start(tmp_path, monkeypatch, caplog)
         cmd = worker_command(spec, "tcp://127.0.0.1:1", tmp_path)
         preloaded = "--preload" in cmd and cmd[cmd.index("--preload") + 1] == ENGINE_PRELOAD
         assert preloaded == (spec.kind in ("rollout", "serving")), spec.kind
-    done = threading.Event()
-    monkeypatch.setattr(engine_preload, "import_engine_modules", done.set)
+    release, imported = threading.Event(), []
+    monkeypatch.setattr(preload, "_thread", None)
+    monkeypatch.setattr(preload, "import_engine_modules",
+                        lambda: release.wait(10) and imported.append(1))
     engine_preload.dask_setup(None)
-    assert done.wait(10)
+    first = preload._thread
+    engine_preload.dask_setup(None)
+    assert preload._thread is first and first.is_alive()  # once per process, still importing
+    waiter = threading.Thread(target=preload.wait_for_engine_import)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # an engine build waits for the import
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and imported == [1]
 
     def broken() -> None:
         raise ImportError("no vllm here")
-    monkeypatch.setattr(engine_preload, "import_engine_modules", broken)
-    with caplog.at_level("ERROR", logger=engine_preload.__name__):
-        engine_preload.dask_setup(None)
-        for t in threading.enumerate():
-            if t.name == "rose-engine-import":
-                t.join(10)
+    monkeypatch.setattr(preload, "_thread", None)
+    monkeypatch.setattr(preload, "import_engine_modules", broken)
+    with caplog.at_level("ERROR", logger=preload.__name__):
+        preload.import_engine_in_background()
+        preload.wait_for_engine_import()
     assert "importing vLLM ahead of the engine failed" in caplog.text

@@ -43,6 +43,9 @@ class CoServingPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         if "serving_gpu" not in worker.state.total_resources:
             return  # registered cluster-wide; only serving workers co-serve
+        from executors.engine.preload import wait_for_engine_import
+
+        wait_for_engine_import()  # the worker's preload may still be importing vLLM
         from executors.coserving.executor import CoServingConfig, CoServingExecutor
 
         cfg = CoServingConfig(Path(self.serving_model_dir), Path(self.rollout_model_dir), **self.config)

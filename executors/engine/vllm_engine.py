@@ -36,19 +36,6 @@ class EngineSpec:
                                     "(build it with `rose models build`)")
 
 
-ENGINE_MODULES = ("vllm.engine.arg_utils", "vllm.v1.engine.llm_engine")  # what build_engine imports
-
-
-def import_engine_modules() -> None:
-    """Import what build_engine needs (vLLM: ~10 CPU-s here), e.g. on a thread as an engine
-    worker starts, before anyone asks for an engine. The environment must already be the
-    engine's (a stack-started worker gets it at launch: rose/stack/dask_cluster.vllm_env)."""
-    import importlib
-
-    for module in ENGINE_MODULES:
-        importlib.import_module(module)
-
-
 def build_engine(spec: EngineSpec, device: DeviceSpec | None = None):
     """A rollout worker's one engine on this worker's device (DeviceSpec.from_env())."""
     kwargs, env = engine_setup("dedicated", device or DeviceSpec.from_env(),

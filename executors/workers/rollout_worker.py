@@ -14,6 +14,7 @@ import xxhash
 from distributed import WorkerPlugin, get_worker
 
 from executors.turns import TurnRequest, TurnResult
+from executors.engine.preload import wait_for_engine_import
 from executors.engine.vllm_engine import EngineLoop, EngineSpec
 
 PLUGIN = "rose-rollout"
@@ -32,6 +33,7 @@ class RolloutWorkerPlugin(WorkerPlugin):
     def setup(self, worker) -> None:
         if "rollout_gpu" not in worker.state.total_resources:
             return  # registered cluster-wide; only rollout workers hold an engine
+        wait_for_engine_import()  # the worker's preload may still be importing vLLM
         spec = EngineSpec(Path(self.model_dir), max_model_len=self.max_model_len)
         self.loop = EngineLoop(spec, worker=worker.name, worker_kind=self.kind)
 
