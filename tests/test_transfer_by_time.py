@@ -124,7 +124,8 @@ def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     monkeypatch.setattr(delta_bits, "estimated_density",
                         lambda a, b: sampled.append(a.size) or real(a, b))
     assert all_raw(moved, old, link)
-    assert 1 < len(sampled) < len(old)
+    assert len(sampled) > 1  # the first samples are taken at even odds, then fewer
+    assert len(sampled) < len(old)  # not every tensor: the odds fell with each raw sample
     sampled.clear()
     assert not all_raw({k: t.clone() for k, t in old.items()}, old, link)  # nothing moved
     assert len(sampled) == 1
