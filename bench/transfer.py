@@ -26,8 +26,9 @@ synthetic model at --e2e-params / --e2e-lr; with the time model and measured / m
 
 Defaults (about 8-10 minutes on 2 busy cores): --params 200e6 (the full 0.5B shape is
 --params 494e6), --lrs 1e-6 1e-5, --steps 1 3, --gbps 1 10 25 100 0, --e2e-params 100e6,
---e2e-lr 1e-6, --e2e-repeat 2 (best of 2: the machine is shared; best of 9 for a workload
-under one bucket, such as the demo policy, whose tens of ms a disturbance would swamp).
+--e2e-lr 1e-6, --e2e-repeat 2 (best of 2: the machine is shared; a workload under one bucket,
+such as the demo policy, whose tens of ms a disturbance would swamp, runs 31 back-to-back pairs
+and also reports the median of their ratios).
 
     .venv/bin/python bench/transfer.py
     .venv/bin/python bench/transfer.py --params 494e6 --grpo-run /path/to/runs/r --no-e2e

@@ -250,18 +250,18 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                     runs = []
                     gbps = rate or loopback_gbps
                     for i in range(max(repeat, small_repeat) if small else repeat):
-                        def run_dense() -> dict:
-                            return _with_model(_dense_once(
-                                writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
-                                bucket_bytes, want), gbps)
-
-                        def run_ours() -> dict:
-                            return _with_model(_ours_once(
-                                writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
-                                bucket_bytes, want, gbps), gbps)
+                        dense_run = (writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
+                                     bucket_bytes, want)
+                        ours_run = (writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
+                                    bucket_bytes, want, gbps)
                         # alternate which goes first: neither always follows the other's pull
-                        runs.append((run_dense(), run_ours()) if i % 2 == 0 else tuple(reversed(
-                            (run_ours(), run_dense()))))
+                        if i % 2:
+                            o = _ours_once(*ours_run)
+                            d = _dense_once(*dense_run)
+                        else:
+                            d = _dense_once(*dense_run)
+                            o = _ours_once(*ours_run)
+                        runs.append((_with_model(d, gbps), _with_model(o, gbps)))
                     dense = min((d for d, _ in runs), key=lambda r: r["total_s"])
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])
                     # each pair ran back to back: the median of their ratios shrugs off a

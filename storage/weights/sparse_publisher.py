@@ -79,8 +79,8 @@ class SparsePublisher(SnapshotServer):
         self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
         self._held: dict[str, torch.Tensor] | None = None
-        # (version, its tensors, all raw?) as streams() found it, for the publish that follows
-        self._plan: tuple[int, dict[str, torch.Tensor], bool] | None = None
+        # (version, its tensors, why full, all raw?) as streams() found it, for the publish
+        self._plan: tuple[int, dict[str, torch.Tensor], str, bool] | None = None
         self._lock = threading.RLock()  # publish and serve_requests share the held copy
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
@@ -108,21 +108,22 @@ class SparsePublisher(SnapshotServer):
         had better pull once it is complete, as from the dense path: a receiver polling the
         relay meanwhile only takes CPU from the push. The verdict is kept for that publish."""
         with self._lock:
-            delta = not self._full_reason(version, tensors)
-            return self._streamed(delta, False, self.part) and not self._all_raw(version, tensors)
+            reason, raw = self._judge(version, tensors)
+            return self._streamed(not reason, raw, self.part)
 
     def _streamed(self, delta: bool, raw: bool, part: str) -> bool:
         """A coded delta of the whole version is streamed; see streams()."""
         return delta and not raw and not part and self.stream
 
-    def _all_raw(self, version: int, tensors: dict[str, torch.Tensor]) -> bool:
-        """tensor_form.all_raw against the held base, once per (version, tensors)."""
-        if self.link_gbps is None or self._held is None:
-            return False
+    def _judge(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[str, bool]:
+        """(why `version` goes out full, "" for a delta; whether the delta goes all raw:
+        tensor_form.all_raw against the held base), once per (version, tensors)."""
         if self._plan is None or self._plan[0] != version or self._plan[1] is not tensors:
-            link = time_model.Link(self.link_gbps, self.workers)
-            self._plan = (version, tensors, all_raw(tensors, self._held, link))
-        return self._plan[2]
+            reason = self._full_reason(version, tensors)
+            raw = not reason and self.link_gbps is not None and all_raw(
+                tensors, self._held, time_model.Link(self.link_gbps, self.workers))
+            self._plan = (version, tensors, reason, raw)
+        return self._plan[2], self._plan[3]
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
                 copy: bool = True) -> PublishReport:
@@ -131,18 +132,20 @@ class SparsePublisher(SnapshotServer):
         the tensors themselves with copy=False (the caller then never modifies them, as with
         Trainer.weights_bf16, which builds fresh ones)."""
         with self._lock:
-            reason = self._full_reason(version, tensors)
+            reason, raw = self._judge(version, tensors)
             base = None if reason else self._held
-            report = self._push(version, tensors, base, reason, self.part, compare=self._held)
+            report = self._push(version, tensors, base, reason, self.part, compare=self._held,
+                                raw=raw)
             self._held = {n: _kept(t, copy) for n, t in tensors.items()}
             self.version, self._plan = version, None
             return report
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
-              compare: dict[str, torch.Tensor] | None = None) -> PublishReport:
+              compare: dict[str, torch.Tensor] | None = None, raw: bool = False) -> PublishReport:
         """Encode against `base` (None: full) and push; densities are counted against
-        `compare` (the previous version) when given, else every element counts as sent."""
+        `compare` (the previous version) when given, else every element counts as sent.
+        `raw`: the delta goes all raw (_judge), sent as the dense path sends it."""
         t0 = time.perf_counter()
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
@@ -175,7 +178,7 @@ class SparsePublisher(SnapshotServer):
                           changed, time.perf_counter() - t)
             return data, meta
 
-        raw = base is not None and self._all_raw(version, tensors)
+        raw = raw and base is not None
         digest_s = 0.0
 
         def manifest_meta(infos: list[BucketInfo]) -> dict[str, Any]:  # every tensor encoded

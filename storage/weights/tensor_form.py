@@ -53,10 +53,7 @@ def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None
     """One tensor's TensorStat; its changed elements are counted when the report is read
     (off the push path) unless the encoder already knows them."""
     ref = None if compare is None else compare.get(name)
-    layer = layer_index(name)
-    stat = TensorStat(name, -1 if layer is None else layer, tensor.numel(),
-                      tensor.numel() if changed is None else changed, encoding,
-                      tensor.numel() * tensor.element_size(), encoded_bytes, seconds)
+    stat = _stat(name, tensor, encoding, encoded_bytes, changed, seconds)
     if changed is None and ref is not None and ref.shape == tensor.shape \
             and ref.dtype == tensor.dtype:
         report.defer_changed(stat, tensor, ref)
@@ -67,15 +64,22 @@ def record_raw(report: PublishReport, compare: dict[str, torch.Tensor],
                tensors: dict[str, torch.Tensor]) -> None:
     """record_tensor of a delta sent all raw (`compare` holds every tensor, same shapes and
     dtypes): one loop, no per-tensor checks, as it runs on every publish of a small model."""
-    stats, deferred = report.tensors, report.defer_changed
     for name, tensor in tensors.items():
-        numel = tensor.numel()
-        nbytes = numel * tensor.element_size()
-        layer = layer_index(name)
-        stat = TensorStat(name, -1 if layer is None else layer, numel, numel, "raw", nbytes,
-                          nbytes, 0.0)
-        deferred(stat, tensor, compare[name])
-        stats.append(stat)
+        stat = _stat(name, tensor, "raw", None, None, 0.0)
+        report.defer_changed(stat, tensor, compare[name])
+        report.tensors.append(stat)
+
+
+def _stat(name: str, tensor: torch.Tensor, encoding: str, encoded_bytes: int | None,
+          changed: int | None, seconds: float) -> TensorStat:
+    """TensorStat of one tensor; `encoded_bytes` None: its raw size; `changed` None: every
+    element, until the deferred count replaces it."""
+    numel = tensor.numel()
+    nbytes = numel * tensor.element_size()
+    layer = layer_index(name)
+    return TensorStat(name, -1 if layer is None else layer, numel,
+                      numel if changed is None else changed, encoding, nbytes,
+                      nbytes if encoded_bytes is None else encoded_bytes, seconds)
 
 
 def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
