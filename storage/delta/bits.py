@@ -71,27 +71,28 @@ class Changes:
 
 
 @functools.lru_cache(maxsize=256)
-def _window_stride(n: int) -> int | None:
+def _window_stride(n: int, window: int) -> int | None:
     """Elements between the starts of evenly spaced sample windows, or None when n is small
     enough to look at it all (the windows then could not be 4x apart)."""
-    if n < 4 * SAMPLE_WINDOW * SAMPLE_WINDOWS:
+    if n < 4 * window * SAMPLE_WINDOWS:
         return None
-    return (n - SAMPLE_WINDOW) // (SAMPLE_WINDOWS - 1)
+    return (n - window) // (SAMPLE_WINDOWS - 1)
 
 
-def sample_rows(a: np.ndarray) -> np.ndarray | None:
-    """Evenly spaced windows of a flat array, as the rows of one read-only strided view (one
-    numpy op compares them all), or None when it is small enough to look at it all."""
-    stride = _window_stride(a.size)
+def sample_rows(a: np.ndarray, window: int = SAMPLE_WINDOW) -> np.ndarray | None:
+    """Evenly spaced windows of `window` elements of a flat array, as the rows of one
+    read-only strided view (one numpy op compares them all), or None when it is small enough
+    to look at it all (under 4x the windows' elements)."""
+    stride = _window_stride(a.size, window)
     if stride is None:
         return None
-    return np.lib.stride_tricks.as_strided(a, (SAMPLE_WINDOWS, SAMPLE_WINDOW),
+    return np.lib.stride_tricks.as_strided(a, (SAMPLE_WINDOWS, window),
                                            (stride * a.itemsize, a.itemsize), writeable=False)
 
 
 def sampled_elements(n: int) -> int:
     """How many elements estimated_density compares in a tensor of n."""
-    return n if _window_stride(n) is None else SAMPLE_WINDOWS * SAMPLE_WINDOW
+    return n if _window_stride(n, SAMPLE_WINDOW) is None else SAMPLE_WINDOWS * SAMPLE_WINDOW
 
 
 def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:

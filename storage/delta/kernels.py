@@ -29,7 +29,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.core.extending import intrinsic
 
-from storage.delta import value_kernels
+from storage.delta import ternary_kernels, value_kernels
 from storage.delta.kernel_args import read_only as _ro
 
 _BLOCK = 64
@@ -266,6 +266,7 @@ def warm_up() -> None:
                               positions.size + ((new.size - 1) >> low) + 1)
         ef_apply(base, memoryview(lows), memoryview(unary), positions.size, low, diff)
         value_kernels.warm_up(diff)
+        ternary_kernels.warm_up(np.dtype(dtype))
     gap_octaves(np.arange(8, dtype=np.int64), np.zeros(1, np.int64), 8)
 
 

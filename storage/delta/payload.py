@@ -2,7 +2,8 @@
 
 encode_delta compares new and base bit for bit and emits header + body (header.py). The chooser
 finds what changed once and sizes coo / ef / dense exactly without encoding them; where many
-elements changed (sampled density) it encodes ternary, which needs no position scan. Where the
+elements changed (a sampled density, or the exact one of a small tensor) it encodes ternary,
+which needs no position scan. Where the
 changes are structured (gap entropy well below Elias-Fano's cost: rows, strides) it also tries
 ternary, and xor_zstd when a sampled estimate says it could win. apply_delta returns
 a new tensor and never touches the base; any doubt raises DeltaBaseMismatch or CorruptPayload,
@@ -24,6 +25,7 @@ ENCODINGS = tuple(enc.ENCODING_IDS)
 # smaller and needs no position scan, so a sampled density above it skips the scan.
 _TERNARY_DENSITY = 0.15
 _XOR_MARGIN = 0.9    # run xor_zstd in full only if its sampled estimate is 10% below the best
+_XOR_MIN_WINDOW = 256  # sample windows narrower than this: the tensor is cheap to code whole
 # Gap probe: 16 runs of 4096 consecutive positions. For independent positions an octave code
 # of the gaps costs about what Elias-Fano does; 1.5 bits less per position means structure.
 _GAP_SAMPLES, _GAP_RUN, _GAP_SLACK_BITS, _GAP_MIN = 16, 4096, 1.5, 256
@@ -68,15 +70,18 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
     if force == "ternary":
         return force, enc.encode_ternary(new, base)
     n = new.size
-    sampled = bits.sampled_density(new, base)
+    # sampled, or exact where the tensor is small enough to look at: a small tensor where
+    # many elements moved then goes straight to ternary as a large one does (its change
+    # scan and value coding cost several times the ternary encode)
+    density = bits.estimated_density(new, base)
     # Candidates: exact sizes, with a recipe for the body (built only for the winner).
     candidates: dict[str, tuple[int, object]] = {"dense": (1 + new.nbytes, None)}
     structured = False
-    if force is None and sampled is not None and sampled >= _TERNARY_DENSITY:
+    if force is None and density >= _TERNARY_DENSITY:
         body = enc.encode_ternary(new, base)  # dense change: skip the position scan entirely
         candidates["ternary"] = (len(body), body)
     else:
-        change = bits.changes(new, base, sampled, reuse=True)  # used up within this call
+        change = bits.changes(new, base, density, reuse=True)  # used up within this call
         k = change.positions.size
         if force == "coo":
             return force, enc.encode_coo(change.positions, new)
@@ -99,23 +104,30 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
     best = min(candidates, key=lambda name: candidates[name][0])
     best_size, recipe = candidates[best]
     try_xor = "ef" not in candidates or structured
-    if try_xor and _xor_estimate(new, base) < _XOR_MARGIN * best_size:
-        body = enc.encode_xor_zstd(new, base)
-        if len(body) < best_size:
-            return "xor_zstd", body
+    if try_xor:
+        estimate, body = _xor_estimate(new, base)
+        if estimate < _XOR_MARGIN * best_size:
+            body = enc.encode_xor_zstd(new, base) if body is None else body
+            if len(body) < best_size:
+                return "xor_zstd", body
     if best == "dense":
         return best, enc.encode_dense(new, dense_level)
     return best, recipe() if callable(recipe) else recipe
 
 
-def _xor_estimate(new: np.ndarray, base: np.ndarray) -> float:
-    """xor_zstd body size, exact for small tensors, else from evenly spaced sample windows
-    (zstd-1 looks back at most a window, so clustered changes show up in the samples)."""
-    rows = bits.sample_rows(new)
+def _xor_estimate(new: np.ndarray, base: np.ndarray) -> tuple[float, bytes | None]:
+    """(xor_zstd body size, the body where it was built): from evenly spaced sample windows
+    (zstd-1 looks back at most a window, so clustered changes show up in the samples), a
+    quarter of a tensor below the usual sample's size, and exact for a tiny one (the body is
+    then kept, not built twice). The trial costs more than the ternary encode it checks."""
+    window = bits.SAMPLE_WINDOW if bits.sample_rows(new) is not None else \
+        new.size // (4 * bits.SAMPLE_WINDOWS)
+    rows = bits.sample_rows(new, window) if window >= _XOR_MIN_WINDOW else None
     if rows is None:
-        return len(enc.encode_xor_zstd(new, base))
-    sample = (rows ^ bits.sample_rows(base)).reshape(-1)
-    return len(zstd_io.compress(sample, 1)) * new.size / sample.size
+        body = enc.encode_xor_zstd(new, base)
+        return len(body), body
+    sample = (rows ^ bits.sample_rows(base, window)).reshape(-1)
+    return len(zstd_io.compress(sample, 1)) * new.size / sample.size, None
 
 
 def _looks_structured(positions: np.ndarray, n: int) -> bool:
@@ -170,8 +182,9 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
     udt = bits.uint_dtype(head.dtype)
     into = _in_place_target(head, base, where) if in_place else None
     try:
-        if into is not None and head.encoding == "ef":
-            out = enc.decode_ef(body, into, in_place=True)
+        if into is not None and head.encoding in ("ef", "ternary"):
+            decode = enc.decode_ef if head.encoding == "ef" else enc.decode_ternary
+            out = decode(body, into, in_place=True)
         elif head.encoding == "dense":
             out = enc.decode_dense(body, head.numel, udt)
         elif head.encoding == "xor_zstd":

@@ -52,9 +52,12 @@ COSTS: dict[str, Cost] = {
     # fits over three runs (the scan and apply kernels of 2026-11-26): encode 51-96 us +
     # 1.62-1.98 GB/s, apply in place 38-65 us + 2.64-3.41 GB/s; medians, to the slow side
     "ef": Cost(1.9, 2.6, 70e-6, 50e-6),
-    # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did (~100 KB
-    # tensors 1-2 ms: below 512k elements the chooser scans every change before ternary;
-    # big ones 0.4 GB/s)
+    # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did. One tensor
+    # alone now codes at 250 us + 0.22 GB/s (compiled symbols, no change scan below 512k
+    # elements: transfer_calibrate.json), but with that cost the model coded 13 of the demo
+    # policy's 46 tensors at 1 Gbps and its live publish-to-applied fell from ~0.95x to 0.70x
+    # dense's speed (a one-bucket version overlaps nothing; the receiver shares the cores), so
+    # ternary_dense keeps what a coded tensor measured in that path
     "ternary": Cost(0.5, 0.6, 150e-6, 30e-6),
     "ternary_dense": Cost(0.25, 0.4, 1e-3, 50e-6),
     "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
