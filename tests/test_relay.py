@@ -174,3 +174,32 @@ def test_a_put_under_way_is_waited_for_then_reads_as_missing_never_a_failure(mon
     monkeypatch.setattr(mc, "_NOT_READY_WAIT_S", 0.05)
     with pytest.raises(RelayKeyMissing, match="still being written"):
         relay._size(_PutUnderWay(busy=10**6), "rose/r/v1/manifest")
+
+
+def test_small_batch_reads_share_one_registered_buffer_and_own_their_bytes(mooncake_pair, ns):
+    """A batch read up to staging_bytes lands in the client's one registered staging buffer
+    and is copied out: what a read returned stays the caller's when the next read reuses the
+    buffer. Larger reads register a buffer of their own; staging_bytes=0 turns staging off."""
+    from storage.relay.mooncake import MooncakeRelay
+
+    writer, reader = mooncake_pair
+    first, second = os.urandom(300_000), os.urandom(200_000)
+    big = os.urandom(reader.staging_bytes + 1)
+    for name, value in (("first", first), ("second", second), ("big", big)):
+        writer.put(f"{ns}/{name}", value)
+    got_first = reader.get_many([f"{ns}/first"])[0]
+    staging = reader._staging
+    assert staging is not None and staging.nbytes == reader.staging_bytes
+    got = reader.get_many([f"{ns}/second", f"{ns}/first"])
+    assert reader._staging is staging  # registered once, reused
+    assert bytes(got_first) == first  # not overwritten by the read that reused the buffer
+    assert bytes(got[0]) == second and bytes(got[1]) == first
+    assert bytes(reader.get_many([f"{ns}/big"])[0]) == big
+    off = MooncakeRelay(reader.master_addr, reader.metadata_url, segment_bytes=0,
+                        staging_bytes=0)
+    try:
+        assert bytes(off.get_many([f"{ns}/second"])[0]) == second and off._staging is None
+    finally:
+        off.close()
+    with pytest.raises(ValueError, match="staging_bytes"):
+        MooncakeRelay(reader.master_addr, reader.metadata_url, staging_bytes=-1)
