@@ -114,7 +114,8 @@ def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     from storage.weights.tensor_form import all_raw
 
     n = 48 << 10  # elements: the demo policy's MLP matrices
-    link = tm.Link(1, 2)
+    link = tm.Link(2, 2)
+    assert tm.raw_before_scan(2 * n, 2, 1.0, link)  # every element moved: raw is sooner
     assert tm.worth_sampling(2 * n, 2 * n, link)  # each alone: yes, at even odds
     assert not tm.worth_sampling(2 * n, 2 * n, link, odds=1 / 40)
     old = {f"w{i}": torch.zeros(n, dtype=torch.bfloat16) for i in range(40)}
@@ -299,3 +300,18 @@ def test_ordered_map_keeps_threads_busy_behind_a_slow_head():
 
     assert run(ahead_bytes=1000) == 39  # all the rest, while the head still ran
     assert run(ahead_bytes=0) <= 4      # bounded by the task window alone
+
+
+def test_a_model_in_one_pool_task_is_judged_on_one_core(tmp_path):
+    """The pool codes a model that fits in one task inline, so the time model is given one
+    core for it, not every core: with two, it would expect coding to cost half what it does."""
+    from storage.weights.parallel import CHUNK_BYTES, busy_workers
+
+    assert busy_workers(1_700_000, 2) == 1
+    assert busy_workers(CHUNK_BYTES + 1, 2) == 2 and busy_workers(100 * CHUNK_BYTES, 8) == 8
+    assert busy_workers(0, 4) == 1
+    pub = SparsePublisher(FilesystemRelay(tmp_path / "relay"), "r", link_gbps=1, workers=2)
+    tiny = {"w": torch.zeros(1 << 10, dtype=torch.bfloat16)}
+    big = {f"w{i}": torch.zeros(CHUNK_BYTES // 2, dtype=torch.bfloat16) for i in range(3)}
+    assert pub._link(tiny) == tm.Link(1, 1)
+    assert pub._link(big) == tm.Link(1, 2)

@@ -52,14 +52,12 @@ COSTS: dict[str, Cost] = {
     # fits over three runs (the scan and apply kernels of 2026-11-26): encode 51-96 us +
     # 1.62-1.98 GB/s, apply in place 38-65 us + 2.64-3.41 GB/s; medians, to the slow side
     "ef": Cost(1.9, 2.6, 70e-6, 50e-6),
-    # ternary where ~10% moved (fit 100 us + 1 GB/s), and where nearly all did. One tensor
-    # alone now codes at 250 us + 0.22 GB/s (compiled symbols, no change scan below 512k
-    # elements: transfer_calibrate.json), but with that cost the model coded 13 of the demo
-    # policy's 46 tensors at 1 Gbps and its live publish-to-applied fell from ~0.95x to 0.70x
-    # dense's speed (a one-bucket version overlaps nothing; the receiver shares the cores), so
-    # ternary_dense keeps what a coded tensor measured in that path
-    "ternary": Cost(0.5, 0.6, 150e-6, 30e-6),
-    "ternary_dense": Cost(0.25, 0.4, 1e-3, 50e-6),
+    # ternary where 10-25% moved (fit 257 us + 0.45 GB/s, apply 56 us + 0.50), and where
+    # nearly all did (fit 249 us + 0.22 GB/s, apply ~0.21-0.25 GB/s): compiled symbol passes
+    # (storage/delta/ternary_kernels.py), no change scan below 512k elements; most of the
+    # fixed cost is zstd-1 (~70 us per 12 KB frame on this machine)
+    "ternary": Cost(0.45, 0.5, 250e-6, 55e-6),
+    "ternary_dense": Cost(0.22, 0.25, 250e-6, 50e-6),
     "xor_zstd": Cost(0.5, 0.6, 80e-6, 60e-6),
     "coo": Cost(1.0, 2.0, 40e-6, 20e-6),
 }
@@ -80,7 +78,8 @@ def coded_estimate(density: float, dense_bytes: int, itemsize: int) -> tuple[str
 
 @dataclass(frozen=True)
 class Link:
-    """The publish path's resources: link rate and cores on each side."""
+    """The publish path's resources: link rate and cores on each side (the cores the coding
+    keeps busy: one for a model that fits in one pool task, storage/weights/parallel.py)."""
 
     gbps: float
     cores: int = 1

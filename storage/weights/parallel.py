@@ -38,6 +38,12 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def busy_workers(total_cost: int, workers: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """How many of `workers` threads ordered_map keeps busy on work costing `total_cost`: one
+    per task of chunk_bytes at most (a model that fits in one task is coded inline)."""
+    return max(1, min(workers, -(-total_cost // chunk_bytes)))
+
+
 def _pool(workers: int) -> ThreadPoolExecutor:
     with _lock:
         pool = _pools.get(workers)

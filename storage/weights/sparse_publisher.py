@@ -40,7 +40,7 @@ from storage.delta import encode_delta, read_header
 from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
-from storage.weights.parallel import available_cores
+from storage.weights.parallel import available_cores, busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.tensor_form import all_raw, raw_first, record_raw, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
@@ -121,9 +121,15 @@ class SparsePublisher(SnapshotServer):
         if self._plan is None or self._plan[0] != version or self._plan[1] is not tensors:
             reason = self._full_reason(version, tensors)
             raw = not reason and self.link_gbps is not None and all_raw(
-                tensors, self._held, time_model.Link(self.link_gbps, self.workers))
+                tensors, self._held, self._link(tensors))
             self._plan = (version, tensors, reason, raw)
         return self._plan[2], self._plan[3]
+
+    def _link(self, tensors: dict[str, torch.Tensor]) -> time_model.Link:
+        """The link and the cores coding these tensors keeps busy: a model that fits in one
+        pool task (the demo policy's 1.7 MB) is coded on one thread, whatever the machine."""
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        return time_model.Link(self.link_gbps, busy_workers(total, self.workers))
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
                 copy: bool = True) -> PublishReport:
@@ -150,7 +156,7 @@ class SparsePublisher(SnapshotServer):
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
         report = PublishReport(version, kind, base_version, reason, part)
-        link = None if self.link_gbps is None else time_model.Link(self.link_gbps, self.workers)
+        link = None if self.link_gbps is None else self._link(tensors)
         hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
