@@ -1,9 +1,9 @@
 """Compiled kernels for the `ternary` encoding's symbols (storage/delta/ternary.py), both ways.
 
-Encoding is one pass: each element's wrapped difference d = new - base becomes a 2-bit symbol
-min(d + 1, 3) (-1, same, +1, escape), four to a byte, and each escape keeps d zigzagged.
-Decoding is one pass too, straight onto the base (or a copy of it), reading the escapes from
-their byte planes where they lie. numpy needed about ten temporaries per chunk for the same
+Encoding is two passes: each element's wrapped difference d = new - base becomes a 2-bit
+symbol min(d + 1, 3) (-1, same, +1, escape), four to a byte, then each escape keeps d
+zigzagged. Decoding joins the escapes' byte planes, then makes one pass straight onto the
+base (or a copy of it). numpy needed about ten temporaries per chunk for the same
 work, which on the ~100 KB tensors of a small policy cost more than the zstd stage after it.
 Like storage/delta/kernels.py: numba, nogil, cached on disk, no exception inside a kernel.
 """
@@ -73,15 +73,15 @@ def _apply(packed: np.ndarray, planes: np.ndarray, width: int, base: np.ndarray,
     mask = np.uint64(0xFFFFFFFFFFFFFFFF) >> np.uint64(64 - width)
     nbytes = width // 8
     escapes = planes.size // nbytes
-    zigs = np.zeros(escapes + 1, np.uint64)  # the planes joined, and a zero past the last
+    zigs = np.zeros(escapes + 1, base.dtype)  # the planes joined, and a zero past the last
     for b in range(nbytes):
         for e in range(escapes):
-            zigs[e] |= np.uint64(planes[b * escapes + e]) << np.uint64(8 * b)
+            zigs[e] |= base.dtype.type(planes[b * escapes + e]) << base.dtype.type(8 * b)
     e = 0
     for i in range(base.size):
         symbol = np.uint64((packed[i >> 2] >> np.uint8(2 * (i & 3))) & np.uint8(3))
         escape = symbol == _ESCAPE
-        zig = zigs[min(e, escapes)]
+        zig = np.uint64(zigs[min(e, escapes)])
         coded = (zig >> np.uint64(1)) ^ (np.uint64(0) - (zig & np.uint64(1)))
         d = coded if escape else symbol - np.uint64(1)  # symbol 0 wraps to -1
         out[i] = (np.uint64(base[i]) + d) & mask
