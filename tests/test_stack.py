@@ -50,6 +50,22 @@ def test_free_port_is_bindable_and_silent():
     assert pick_port(None) != 0
 
 
+def test_free_ports_come_from_outside_the_ephemeral_range():
+    """A port handed out is bound by its server seconds later; meanwhile the kernel gives
+    processes that bind port 0 (Dask workers) ports from its ephemeral range, so ours never
+    come from there, and never twice."""
+    from rose.stack.ports import ephemeral_ports
+
+    first, last = ephemeral_ports()
+    assert 1024 <= first < last <= 65535
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if first <= p <= last or 15_000 <= p < 17_000]  # nor Mooncake's
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # what a Dask worker gets
+        s.bind(("127.0.0.1", 0))
+        assert first <= s.getsockname()[1] <= last
+
+
 # ---- managed processes ------------------------------------------------------------------
 
 # A leader with a child in its group and an orphan (double fork: re-parented to init).
