@@ -24,6 +24,7 @@ The result holds the step's transfer metrics, also written to <run>/transfer/ste
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -40,6 +41,7 @@ from tasks.placement import require, workers_by_kind
 from tasks.worker_threads import client_outside_thread_pool
 
 WAIT_FOR = ("dedicated", "none", "all")
+log = logging.getLogger(__name__)
 _snapshots: dict[tuple[str, int], dict[str, torch.Tensor]] = {}  # (run, version) -> bf16 weights
 _snapshot_lock = threading.Lock()
 
@@ -95,6 +97,10 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]
         pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
+    skipped = {n: started[n]["skipped"] for n in started if "skipped" in started[n]}
+    if left or skipped:  # the step goes on without them: say which and why, in the log
+        log.warning("publish v%d of %s did not wait for %s", version, cfg.run_id,
+                    "; ".join(f"{n}: {why}" for n, why in sorted({**left, **skipped}.items())))
     wrong = sorted(w for w, p in pulled.items()
                    if p.get("version") == version and p.get("digest") != digest)
     if wrong:
@@ -104,7 +110,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                "synced_s": time.perf_counter() - t0, "wait_for": wait_for,
                "streamed": streamed,  # the pulls started before the push, to stream it
                "pending": sorted(set(engines) - set(waited)), "left_out": left,
-               "skipped": sorted(n for n in started if "skipped" in started[n]),
+               "skipped": sorted(skipped),
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
     return summary
