@@ -20,12 +20,12 @@ copy before the bucket, a view on the receiver): dense at its cheapest. Speeds a
 dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
 (bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
 1e-6 to 5e-4, one thread, applied in place as receivers do; raw as its bytes' trip through
-fresh bucket memory and two hashes on each side) and rounded to the slow side (100 KB ternary
-tensors measured up to 2x the fit). Two threads encode 1.7x as fast as one
-(bench/results/transfer_calibrate.json). Coding costs depend on
-how many elements moved: Elias-Fano where few did, ternary where more did, and ternary where
-nearly all did is 4-10x slower again, so before the scan a sampled density picks the cost
-and estimates the coded size.
+fresh bucket memory and two hashes on each side) and rounded to the slow side. Two threads
+encode 1.7x as fast as one (bench/results/transfer_calibrate.json), but a model that fits in
+one pool task is coded on one (the publisher's Link says so). Coding costs depend on how many
+elements moved: Elias-Fano where few did, ternary where more did, and ternary where nearly
+all did is ~2x slower again, so before the scan a sampled density picks the cost and
+estimates the coded size.
 """
 from __future__ import annotations
 
