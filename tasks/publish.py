@@ -93,11 +93,11 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         pushed_s = time.perf_counter() - t_push
         if started is None:
             started = start(0.0)
-        engines = [n for n in started if "skipped" not in started[n]]
+        skipped = {n: s["skipped"] for n, s in started.items() if "skipped" in s}
+        engines = [n for n in started if n not in skipped]
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]
         pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
-    skipped = {n: started[n]["skipped"] for n in started if "skipped" in started[n]}
     if left or skipped:  # the step goes on without them: say which and why, in the log
         log.warning("publish v%d of %s did not wait for %s", version, cfg.run_id,
                     "; ".join(f"{n}: {why}" for n, why in sorted({**left, **skipped}.items())))

@@ -120,8 +120,7 @@ def _xor_estimate(new: np.ndarray, base: np.ndarray) -> tuple[float, bytes | Non
     (zstd-1 looks back at most a window, so clustered changes show up in the samples), a
     quarter of a tensor below the usual sample's size, and exact for a tiny one (the body is
     then kept, not built twice). The trial costs more than the ternary encode it checks."""
-    window = bits.SAMPLE_WINDOW if bits.sample_rows(new) is not None else \
-        new.size // (4 * bits.SAMPLE_WINDOWS)
+    window = min(bits.SAMPLE_WINDOW, new.size // (4 * bits.SAMPLE_WINDOWS))
     rows = bits.sample_rows(new, window) if window >= _XOR_MIN_WINDOW else None
     if rows is None:
         body = enc.encode_xor_zstd(new, base)

@@ -79,8 +79,9 @@ class SparsePublisher(SnapshotServer):
         self.workers = available_cores() if workers is None else max(1, workers)
         self.version: int | None = None
         self._held: dict[str, torch.Tensor] | None = None
-        # (version, its tensors, why full, all raw?) as streams() found it, for the publish
-        self._plan: tuple[int, dict[str, torch.Tensor], str, bool] | None = None
+        # (version, its tensors, why full, all raw?, link) as streams() found it, for the publish
+        self._plan: tuple[int, dict[str, torch.Tensor], str, bool,
+                          time_model.Link | None] | None = None
         self._lock = threading.RLock()  # publish and serve_requests share the held copy
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
@@ -108,22 +109,24 @@ class SparsePublisher(SnapshotServer):
         had better pull once it is complete, as from the dense path: a receiver polling the
         relay meanwhile only takes CPU from the push. The verdict is kept for that publish."""
         with self._lock:
-            reason, raw = self._judge(version, tensors)
+            reason, raw, _ = self._judge(version, tensors)
             return self._streamed(not reason, raw, self.part)
 
     def _streamed(self, delta: bool, raw: bool, part: str) -> bool:
         """A coded delta of the whole version is streamed; see streams()."""
         return delta and not raw and not part and self.stream
 
-    def _judge(self, version: int, tensors: dict[str, torch.Tensor]) -> tuple[str, bool]:
+    def _judge(self, version: int, tensors: dict[str, torch.Tensor]
+               ) -> tuple[str, bool, time_model.Link | None]:
         """(why `version` goes out full, "" for a delta; whether the delta goes all raw:
-        tensor_form.all_raw against the held base), once per (version, tensors)."""
+        tensor_form.all_raw against the held base; the link its tensors are chosen for, None
+        for a full snapshot or without a link rate), once per (version, tensors)."""
         if self._plan is None or self._plan[0] != version or self._plan[1] is not tensors:
             reason = self._full_reason(version, tensors)
-            raw = not reason and self.link_gbps is not None and all_raw(
-                tensors, self._held, self._link(tensors))
-            self._plan = (version, tensors, reason, raw)
-        return self._plan[2], self._plan[3]
+            link = None if reason or self.link_gbps is None else self._link(tensors)
+            raw = link is not None and all_raw(tensors, self._held, link)
+            self._plan = (version, tensors, reason, raw, link)
+        return self._plan[2], self._plan[3], self._plan[4]
 
     def _link(self, tensors: dict[str, torch.Tensor]) -> time_model.Link:
         """The link and the cores coding these tensors keeps busy: a model that fits in one
@@ -138,25 +141,26 @@ class SparsePublisher(SnapshotServer):
         the tensors themselves with copy=False (the caller then never modifies them, as with
         Trainer.weights_bf16, which builds fresh ones)."""
         with self._lock:
-            reason, raw = self._judge(version, tensors)
+            reason, raw, link = self._judge(version, tensors)
             base = None if reason else self._held
             report = self._push(version, tensors, base, reason, self.part, compare=self._held,
-                                raw=raw)
+                                raw=raw, link=link)
             self._held = {n: _kept(t, copy) for n, t in tensors.items()}
             self.version, self._plan = version, None
             return report
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
-              compare: dict[str, torch.Tensor] | None = None, raw: bool = False) -> PublishReport:
+              compare: dict[str, torch.Tensor] | None = None, raw: bool = False,
+              link: time_model.Link | None = None) -> PublishReport:
         """Encode against `base` (None: full) and push; densities are counted against
         `compare` (the previous version) when given, else every element counts as sent.
-        `raw`: the delta goes all raw (_judge), sent as the dense path sends it."""
+        `raw`: the delta goes all raw, sent as the dense path sends it; `link`: what each
+        tensor is chosen by time for (both from _judge; a full snapshot needs neither)."""
         t0 = time.perf_counter()
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
         report = PublishReport(version, kind, base_version, reason, part)
-        link = None if self.link_gbps is None else self._link(tensors)
         hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
@@ -184,7 +188,6 @@ class SparsePublisher(SnapshotServer):
                           changed, time.perf_counter() - t)
             return data, meta
 
-        raw = raw and base is not None
         digest_s = 0.0
 
         def manifest_meta(infos: list[BucketInfo]) -> dict[str, Any]:  # every tensor encoded
