@@ -23,6 +23,7 @@ Mooncake relay, sender paced to each --gbps (emulated link; 0 = unpaced loopback
 baseline vs ours (each tensor coded or raw by the time model at that rate, on every core), on
 the last grpo pair, the demo's own policy shape (1.7 MB, at --demo-lr, the demo's lr), and the
 synthetic model at --e2e-params / --e2e-lr; with the time model and measured / model.
+--split-cores puts the sender and the receiver on halves of the cores, as on two hosts.
 
 Defaults (about 8-10 minutes on 2 busy cores): --params 200e6 (the full 0.5B shape is
 --params 494e6), --lrs 1e-6 1e-5, --steps 1 3, --gbps 1 10 25 100 0, --e2e-params 100e6,
@@ -107,6 +108,18 @@ def write_json(path: Path, payload: dict) -> None:
     write_atomic(path, json.dumps(payload, indent=1))
 
 
+def split_cores() -> tuple[list[int], list[int]]:
+    """Pin this process to the first half of its cores; the other half is the receiver's."""
+    from bench.transfer_e2e import pin_threads
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"--split-cores needs at least 2 cores, this process has {len(cores)}")
+    half = len(cores) // 2
+    pin_threads(cores[:half])
+    return cores[:half], cores[half:]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--params", type=float, default=200e6, help="synthetic model size (494e6: "
@@ -133,9 +146,13 @@ def main() -> None:
     p.add_argument("--e2e-lr", type=float, default=1e-6)
     p.add_argument("--e2e-steps", type=int, default=1)
     p.add_argument("--e2e-repeat", type=int, default=2, help="best of N end-to-end runs")
+    p.add_argument("--split-cores", action="store_true",
+                   help="end to end: the sender (and its relay) on the first half of this "
+                   "process's cores, the receiver on the other half, as on two hosts")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer.json")
     args = p.parse_args()
     torch.set_num_threads(1)  # the per-method table times one thread; e2e codes in a pool
+    sender_cores, reader_cores = split_cores() if args.split_cores else (None, None)
 
     console = Console() if sys.stdout.isatty() else Console(width=150)
     t_start = time.perf_counter()
@@ -173,11 +190,13 @@ def main() -> None:
         from bench.transfer_e2e import run_e2e
 
         e2e_rows = run_e2e(e2e_work, args.gbps, repeat=args.e2e_repeat,
-                           log=lambda m: console.print(m, highlight=False))
+                           log=lambda m: console.print(m, highlight=False),
+                           reader_cores=reader_cores)
         print_e2e(console, e2e_rows)
     elapsed = time.perf_counter() - t_start
     write_json(args.out, {"bench": "transfer", "machine": platform.platform(),
                           "cpus": os.cpu_count(), "seconds": elapsed,
+                          "sender_cores": sender_cores, "receiver_cores": reader_cores,
                           "args": {k: str(v) for k, v in vars(args).items()},
                           "workloads": config, "cases": summaries, "e2e": e2e_rows})
     console.print(f"wrote {args.out} ({elapsed:.0f} s)")

@@ -26,15 +26,18 @@ set's digest against the trainer's. Each row also gives the issue's time model o
 publish, max(bytes / rate, sender CPU s / cores, receiver CPU s / cores), with the CPU seconds
 of each process (all threads) measured over the run; and that model with both processes'
 CPU seconds on the same cores, max(bytes / rate, (sender + receiver CPU s) / cores), which is
-how they run on one machine.
+how they run on one machine. With `reader_cores` (bench/transfer.py --split-cores) the two
+processes run on cores of their own, as two hosts would: the issue's model is then the one that
+applies, with each side's own cores, and the shared model is set equal to it.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import torch
@@ -87,8 +90,22 @@ class PacedRelay(Relay):
         return self.inner.remove_prefix(prefix)
 
 
-def _reader(conn, master: str, metadata: str, batch_bytes: int) -> None:
+def pin_threads(cores: Collection[int]) -> None:
+    """Run every thread of this process on `cores`, and what it starts later (threads and
+    processes inherit their creator's affinity); an affinity set with pid 0 is the calling
+    thread's alone, so each thread already running is pinned by its id."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass
+
+
+def _reader(conn, master: str, metadata: str, batch_bytes: int,
+            cores: Collection[int] | None = None) -> None:
     """Receiver process: ("dense"|"sparse"|"drop", run, version) -> (seconds, stats, digest)."""
+    if cores:
+        pin_threads(cores)  # before any pool or relay thread exists
     torch.set_num_threads(1)
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import tensors_digest
@@ -196,26 +213,30 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
             "tensors": len(report.tensors)}
 
 
-def _with_model(row: dict, gbps: float) -> dict:
+def _with_model(row: dict, gbps: float, split: bool = False) -> dict:
     """The row with the pipelined time model at `gbps` and measured / model, twice: the
-    issue's model, where sender and receiver each have every core, and the same with their
-    CPU seconds sharing the cores, as they do here (one machine, one process each)."""
+    issue's model, where sender and receiver each have this process's cores, and the same
+    with their CPU seconds sharing those cores, as they do on one machine unless `split` gave
+    each its own (then the two are the same)."""
     link = Link(gbps, available_cores())
     model = pipelined_s(row["bytes"], row["sender_cpu_s"], row["receiver_cpu_s"], link)
-    shared = max(model, (row["sender_cpu_s"] + row["receiver_cpu_s"]) / link.cores)
+    shared = model if split else max(model, (row["sender_cpu_s"] + row["receiver_cpu_s"])
+                                     / link.cores)
     return {**row, "model_gbps": gbps, "model_s": model, "over_model": row["total_s"] / model,
             "shared_model_s": shared, "over_shared_model": row["total_s"] / shared}
 
 
 def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
             bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, repeat: int = 1,
-            log=print, small_repeat: int = 31) -> list[dict]:
+            log=print, small_repeat: int = 31,
+            reader_cores: Collection[int] | None = None) -> list[dict]:
     """Rows of (workload, rate, method), the best of `repeat` runs by total time (this machine
     is shared: the best run is the least disturbed one), or of `small_repeat` for a workload
     under one bucket (tens of ms, where a disturbance is as large as the difference measured).
     Dense and ours run back to back, alternating which goes first; ours' row also carries the
-    median over those pairs of dense / ours (`paired_median_speedup`). See the module
-    docstring."""
+    median over those pairs of dense / ours (`paired_median_speedup`). With `reader_cores`,
+    the receiver runs on those cores and the caller should already run on others. See the
+    module docstring."""
     from rose.stack.mooncake import start_mooncake
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import tensors_digest
@@ -235,7 +256,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                                    local_buffer_bytes=64 << 20)
             proc = mp.get_context("spawn").Process(
                 target=_reader, args=(child, services.master_addr, services.metadata_url,
-                                      batch_bytes), daemon=True)
+                                      batch_bytes, reader_cores), daemon=True)
             proc.start()
             if parent.recv() != "ready":
                 raise RuntimeError("reader process did not start")
@@ -261,7 +282,8 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                         else:
                             d = _dense_once(*dense_run)
                             o = _ours_once(*ours_run)
-                        runs.append((_with_model(d, gbps), _with_model(o, gbps)))
+                        split = bool(reader_cores)
+                        runs.append((_with_model(d, gbps, split), _with_model(o, gbps, split)))
                     dense = min((d for d, _ in runs), key=lambda r: r["total_s"])
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])
                     # each pair ran back to back: the median of their ratios shrugs off a
