@@ -4,7 +4,8 @@ The per-element passes are numba kernels (kernels.py); everything else is numpy,
 from storage.delta.entropy import entropy_bound, entropy_bound_bits
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch, DeltaError
 from storage.delta.header import DeltaHeader
-from storage.delta.payload import ENCODINGS, apply_delta, encode_delta, read_header
+from storage.delta.apply import apply_delta
+from storage.delta.payload import ENCODINGS, coded_as, encode_delta, read_header
 
 __all__ = ["ENCODINGS", "CorruptPayload", "DeltaBaseMismatch", "DeltaError", "DeltaHeader",
-           "apply_delta", "encode_delta", "entropy_bound", "entropy_bound_bits", "read_header"]
+           "apply_delta", "coded_as", "encode_delta", "entropy_bound", "entropy_bound_bits", "read_header"]

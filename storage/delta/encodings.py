@@ -6,6 +6,7 @@
   ef        Elias-Fano positions + coded value differences (values.py); the sparse workhorse
   ternary   a 2-bit symbol per element (-1 / same / +1 / escape) + zstd (ternary.py); beats
             Elias-Fano above ~15% density
+  blocks    a large tensor's delta as element ranges, each a payload of its own (blocks.py)
 Encoders return the body bytes; decoders return a new array and raise ValueError when the body
 is malformed. Decoders never write into `base`, except decode_ef when asked to (in place).
 """
@@ -23,9 +24,9 @@ DENSE_RAW, DENSE_ZSTD = 0, 1
 COO_MAX_ELEMENTS = 1 << 31  # int32 indices
 
 # Stable on-the-wire ids: never renumber, only append.
-ENCODING_IDS = {"dense": 0, "xor_zstd": 1, "coo": 2, "ef": 3, "ternary": 4}
+ENCODING_IDS = {"dense": 0, "xor_zstd": 1, "coo": 2, "ef": 3, "ternary": 4, "blocks": 5}
 ENCODING_NAMES = {i: name for name, i in ENCODING_IDS.items()}
-NEEDS_BASE = {"xor_zstd", "coo", "ef", "ternary"}
+NEEDS_BASE = {"xor_zstd", "coo", "ef", "ternary", "blocks"}
 
 
 def _planes(u: np.ndarray) -> bytes:

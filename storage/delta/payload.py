@@ -1,13 +1,12 @@
-"""One tensor's delta payload: choose the smallest encoding, and apply it only onto its base.
+"""One tensor's delta payload: choose the smallest encoding (applied by apply.py).
 
 encode_delta compares new and base bit for bit and emits header + body (header.py). The chooser
 finds what changed once and sizes coo / ef / dense exactly without encoding them; where many
 elements changed (a sampled density, or the exact one of a small tensor) it encodes ternary,
 which needs no position scan. Where the
 changes are structured (gap entropy well below Elias-Fano's cost: rows, strides) it also tries
-ternary, and xor_zstd when a sampled estimate says it could win. apply_delta returns
-a new tensor and never touches the base; any doubt raises DeltaBaseMismatch or CorruptPayload,
-and the receiver then asks for a full snapshot.
+ternary, and xor_zstd when a sampled estimate says it could win. A large tensor's delta is
+chosen and coded block by block, on every core (blocks.py).
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import numpy as np
 import torch
 import xxhash
 
-from storage.delta import bits, elias_fano, encodings as enc, kernels, values, zstd_io
-from storage.delta.errors import CorruptPayload, DeltaBaseMismatch
+from storage.delta import blocks, bits, elias_fano, encodings as enc, kernels, values, zstd_io
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
@@ -51,14 +49,43 @@ def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
     elif force not in (None, "dense"):
         raise ValueError(f"{name}: encoding {force!r} needs a base tensor")
     new_u = bits.to_bits(new)
-    encoding, body = _choose(new_u, None if base is None else bits.to_bits(base), force,
-                             dense_level)
+    base_u = None if base is None else bits.to_bits(base)
+    if base_u is not None and (force == "blocks" or force is None and blocks.splits(new_u.nbytes)):
+        return _blocks_payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
+                               target_version, dense_level)
+    return _payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
+                    target_version, force, dense_level)
+
+
+def _payload(new_u: np.ndarray, base_u: np.ndarray | None, dtype: torch.dtype,
+             shape: tuple[int, ...], name: str, base_version: int | None, target_version: int,
+             force: str | None = None, dense_level: int = 0,
+             coded: tuple[str, bytes] | None = None, result_checksum: int | None = None) -> bytes:
+    """Header + body of one payload: the chooser's (or `coded`, an encoding and its body)."""
+    encoding, body = coded or _choose(new_u, base_u, force, dense_level)
     header = DeltaHeader(
-        name=name, encoding=encoding, dtype=new.dtype, shape=tuple(new.shape),
-        numel=new_u.size, base_version=None if encoding == "dense" else base_version,
-        target_version=target_version, result_checksum=xxhash.xxh3_64_intdigest(new_u),
+        name=name, encoding=encoding, dtype=dtype, shape=shape, numel=new_u.size,
+        base_version=None if encoding == "dense" else base_version,
+        target_version=target_version,
+        result_checksum=xxhash.xxh3_64_intdigest(new_u) if result_checksum is None
+        else result_checksum,
         body_checksum=xxhash.xxh3_64_intdigest(body), body_length=len(body))
     return header.pack() + body
+
+
+def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
+                    shape: tuple[int, ...], name: str, base_version: int | None,
+                    target_version: int, dense_level: int) -> bytes:
+    """A large tensor's delta as blocks (blocks.py), each chosen and coded on its own thread;
+    the whole tensor's checksum is computed here meanwhile."""
+    spans = blocks.ranges(new_u.size, new_u.itemsize)
+    futures = blocks.submit(lambda span: _payload(
+        new_u[span[0]:span[1]], base_u[span[0]:span[1]], dtype, (span[1] - span[0],),
+        name, base_version, target_version, None, dense_level), spans)
+    whole = xxhash.xxh3_64_intdigest(new_u)
+    body = blocks.pack([s for s, _ in spans], blocks.gather(futures))
+    return _payload(new_u, base_u, dtype, shape, name, base_version, target_version,
+                    coded=("blocks", body), result_checksum=whole)
 
 
 def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
@@ -156,80 +183,14 @@ def read_header(payload: bytes | memoryview) -> DeltaHeader:
     return unpack_header(payload)
 
 
-def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
-                base_version: int | None, in_place: bool = False) -> torch.Tensor:
-    """The tensor the payload encodes, built from `base` (held by the receiver as `base_version`).
-
-    Raises DeltaBaseMismatch when the payload needs another base than the one given, and
-    CorruptPayload when the bytes are damaged. `base` is never modified, unless `in_place`
-    (a contiguous CPU base of the payload's dtype and shape): the result is then written into
-    `base`, which is returned, and no tensor-sized buffer is allocated for a sparse delta (fresh
-    memory is what a pull pays most for: every page faults in). In place, an error raised after
-    the header and body checks (a result checksum that differs: the base was not the sender's)
-    may leave `base` partly written: its holder must treat it as no version.
-    """
-    buf = memoryview(payload)
-    head = unpack_header(buf)
-    where = f"{head.name} (v{head.base_version} -> v{head.target_version})"
-    body = buf[head.header_length:]
-    if len(body) != head.body_length:
-        raise CorruptPayload(f"{where}: body is {len(body)} bytes, header says {head.body_length}"
-                             + (" (truncated)" if len(body) < head.body_length else ""))
-    if xxhash.xxh3_64_intdigest(body) != head.body_checksum:
-        raise CorruptPayload(f"{where}: body checksum mismatch")
-    base_u = _check_base(head, base, base_version, where)
-    udt = bits.uint_dtype(head.dtype)
-    into = _in_place_target(head, base, where) if in_place else None
-    try:
-        if into is not None and head.encoding in ("ef", "ternary"):
-            decode = enc.decode_ef if head.encoding == "ef" else enc.decode_ternary
-            out = decode(body, into, in_place=True)
-        elif head.encoding == "dense":
-            out = enc.decode_dense(body, head.numel, udt)
-        elif head.encoding == "xor_zstd":
-            out = enc.decode_xor_zstd(body, base_u)
-        elif head.encoding == "coo":
-            out = enc.decode_coo(body, base_u)
-        elif head.encoding == "ef":
-            out = enc.decode_ef(body, base_u)
-        else:
-            out = enc.decode_ternary(body, base_u)
-    except (ValueError, IndexError) as exc:
-        raise CorruptPayload(f"{where}: {head.encoding} body does not decode: {exc}") from exc
-    if into is not None and out is not into:  # decoded aside (rare encodings): copy it in
-        np.copyto(into, out)
-        out = into
-    if xxhash.xxh3_64_intdigest(out) != head.result_checksum:
-        # The body is intact (its checksum passed), so the base differs from the sender's.
-        raise DeltaBaseMismatch(f"{where}: result checksum mismatch; the base's content differs "
-                                "from the sender's base")
-    return base if into is not None else bits.from_bits(out, head.dtype, head.shape)
-
-
-def writable_base(base: torch.Tensor | None, dtype: torch.dtype, shape: tuple[int, ...]) -> bool:
-    """Whether apply_delta can write a `dtype` `shape` result into `base` (in_place=True)."""
-    return base is not None and base.device.type == "cpu" and base.is_contiguous() \
-        and base.dtype == dtype and tuple(base.shape) == tuple(shape)
-
-
-def _in_place_target(head: DeltaHeader, base: torch.Tensor | None, where: str) -> np.ndarray:
-    """The bits of `base` to decode into (the same memory), or ValueError."""
-    if not writable_base(base, head.dtype, head.shape):
-        raise ValueError(f"{where}: applying in place needs a contiguous CPU {head.dtype}"
-                         f"{head.shape} tensor to write into")
-    return bits.to_bits(base)
-
-
-def _check_base(head: DeltaHeader, base: torch.Tensor | None, base_version: int | None,
-                where: str) -> np.ndarray | None:
-    if head.encoding not in enc.NEEDS_BASE:
-        return None
-    if base is None:
-        raise DeltaBaseMismatch(f"{where}: payload is a delta but no base tensor was given")
-    if base_version != head.base_version:
-        raise DeltaBaseMismatch(f"{where}: payload applies to base v{head.base_version}, "
-                                f"receiver holds v{base_version}")
-    if base.dtype != head.dtype or tuple(base.shape) != head.shape:
-        raise DeltaBaseMismatch(f"{where}: base is {base.dtype}{tuple(base.shape)}, payload "
-                                f"needs {head.dtype}{head.shape}")
-    return bits.to_bits(base)
+def coded_as(payload: bytes | memoryview) -> str:
+    """How the payload's bytes are coded: its encoding, or for one in blocks the encoding of
+    the blocks that hold most of its elements (what its coding and applying cost follows)."""
+    head = unpack_header(payload)
+    if head.encoding != "blocks":
+        return head.encoding
+    covered: dict[str, int] = {}
+    for start, end, sub in blocks.unpack(memoryview(payload)[head.header_length:], head.numel):
+        encoding = unpack_header(sub).encoding
+        covered[encoding] = covered.get(encoding, 0) + end - start
+    return max(covered, key=covered.__getitem__)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from storage.delta.payload import apply_delta, writable_base
+from storage.delta.apply import apply_delta, writable_base
 from storage.relay.base import Buffer
 from storage.weights.buckets import CorruptBucket
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, BucketInfo
-from storage.delta import encode_delta, read_header
+from storage.delta import coded_as, encode_delta, read_header
 from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
@@ -173,7 +173,7 @@ class SparsePublisher(SnapshotServer):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
                 header = read_header(data)
-                meta, encoding = {"encoding": "rsdt"}, header.encoding
+                meta, encoding = {"encoding": "rsdt"}, coded_as(data)
                 hashes[name] = header.result_checksum  # = tensor_hash(tensor)
                 if old is not None:
                     changed = changed_in_payload(data)

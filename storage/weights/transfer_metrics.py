@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import torch
 
 from storage.atomic import atomic_path
-from storage.delta import read_header
+from storage.delta import blocks, read_header
 from storage.delta.bits import DTYPE_CODES, to_bits
 from storage.relay.base import Buffer
 
@@ -121,9 +121,12 @@ class PublishReport:
 def changed_in_payload(payload: Buffer) -> int | None:
     """The change count a coo or ef payload states (its body starts with it: coo = u64 count,
     ef = u64 length + Elias-Fano header u64 count; storage/delta/encodings.py), saving a
-    compare pass; None for other encodings."""
+    compare pass; summed over the blocks of one in blocks; None for other encodings."""
     head = read_header(payload)
     body = memoryview(payload)[head.header_length:]
+    if head.encoding == "blocks":
+        counts = [changed_in_payload(sub) for _, _, sub in blocks.unpack(body, head.numel)]
+        return None if None in counts else sum(counts)  # type: ignore[arg-type]
     if head.encoding == "coo" and len(body) >= 8:
         return struct.unpack_from("<Q", body, 0)[0]
     if head.encoding == "ef" and len(body) >= 16:
