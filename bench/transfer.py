@@ -11,7 +11,8 @@ Methods, on the same (base, new) bf16 tensor pairs:
               + coded value differences), ternary, xor_zstd, coo, dense; header + checksums
 The entropy bound (storage/delta/entropy.py) is summed over tensors: n*H(p) for positions plus
 the order-0 entropy of the changed values' bit-pattern differences. Times are CPU seconds of the
-(single) calling thread, since other jobs share this machine (wall times are in the JSON);
+process (every thread: a large tensor's blocks are coded on threads of their own, one thread
+otherwise), since other jobs share this machine (wall times are in the JSON);
 speeds are GB/s of dense bytes. Every decode is checked bit-exact.
 
 Workloads (bench/transfer_workloads.py): (a) grpo: consecutive versions of our own GRPO run

@@ -156,11 +156,11 @@ def measure_pair(result: CaseResult, name: str, base: torch.Tensor, new: torch.T
             method.prepare(name, new)
         enc_s = dec_s = enc_wall = dec_wall = math.inf
         for _ in range(repeat):
-            w0, c0 = time.perf_counter(), time.thread_time()
+            w0, c0 = time.perf_counter(), time.process_time()  # blocks: other threads
             payload = method.encode(new, base, name)
-            w1, c1 = time.perf_counter(), time.thread_time()
+            w1, c1 = time.perf_counter(), time.process_time()
             got = method.decode(payload, base)
-            w2, c2 = time.perf_counter(), time.thread_time()
+            w2, c2 = time.perf_counter(), time.process_time()
             enc_s, dec_s = min(enc_s, c1 - c0), min(dec_s, c2 - c1)
             enc_wall, dec_wall = min(enc_wall, w1 - w0), min(dec_wall, w2 - w1)
         if not np.array_equal(got, want):

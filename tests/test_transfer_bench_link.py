@@ -1,13 +1,16 @@
 """The transfer bench's link (bench/transfer_e2e.py): puts paced to the emulated rate, and the
-unpaced loopback's rate measured from one bucket-sized put, leaving nothing in the relay."""
+unpaced loopback's rate measured from one bucket-sized put, leaving nothing in the relay; and
+--split-cores' pinning of every thread."""
 from __future__ import annotations
 
+import os
+import threading
 import time
 
 import numpy as np
 import pytest
 
-from bench.transfer_e2e import PacedRelay, bulk_gbps
+from bench.transfer_e2e import PacedRelay, bulk_gbps, pin_threads
 from storage.relay.filesystem import FilesystemRelay
 
 
@@ -28,3 +31,33 @@ def test_loopback_rate_is_measured_and_cleaned_up(tmp_path):
     gbps = bulk_gbps(relay, 4 << 20, tries=2)
     assert 0 < gbps < 10_000
     assert not relay.exists("bench-bulk/0") and not relay.exists("bench-bulk/1")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell apart")
+def test_split_cores_pins_threads_already_running_and_started_later():
+    """--split-cores: an affinity set by pid 0 is the calling thread's alone, so a pool thread
+    started before the pin would run anywhere; pin_threads reaches it, and later ones inherit."""
+    before = os.sched_getaffinity(0)
+    one = {min(before)}
+    started, release = threading.Event(), threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def early() -> None:
+        started.set()
+        release.wait(10)
+        seen["early"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=early)
+    thread.start()
+    started.wait(10)
+    try:
+        pin_threads(one)
+        later = threading.Thread(target=lambda: seen.update(later=os.sched_getaffinity(0)))
+        later.start()
+        later.join()
+        release.set()
+        thread.join()
+        assert seen == {"early": one, "later": one} and os.sched_getaffinity(0) == one
+    finally:
+        release.set()
+        pin_threads(before)
