@@ -143,3 +143,27 @@ def test_waiting_for_a_version_never_published_times_out_clearly(relays, ns):
     assert rx.version == 0
     assert not relays[1].exists(announce_key(run, 1))
     assert not relays[1].exists(manifest_key(run, 1))
+
+
+def test_a_large_tensor_in_blocks_streams_and_applies_in_place(relays, ns, monkeypatch):
+    """The product path with blocks (storage/delta/blocks.py): a tensor over the split size
+    goes out as blocks, the waiting receiver applies them into its held tensor, bit-exact."""
+    from storage.delta import blocks, read_header
+
+    monkeypatch.setattr(blocks, "SPLIT_BYTES", 16 << 10)  # the 38 KB embedding: 5 blocks
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 8 << 10)
+    link, run, pub, rx, v1 = _setup(relays, ns, slow=0.0)
+    held = rx.tensors["model.embed_tokens.weight"]
+    thread, out = _pull_in_thread(rx, 1)
+    report = pub.publish(1, v1)
+    thread.join(60)
+    assert "error" not in out, out.get("error")
+    assert out["report"].mode == "delta" and not out["report"].fallback
+    bucket, entry = next((b, e) for b, e in read_manifest(relays[1], run, 1).entries()
+                         if e.name == "model.embed_tokens.weight")
+    blob = memoryview(relays[1].get(bucket_key(run, 1, bucket.index)))
+    assert read_header(blob[entry.offset:entry.offset + entry.length]).encoding == "blocks"
+    stat = next(t for t in report.tensors if t.name == "model.embed_tokens.weight")
+    assert stat.encoding in ("ef", "ternary")  # what its blocks are coded as, for the model
+    assert rx.tensors["model.embed_tokens.weight"] is held  # applied in place
+    assert rx.version == 1 and same(rx.tensors, v1) and rx.digest == tensors_digest(v1)
