@@ -22,7 +22,8 @@ _TRANSFER_COLUMNS = (
     "layer BIGINT, numel BIGINT, changed BIGINT, density DOUBLE, encoding VARCHAR, "
     "raw_bytes BIGINT, encoded_bytes BIGINT, encode_s DOUBLE, pushed_bytes BIGINT, push_s DOUBLE, "
     "publish_s DOUBLE, pull_s_max DOUBLE, apply_s_max DOUBLE, load_s_max DOUBLE, "
-    "pulled_bytes_max BIGINT, workers_synced BIGINT, full_fallbacks BIGINT")
+    "pulled_bytes_max BIGINT, workers_synced BIGINT, full_fallbacks BIGINT, "
+    "workers_left_out VARCHAR, workers_skipped VARCHAR")
 
 
 def connect(data_dir: Path | str) -> duckdb.DuckDBPyConnection:

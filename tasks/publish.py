@@ -110,7 +110,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                "synced_s": time.perf_counter() - t0, "wait_for": wait_for,
                "streamed": streamed,  # the pulls started before the push, to stream it
                "pending": sorted(set(engines) - set(waited)), "left_out": left,
-               "skipped": sorted(skipped),
+               "skipped": skipped,  # worker -> why (no engine, its pull could not start)
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
     return summary

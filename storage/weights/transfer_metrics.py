@@ -6,7 +6,9 @@ and per step a small Parquet file, one row per published tensor.
 Each row: the tensor (name, layer, numel, changed elements, density, encoding chosen, raw and
 encoded bytes, encode seconds) and, repeated, the step's publish (kind full/delta, base
 version, bucket bytes pushed, push and publish seconds) and the pulls waited for (slowest pull,
-apply and engine load seconds, full-snapshot fallbacks). Query with duckdb, e.g.
+apply and engine load seconds, full-snapshot fallbacks; the workers not waited for, each
+with why: left out as gone, restarting or silent, or skipped with no engine or a pull that
+could not start). Query with duckdb, e.g.
     SELECT step, layer, sum(changed) / sum(numel) AS density
     FROM read_parquet('<run>/transfer/*.parquet') GROUP BY ALL ORDER BY ALL
 """
@@ -155,7 +157,15 @@ SCHEMA = pa.schema([
     ("pull_s_max", pa.float64()), ("apply_s_max", pa.float64()), ("load_s_max", pa.float64()),
     ("pulled_bytes_max", pa.int64()), ("workers_synced", pa.int64()),
     ("full_fallbacks", pa.int64()),
+    # the workers the publish went on without, "name: why; ..." (columns added later: a run's
+    # older files lack them, read as null by the catalog's union_by_name view)
+    ("workers_left_out", pa.string()), ("workers_skipped", pa.string()),
 ])
+
+
+def _reasons(workers: dict[str, str] | None) -> str:
+    """"name: why; ..." in name order ("" for none)."""
+    return "; ".join(f"{name}: {why}" for name, why in sorted((workers or {}).items()))
 
 
 def transfer_path(run_dir: Path | str, step: int) -> Path:
@@ -177,7 +187,9 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "load_s_max": summary.get("load_s", 0.0),
                  "pulled_bytes_max": summary.get("pulled_bytes", 0),
                  "workers_synced": summary.get("workers_synced", 0),
-                 "full_fallbacks": summary.get("full_fallbacks", 0)}
+                 "full_fallbacks": summary.get("full_fallbacks", 0),
+                 "workers_left_out": _reasons(summary.get("left_out")),
+                 "workers_skipped": _reasons(summary.get("skipped"))}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
