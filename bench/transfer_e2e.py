@@ -45,7 +45,7 @@ import torch
 from storage.delta import kernels
 from storage.delta.time_model import Link, pipelined_s
 from storage.relay.base import Buffer, Relay
-from storage.weights.parallel import available_cores
+from storage.cores import available_cores
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 
@@ -245,6 +245,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     dense_max = max(sum(t.numel() * t.element_size() for t in new.values())
                     for _, _, new in workloads)
     rows: list[dict] = []
+    split = bool(reader_cores)  # sender and receiver on cores of their own
     with tempfile.TemporaryDirectory(prefix="rose-bench-mc-") as tmp:
         services = start_mooncake(Path(tmp))
         writer = proc = None
@@ -282,7 +283,6 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                         else:
                             d = _dense_once(*dense_run)
                             o = _ours_once(*ours_run)
-                        split = bool(reader_cores)
                         runs.append((_with_model(d, gbps, split), _with_model(o, gbps, split)))
                     dense = min((d for d, _ in runs), key=lambda r: r["total_s"])
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])

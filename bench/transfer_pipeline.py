@@ -32,7 +32,7 @@ from bench.transfer_workloads import synthetic_model  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 from storage.relay.filesystem import FilesystemRelay  # noqa: E402
 from storage.weights import publisher, sparse_publisher  # noqa: E402
-from storage.weights.parallel import available_cores  # noqa: E402
+from storage.cores import available_cores  # noqa: E402
 from storage.weights.receiver import WeightReceiver  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest  # noqa: E402
 

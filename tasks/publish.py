@@ -36,7 +36,7 @@ from executors.workers.publishers import publish_sharded, trainer_publisher
 from executors.workers.trainer import local_trainer
 from executors.workers.weight_sync import start_pulls, wait_versions
 from rose.config import RunConfig
-from storage.weights.transfer_metrics import write_transfer_metrics
+from storage.weights.transfer_metrics import worker_reasons, write_transfer_metrics
 from tasks.placement import require, workers_by_kind
 from tasks.worker_threads import client_outside_thread_pool
 
@@ -100,7 +100,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
     if left or skipped:  # the step goes on without them: say which and why, in the log
         log.warning("publish v%d of %s did not wait for %s", version, cfg.run_id,
-                    "; ".join(f"{n}: {why}" for n, why in sorted({**left, **skipped}.items())))
+                    worker_reasons({**left, **skipped}))
     wrong = sorted(w for w, p in pulled.items()
                    if p.get("version") == version and p.get("digest") != digest)
     if wrong:

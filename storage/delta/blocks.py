@@ -18,12 +18,13 @@ weights digest uses) is not computed again by the receiver.
 """
 from __future__ import annotations
 
-import os
 import struct
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
+
+from storage.cores import available_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -47,19 +48,12 @@ def ranges(n: int, itemsize: int) -> list[tuple[int, int]]:
     return [(s, min(n, s + step)) for s in range(0, n, step)]
 
 
-def _workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def submit(fn: Callable[[T], R], items: Iterable[T]) -> list[Future]:
     """fn over items on the block threads (one per core this process may use)."""
     global _pool
     with _lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(_workers(), thread_name_prefix="rose-block")
+            _pool = ThreadPoolExecutor(available_cores(), thread_name_prefix="rose-block")
         pool = _pool
     return [pool.submit(fn, item) for item in items]
 

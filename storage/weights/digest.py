@@ -17,7 +17,8 @@ import torch
 import xxhash
 
 from storage.weights.buckets import BucketInfo
-from storage.weights.parallel import available_cores, ordered_map
+from storage.cores import available_cores
+from storage.weights.parallel import ordered_map
 
 
 def tensor_hash(tensor: torch.Tensor) -> int:

@@ -14,7 +14,6 @@ most `window` tasks run ahead of the consumer, which bounds the memory held by r
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -28,14 +27,6 @@ AHEAD_BYTES = 256 << 20  # work the threads may run ahead of a slow task at the 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity: engines pinned to one core get 1)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def busy_workers(total_cost: int, workers: int, chunk_bytes: int = CHUNK_BYTES) -> int:

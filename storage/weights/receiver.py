@@ -31,7 +31,7 @@ import torch
 from storage.delta import kernels
 from storage.weights.apply_pipeline import fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
-from storage.weights.parallel import available_cores
+from storage.cores import available_cores
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.sparse_publisher import tensors_digest

@@ -30,7 +30,7 @@ from storage.shards.layout import ParallelLayout, Rank
 from storage.shards.plan import apply_pull
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import CorruptBucket, Manifest
-from storage.weights.parallel import available_cores
+from storage.cores import available_cores
 from storage.weights.publisher import latest_version, pull_weights, read_manifest
 from storage.weights.sharded import read_sharded
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait

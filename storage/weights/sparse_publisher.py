@@ -40,7 +40,8 @@ from storage.delta import coded_as, encode_delta, read_header
 from storage.delta import kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
-from storage.weights.parallel import available_cores, busy_workers
+from storage.cores import available_cores
+from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.tensor_form import all_raw, raw_first, record_raw, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload

@@ -163,7 +163,7 @@ SCHEMA = pa.schema([
 ])
 
 
-def _reasons(workers: dict[str, str] | None) -> str:
+def worker_reasons(workers: dict[str, str] | None) -> str:
     """"name: why; ..." in name order ("" for none)."""
     return "; ".join(f"{name}: {why}" for name, why in sorted((workers or {}).items()))
 
@@ -188,8 +188,8 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "pulled_bytes_max": summary.get("pulled_bytes", 0),
                  "workers_synced": summary.get("workers_synced", 0),
                  "full_fallbacks": summary.get("full_fallbacks", 0),
-                 "workers_left_out": _reasons(summary.get("left_out")),
-                 "workers_skipped": _reasons(summary.get("skipped"))}
+                 "workers_left_out": worker_reasons(summary.get("left_out")),
+                 "workers_skipped": worker_reasons(summary.get("skipped"))}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
