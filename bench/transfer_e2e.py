@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -226,6 +227,17 @@ def _with_model(row: dict, gbps: float, split: bool = False) -> dict:
             "shared_model_s": shared, "over_shared_model": row["total_s"] / shared}
 
 
+def median_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000,
+              seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the median of `values`: whether a paired median
+    under 1 is a difference or this machine's noise (on a few pairs, it is their range)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    tail = int((1 - level) / 2 * resamples)
+    return medians[tail], medians[resamples - 1 - tail]
+
+
 def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
             bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, repeat: int = 1,
             log=print, small_repeat: int = 31,
@@ -288,13 +300,15 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                     ours = min((o for _, o in runs), key=lambda r: r["total_s"])
                     # each pair ran back to back: the median of their ratios shrugs off a
                     # disturbance that hit one pair, where the two bests may come from two
-                    paired = statistics.median(d["total_s"] / o["total_s"] for d, o in runs)
+                    ratios = [d["total_s"] / o["total_s"] for d, o in runs]
+                    paired, (low, high) = statistics.median(ratios), median_ci(ratios)
                     for row in (dense, ours):
                         rows.append({"workload": label, "gbps": rate, "repeat": len(runs), **row})
-                    rows[-1]["paired_median_speedup"] = paired
+                    rows[-1].update(paired_median_speedup=paired, paired_ci95=[low, high])
                     log(f"  e2e {label} @ {rate or 'unpaced'} Gbps: dense {dense['total_s']:.2f} s, "
                         f"ours {ours['total_s']:.2f} s ({dense['total_s'] / ours['total_s']:.1f}x; "
-                        f"median of {len(runs)} back-to-back pairs {paired:.2f}x)")
+                        f"median of {len(runs)} back-to-back pairs {paired:.2f}x, "
+                        f"95% CI {low:.2f}-{high:.2f})")
         finally:
             if proc is not None and proc.is_alive():
                 parent.send(None)

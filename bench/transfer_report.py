@@ -32,6 +32,14 @@ def print_cases(console: Console, summaries: list[dict]) -> None:
                       f"tensors by encoding: {picks}", highlight=False)
 
 
+def _paired(row: dict) -> str:
+    if "paired_median_speedup" not in row:
+        return ""
+    low, high = row.get("paired_ci95", (None, None))
+    ci = f" ({low:.2f}-{high:.2f})" if low is not None else ""  # older files: no interval
+    return f"{row['paired_median_speedup']:.2f}x{ci}"
+
+
 def print_e2e(console: Console, rows: list[dict]) -> None:
     sizes = {r["workload"]: r["bytes"] for r in rows if r["method"] == "dense"}
     table = Table(title="Publish-to-applied through Mooncake, sender paced to the link rate "
@@ -40,7 +48,7 @@ def print_e2e(console: Console, rows: list[dict]) -> None:
                         + "; model = max(bytes / rate, sender CPU s / cores, receiver CPU s / "
                         "cores); shared = the same with both on the same cores, max(bytes / "
                         "rate, (sender + receiver CPU s) / cores), as here; paired = median "
-                        "of dense / ours over the back-to-back runs")
+                        "of dense / ours over the back-to-back runs (its 95% bootstrap interval)")
     for col in ("workload", "Gbps", "method", "MB sent", "raw/tensors", "encode", "push",
                 "pull", "apply", "total", "speedup", "paired", "model", "x model", "x shared"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
@@ -57,7 +65,7 @@ def print_e2e(console: Console, rows: list[dict]) -> None:
         table.add_row(r["workload"], gbps, r["method"], f"{r['bytes'] / 1e6:.2f}", mix,
                       f"{r['encode_s']:.3f}", f"{r['push_s']:.3f}", f"{r['fetch_s']:.3f}",
                       f"{r['apply_s']:.3f}", f"{r['total_s']:.3f}", speedup,
-                      f"{r['paired_median_speedup']:.2f}x" if "paired_median_speedup" in r else "",
+                      _paired(r),
                       f"{r.get('model_s', 0):.3f}", f"{r.get('over_model', 0):.2f}",
                       f"{r.get('over_shared_model', 0):.2f}", style="bold" if r["method"] == "ours" else None)
     console.print(table)

@@ -1,6 +1,6 @@
 """The transfer bench's link (bench/transfer_e2e.py): puts paced to the emulated rate, and the
 unpaced loopback's rate measured from one bucket-sized put, leaving nothing in the relay; and
---split-cores' pinning of every thread."""
+--split-cores' pinning of every thread; the interval around a paired median."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from bench.transfer_e2e import PacedRelay, bulk_gbps, pin_threads
+from bench.transfer_e2e import PacedRelay, bulk_gbps, median_ci, pin_threads
 from storage.relay.filesystem import FilesystemRelay
 
 
@@ -61,3 +61,14 @@ def test_split_cores_pins_threads_already_running_and_started_later():
     finally:
         release.set()
         pin_threads(before)
+
+
+def test_paired_median_interval_tells_noise_from_a_difference():
+    rng = np.random.default_rng(0)
+    slower = list(0.95 + rng.normal(0, 0.01, 61))  # ours clearly slower: interval below 1
+    noisy = list(1.0 + rng.normal(0, 0.1, 61))  # no difference, much noise: interval spans 1
+    low, high = median_ci(slower)
+    assert low <= float(np.median(slower)) <= high < 1.0
+    low, high = median_ci(noisy)
+    assert low < 1.0 < high and high - low > 0.02
+    assert median_ci(noisy) == median_ci(noisy)  # seeded: a file's interval can be recomputed

@@ -92,8 +92,9 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version); a callable is called with the
-    bucket infos once every bucket is out, for what is only known then (a digest of what was
-    encoded: a raw entry's checksum is its tensor's hash, storage/weights/digest.py). With `part` (e.g. "full") the
+    bucket infos once every bucket is packed, for what is only known then (a digest of what was
+    encoded: a raw entry's checksum is its tensor's hash, storage/weights/digest.py), while the
+    last buckets are still being put: its work overlaps the link. With `part` (e.g. "full") the
     payloads go under the version's sub-prefix instead, next to what is published there, and
     neither `latest` nor the held versions change. `workers` threads run `encoder` ahead of
     the pushes (storage/weights/parallel.py); it must then be safe to call from threads.
@@ -144,13 +145,13 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
             total += info.nbytes
             t = time.perf_counter()
         serialize_s += time.perf_counter() - t
+        if callable(meta):  # every tensor is encoded; the last buckets may still be in flight
+            meta = meta(infos)
         if pusher:  # every bucket in the relay before the manifest: never half a version
             pusher.close()
     finally:
         if pusher:
             pusher.abort()
-    if callable(meta):
-        meta = meta(infos)
     manifest = Manifest(version, infos, {"kind": "full", **(meta or {}), "run": run,
                                          "tensors": len(tensors), "published_at": time.time(),
                                          "attempt": attempt})
