@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from storage.delta import kernels
+from storage.delta import kernels, probe_kernels
 
 # Stable on-the-wire codes: never renumber, only append.
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -97,10 +97,11 @@ def sampled_elements(n: int) -> int:
 
 def sampled_density(new: np.ndarray, base: np.ndarray) -> float | None:
     """Estimated fraction of changed elements, or None when the tensor is too small to sample."""
-    rows = sample_rows(new)
-    if rows is None:
+    stride = _window_stride(new.size, SAMPLE_WINDOW)
+    if stride is None:
         return None
-    return int(np.count_nonzero(rows != sample_rows(base))) / rows.size
+    changed = probe_kernels.window_changes(new, base, stride, SAMPLE_WINDOW, SAMPLE_WINDOWS)
+    return changed / (SAMPLE_WINDOW * SAMPLE_WINDOWS)
 
 
 def estimated_density(new: np.ndarray, base: np.ndarray) -> float:

@@ -25,11 +25,9 @@ import threading
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.core.extending import intrinsic
 
-from storage.delta import ternary_kernels, value_kernels
+from storage.delta import probe_kernels, ternary_kernels, value_kernels
+from storage.delta.intrinsics import cttz as _cttz
 from storage.delta.kernel_args import read_only as _ro
 
 _BLOCK = 64
@@ -48,40 +46,6 @@ def _vllm_can_start_after_us() -> None:
 
 
 _vllm_can_start_after_us()
-
-
-@intrinsic
-def _cttz(typingctx, word):  # noqa: ARG001 (numba's intrinsic signature)
-    """Index of the lowest set bit of a non-zero uint64 (LLVM's cttz)."""
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
-    return types.uint64(types.uint64), codegen
-
-
-@intrinsic
-def _ctlz(typingctx, word):  # noqa: ARG001 (numba's intrinsic signature)
-    """Leading zero bits of a non-zero uint64 (LLVM's ctlz)."""
-    def codegen(context, builder, signature, args):  # noqa: ARG001
-        return builder.ctlz(args[0], ir.Constant(ir.IntType(1), 1))
-    return types.uint64(types.uint64), codegen
-
-
-@numba.njit(nogil=True, cache=True)
-def _gap_octaves(positions: np.ndarray, starts: np.ndarray, run: int,
-                 counts: np.ndarray) -> None:
-    for s in range(starts.size):
-        for i in range(starts[s] + 1, starts[s] + run):
-            gap = np.uint64(positions[i] - positions[i - 1])  # >= 1: sorted, distinct
-            counts[np.uint64(63) - _ctlz(gap)] += 1
-
-
-def gap_octaves(positions: np.ndarray, starts: np.ndarray, run: int) -> np.ndarray:
-    """Histogram (64 bins) of floor(log2(gap)) over the gaps inside runs of `run` consecutive
-    sorted positions from each of `starts`: the codec's structure probe, with no temporaries."""
-    counts = np.zeros(64, np.int64)
-    _gap_octaves(_ro(np.asarray(positions, np.int64)), _ro(np.asarray(starts, np.int64)), run,
-                 counts)
-    return counts
 
 
 @numba.njit(nogil=True, cache=True)
@@ -267,7 +231,7 @@ def warm_up() -> None:
         ef_apply(base, memoryview(lows), memoryview(unary), positions.size, low, diff)
         value_kernels.warm_up(diff)
         ternary_kernels.warm_up(np.dtype(dtype))
-    gap_octaves(np.arange(8, dtype=np.int64), np.zeros(1, np.int64), 8)
+    probe_kernels.warm_up()
 
 
 def warm_up_in_background() -> None:

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import xxhash
 
-from storage.delta import blocks, bits, elias_fano, encodings as enc, kernels, values, zstd_io
+from storage.delta import (blocks, bits, elias_fano, encodings as enc, probe_kernels, values,
+                           zstd_io)
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
@@ -162,18 +163,7 @@ def _looks_structured(positions: np.ndarray, n: int) -> bool:
     k = positions.size
     if k < _GAP_MIN:
         return False  # too few to tell, and too small to matter
-    if k > _GAP_SAMPLES * _GAP_RUN:  # evenly spaced runs of consecutive positions
-        starts, run = np.linspace(0, k - _GAP_RUN, _GAP_SAMPLES).astype(np.int64), _GAP_RUN
-    else:
-        starts, run = np.zeros(1, np.int64), k
-    # Code each gap as its octave (entropy-coded) plus its offset inside the octave (verbatim):
-    # few symbols, so a sample estimates it well, and within ~0.5 bit of the gap entropy.
-    counts = kernels.gap_octaves(positions, starts, run)
-    octaves = np.flatnonzero(counts)
-    counts = counts[octaves]
-    total = int(counts.sum())
-    gap_bits = np.log2(total) - float(np.sum(counts * np.log2(counts))) / total
-    gap_bits += float(np.sum(counts * octaves)) / total
+    gap_bits = probe_kernels.gap_bits(positions, _GAP_SAMPLES, _GAP_RUN)
     ef_bits = (elias_fano.encoded_size(k, n) - elias_fano.encoded_size(0, n)) * 8 / k
     return gap_bits < ef_bits - _GAP_SLACK_BITS
 
@@ -183,10 +173,11 @@ def read_header(payload: bytes | memoryview) -> DeltaHeader:
     return unpack_header(payload)
 
 
-def coded_as(payload: bytes | memoryview) -> str:
+def coded_as(payload: bytes | memoryview, head: DeltaHeader | None = None) -> str:
     """How the payload's bytes are coded: its encoding, or for one in blocks the encoding of
-    the blocks that hold most of its elements (what its coding and applying cost follows)."""
-    head = unpack_header(payload)
+    the blocks that hold most of its elements (what its coding and applying cost follows).
+    `head`: its read_header, when the caller has it (a parse per tensor per publish)."""
+    head = unpack_header(payload) if head is None else head
     if head.encoding != "blocks":
         return head.encoding
     covered: dict[str, int] = {}

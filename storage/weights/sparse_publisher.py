@@ -183,10 +183,10 @@ class SparsePublisher(SnapshotServer):
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version)
                 header = read_header(data)
-                meta, encoding = {"encoding": "rsdt"}, coded_as(data)
+                meta, encoding = {"encoding": "rsdt"}, coded_as(data, header)
                 hashes[name] = header.result_checksum  # = tensor_hash(tensor)
                 if old is not None:
-                    changed = changed_in_payload(data)
+                    changed = changed_in_payload(data, header)
                 if link and old is not None and time_model.raw_after_encode(
                         encoding, nbytes, memoryview(data).nbytes, tensor.element_size(), link):
                     data, meta = raw_encoder(name, tensor)

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from storage.atomic import atomic_path
-from storage.delta import blocks, read_header
+from storage.delta import DeltaHeader, blocks, read_header
 from storage.delta.bits import DTYPE_CODES, to_bits
 from storage.relay.base import Buffer
 
@@ -120,11 +120,12 @@ class PublishReport:
         return [{**asdict(t), "density": t.density} for t in self.tensors]
 
 
-def changed_in_payload(payload: Buffer) -> int | None:
+def changed_in_payload(payload: Buffer, head: DeltaHeader | None = None) -> int | None:
     """The change count a coo or ef payload states (its body starts with it: coo = u64 count,
     ef = u64 length + Elias-Fano header u64 count; storage/delta/encodings.py), saving a
-    compare pass; summed over the blocks of one in blocks; None for other encodings."""
-    head = read_header(payload)
+    compare pass; summed over the blocks of one in blocks; None for other encodings. `head`:
+    its read_header, when the caller has it."""
+    head = read_header(payload) if head is None else head
     body = memoryview(payload)[head.header_length:]
     if head.encoding == "blocks":
         counts = [changed_in_payload(sub) for _, _, sub in blocks.unpack(body, head.numel)]
