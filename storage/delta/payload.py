@@ -32,11 +32,13 @@ _GAP_SAMPLES, _GAP_RUN, _GAP_SLACK_BITS, _GAP_MIN = 16, 4096, 1.5, 256
 
 def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
                  base_version: int | None, target_version: int, force: str | None = None,
-                 dense_level: int = 0) -> bytes:
+                 dense_level: int = 0, density: float | None = None) -> bytes:
     """Payload turning `base` (published as `base_version`) into `new` (`target_version`).
 
     With no base the payload is dense (a snapshot). `force` picks one encoding (tests, bench);
-    `dense_level` > 0 zstd-compresses dense bodies (byte planes) at that level.
+    `dense_level` > 0 zstd-compresses dense bodies (byte planes) at that level. `density`:
+    bits.estimated_density of new against base when the caller already took it (it steers
+    the chooser; a large tensor's blocks each take their own).
     """
     bits.check_dtype(new.dtype)
     if force is not None and force not in ENCODINGS:
@@ -55,15 +57,16 @@ def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
         return _blocks_payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
                                target_version, dense_level)
     return _payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
-                    target_version, force, dense_level)
+                    target_version, force, dense_level, density=density)
 
 
 def _payload(new_u: np.ndarray, base_u: np.ndarray | None, dtype: torch.dtype,
              shape: tuple[int, ...], name: str, base_version: int | None, target_version: int,
              force: str | None = None, dense_level: int = 0,
-             coded: tuple[str, bytes] | None = None, result_checksum: int | None = None) -> bytes:
+             coded: tuple[str, bytes] | None = None, result_checksum: int | None = None,
+             density: float | None = None) -> bytes:
     """Header + body of one payload: the chooser's (or `coded`, an encoding and its body)."""
-    encoding, body = coded or _choose(new_u, base_u, force, dense_level)
+    encoding, body = coded or _choose(new_u, base_u, force, dense_level, density)
     header = DeltaHeader(
         name=name, encoding=encoding, dtype=dtype, shape=shape, numel=new_u.size,
         base_version=None if encoding == "dense" else base_version,
@@ -90,7 +93,7 @@ def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
 
 
 def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
-            dense_level: int) -> tuple[str, bytes]:
+            dense_level: int, density: float | None = None) -> tuple[str, bytes]:
     if base is None or force == "dense":
         return "dense", enc.encode_dense(new, dense_level)
     if force == "xor_zstd":
@@ -101,7 +104,7 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
     # sampled, or exact where the tensor is small enough to look at: a small tensor where
     # many elements moved then goes straight to ternary as a large one does (its change
     # scan and value coding cost several times the ternary encode)
-    density = bits.estimated_density(new, base)
+    density = bits.estimated_density(new, base) if density is None else density
     # Candidates: exact sizes, with a recipe for the body (built only for the winner).
     candidates: dict[str, tuple[int, object]] = {"dense": (1 + new.nbytes, None)}
     structured = False

@@ -178,10 +178,11 @@ class SparsePublisher(SnapshotServer):
             old = None if base is None else base[name]
             changed = None
             nbytes = tensor.numel() * tensor.element_size()
-            if tensor.dtype in DTYPE_CODES and not (link and old is not None and raw_first(
-                    tensor, old, link)):
+            raw, density = raw_first(tensor, old, link) if link and old is not None \
+                and tensor.dtype in DTYPE_CODES else (False, None)
+            if tensor.dtype in DTYPE_CODES and not raw:
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
-                                            target_version=version)
+                                            target_version=version, density=density)
                 header = read_header(data)
                 meta, encoding = {"encoding": "rsdt"}, coded_as(data, header)
                 hashes[name] = header.result_checksum  # = tensor_hash(tensor)

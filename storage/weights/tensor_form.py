@@ -32,10 +32,10 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
     for i in _not_raw_unseen(sizes, link):
         if sizes[i][0] < 0:
             return False  # a dtype the codec does not know: not the dense path's version
-        raw, sampled = _verdict(tensors[names[i]], base[names[i]], link, 1 / (samples + 2))
+        raw, density = _verdict(tensors[names[i]], base[names[i]], link, 1 / (samples + 2))
         if not raw:
             return False
-        samples += sampled
+        samples += density is not None
     return True
 
 
@@ -82,24 +82,26 @@ def _stat(name: str, tensor: torch.Tensor, encoding: str, encoded_bytes: int | N
                       nbytes if encoded_bytes is None else encoded_bytes, seconds)
 
 
-def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link) -> bool:
+def raw_first(new: torch.Tensor, old: torch.Tensor, link: time_model.Link
+              ) -> tuple[bool, float | None]:
     """The time model's verdict before the change scan, from a sampled density (not even
     sampled when raw beats coding nothing at all, tiny tensors and fast links, or when
-    coding could save less than the sample costs)."""
-    return _verdict(new, old, link, 0.5)[0]
+    coding could save less than the sample costs): (raw?, the density it sampled, None if
+    none), which encode_delta's chooser then need not sample again."""
+    return _verdict(new, old, link, 0.5)
 
 
 def _verdict(new: torch.Tensor, old: torch.Tensor, link: time_model.Link,
-             odds: float) -> tuple[bool, bool]:
-    """(raw?, sampled?): raw_first at `odds` that a sample finds coding worth it."""
+             odds: float) -> tuple[bool, float | None]:
+    """raw_first at `odds` that a sample finds coding worth it."""
     size = new.element_size()
     numel = new.numel()
     nbytes = numel * size
     if _raw_unseen(numel, size, link) or (odds < 0.5 and not time_model.worth_sampling(
             nbytes, bits.sampled_elements(numel) * size, link, odds)):
-        return True, False
-    return time_model.raw_before_scan(nbytes, size, bits.estimated_density(
-        bits.to_bits(new), bits.to_bits(old)), link), True
+        return True, None
+    density = bits.estimated_density(bits.to_bits(new), bits.to_bits(old))
+    return time_model.raw_before_scan(nbytes, size, density, link), density
 
 
 @functools.lru_cache(maxsize=4096)  # a model's tensors come in a few shapes

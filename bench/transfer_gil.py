@@ -1,0 +1,192 @@
+"""Where the sender's publish holds the GIL: the floor a publish on many cores cannot go under.
+
+The codec's element passes, zstd and the relay release the GIL; the Python around them (the
+chooser, headers, bucket packing, the pool's hand-offs) does not. However many cores encode,
+the GIL-held seconds of one publish run one after another, so they bound its wall time from
+below. This bench publishes one delta (the synthetic Qwen shape, AdamW at --lr, one step,
+chosen by time for --gbps as `rose train` publishes) over and over into a relay that keeps only
+what the protocol reads back (no wire: the sender alone), in a child process, while py-spy
+samples it with --gil (only the thread holding the GIL is sampled, without pausing it) for
+each encoding-thread count in --workers. Per count: publish wall seconds, the fraction of
+wall time some thread held the GIL, GIL-held ms per publish, and the functions holding it.
+
+Needs py-spy (the dev extra) and permission to attach to a child of this process's parent:
+root, or kernel.yama.ptrace_scope = 0.
+
+    .venv/bin/python bench/transfer_gil.py [--params 494e6] [--workers 1 2] [--seconds 20]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from storage.atomic import write_atomic  # noqa: E402
+from storage.cores import available_cores  # noqa: E402
+from storage.relay.base import Buffer, Relay, RelayKeyMissing  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SMALL = 1 << 20  # manifests, pointers and bucket infos: what the publisher reads back
+
+
+class SenderOnlyRelay(Relay):
+    """Keeps values under SMALL bytes (the protocol's metadata) and drops buckets: the
+    sender's work without a wire or a receiver."""
+
+    name = "sender-only"
+
+    def __init__(self) -> None:
+        self.small: dict[str, bytes] = {}
+
+    def put(self, key: str, data: Buffer) -> None:
+        view = memoryview(data)
+        if view.nbytes < SMALL:
+            self.small[key] = bytes(view.cast("B"))
+
+    def get(self, key: str) -> bytes:
+        if key not in self.small:
+            raise RelayKeyMissing(key)
+        return self.small[key]
+
+    def exists(self, key: str) -> bool:
+        return key in self.small
+
+    def remove(self, key: str) -> bool:
+        return self.small.pop(key, None) is not None
+
+    def remove_prefix(self, prefix: str) -> int:
+        gone = [k for k in self.small if k.startswith(prefix)]
+        for k in gone:
+            del self.small[k]
+        return len(gone)
+
+
+def _publisher(conn, params: float, lr: float, gbps: float) -> None:
+    """Child: build v0/v1, publish v0, then on (workers, seconds) publish v1 over and over."""
+    import torch
+
+    from bench.transfer_workloads import synthetic_model
+    from storage.delta import kernels
+    from storage.weights.sparse_publisher import SparsePublisher
+
+    torch.set_num_threads(1)
+    kernels.warm_up()
+    old, new, _ = synthetic_model(params, lr, 1)
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        workers, seconds = msg
+        pub = SparsePublisher(SenderOnlyRelay(), "gil", link_gbps=gbps, workers=workers)
+        pub.publish(0, old, copy=False)
+        held = pub.held
+        conn.send("go")
+        walls, cpu0, end = [], time.process_time(), time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pub.version, pub._held = 0, held  # v1 again onto v0: the same delta each time
+            t = time.perf_counter()
+            report = pub.publish(1, new, copy=False)
+            walls.append(time.perf_counter() - t)
+        conn.send({"publishes": len(walls), "wall_s": sum(walls) / len(walls),
+                   "cpu_s": (time.process_time() - cpu0) / len(walls),
+                   "pushed_mb": report.pushed_bytes / 1e6,
+                   "coded_tensors": sum(t.encoding != "raw" for t in report.tensors),
+                   "tensors": len(report.tensors)})
+
+
+def holders(raw: Path) -> tuple[int, Counter, Counter]:
+    """(samples, inclusive samples per function, samples per leaf line) of py-spy's raw
+    output (one 'frame;frame;... count' line per stack)."""
+    total, inclusive, leaves = 0, Counter(), Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        frames = stack.split(";")[1:]  # the first is the thread
+        total += n
+        for name in {f.split(" (")[0] for f in frames}:
+            inclusive[name] += n
+        if frames:
+            leaf = frames[-1]
+            where = leaf.split(" (")[-1].rstrip(")").rsplit("/", 1)[-1]
+            leaves[f"{leaf.split(' (')[0]} ({where})"] += n
+    return total, inclusive, leaves
+
+
+def measure(conn, pid: int, spy: str, workers: int, seconds: float, rate: int) -> dict:
+    conn.send((workers, seconds + 4))  # py-spy starts within a second or two of "go"
+    conn.recv()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "gil.txt"
+        subprocess.run([spy, "record", "--gil", "--nonblocking", "--rate", str(rate),
+                        "--duration", str(int(seconds)), "--format", "raw", "-o", str(raw),
+                        "--pid", str(pid)], check=True, capture_output=True)
+        total, inclusive, leaves = holders(raw)
+    row = conn.recv()
+    held = total / (rate * int(seconds))
+    per_publish = lambda n: n / rate / int(seconds) * row["wall_s"] * 1e3  # noqa: E731
+    return {"workers": workers, **row, "gil_fraction": held,
+            "gil_ms_per_publish": held * row["wall_s"] * 1e3,
+            "top_functions_ms": {k: per_publish(v) for k, v in inclusive.most_common(25)},
+            "top_lines_ms": {k: per_publish(v) for k, v in leaves.most_common(25)}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=float, default=494e6, help="synthetic model size")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--gbps", type=float, default=10.0, help="link rate the tensors are chosen for")
+    p.add_argument("--workers", type=int, nargs="+",
+                   default=sorted({1, available_cores()}))
+    p.add_argument("--seconds", type=float, default=20.0, help="sampled per worker count")
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--out", type=Path, default=RESULTS / "transfer_gil.json")
+    args = p.parse_args()
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        sys.exit("bench/transfer_gil.py needs py-spy: .venv/bin/pip install py-spy (dev extra)")
+    from rich.console import Console
+    from rich.table import Table
+
+    t0 = time.perf_counter()
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_publisher, daemon=True,
+                                           args=(child, args.params, args.lr, args.gbps))
+    proc.start()
+    try:
+        if parent.recv() != "ready":
+            raise RuntimeError("publisher process did not start")
+        rows = [measure(parent, proc.pid, spy, w, args.seconds, args.rate) for w in args.workers]
+    finally:
+        parent.send(None)
+        proc.join(timeout=60)
+    table = Table(title=f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr "
+                        f"{args.lr:g}, chosen for {args.gbps:g} Gbps (sender only, no wire)")
+    for col in ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish",
+                "MB coded", "coded / tensors"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["workers"]), str(r["publishes"]), f"{r['wall_s']:.3f}",
+                      f"{r['cpu_s']:.3f}", f"{r['gil_fraction']:.1%}",
+                      f"{r['gil_ms_per_publish']:.0f}", f"{r['pushed_mb']:.1f}",
+                      f"{r['coded_tensors']}/{r['tensors']}")
+    console = Console()
+    console.print(table)
+    top = rows[-1]["top_lines_ms"]
+    console.print(f"where the GIL was held at {rows[-1]['workers']} workers (ms per publish): "
+                  + "; ".join(f"{k} {v:.1f}" for k, v in list(top.items())[:12]))
+    write_atomic(args.out, json.dumps({
+        "bench": "transfer_gil", "machine": platform.platform(), "cpus": available_cores(),
+        "seconds": time.perf_counter() - t0, "args": {k: str(v) for k, v in vars(args).items()},
+        "rows": rows}, indent=1))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""bench/transfer_gil.py reads py-spy's raw stacks into GIL-held samples per function and per
+line (a function counted once per stack, however deep it recurses), and its sender-only relay
+keeps the protocol's metadata and drops buckets."""
+from __future__ import annotations
+
+import pytest
+
+from bench.transfer_gil import SenderOnlyRelay, holders
+from storage.relay.base import RelayKeyMissing
+
+
+def test_stacks_are_counted_per_function_and_leaf_line(tmp_path):
+    raw = tmp_path / "gil.txt"
+    raw.write_text(
+        "thread (1): rose-codec_0;_worker (concurrent/futures/thread.py:93);"
+        "_choose (storage/delta/payload.py:120);encode_ef (storage/delta/encodings.py:104) 7\n"
+        "thread (2): MainThread;<module> (x.py:1);f (x.py:5);f (x.py:5) 3\n")
+    total, inclusive, leaves = holders(raw)
+    assert total == 10
+    assert inclusive["_choose"] == 7 and inclusive["f"] == 3  # recursion: once per stack
+    assert "thread (1): rose-codec_0" not in inclusive
+    assert leaves == {"encode_ef (encodings.py:104)": 7, "f (x.py:5)": 3}
+
+
+def test_sender_only_relay_keeps_metadata_and_drops_buckets():
+    relay = SenderOnlyRelay()
+    relay.put("rose/r/v1/manifest", b"{}")
+    relay.put("rose/r/v1/bucket-0", bytearray(2 << 20))
+    assert relay.get("rose/r/v1/manifest") == b"{}"
+    assert not relay.exists("rose/r/v1/bucket-0")
+    with pytest.raises(RelayKeyMissing):
+        relay.get("rose/r/v1/bucket-0")
+    assert relay.remove_prefix("rose/r/") == 1 and not relay.exists("rose/r/v1/manifest")
