@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -145,28 +144,22 @@ class SparsePublisher(SnapshotServer):
         with self._lock:
             reason, raw, link = self._judge(version, tensors)
             base = None if reason else self._held
-            kept: dict[str, torch.Tensor] = {}
-
-            def keep() -> None:  # no copy: a check per tensor, done while the last put runs
-                kept.update((n, _kept(t, copy)) for n, t in tensors.items())
             report = self._push(version, tensors, base, reason, self.part, compare=self._held,
-                                raw=raw, link=link, in_flight=None if copy else keep)
-            self._held = kept or {n: _kept(t, copy) for n, t in tensors.items()}
+                                raw=raw, link=link)
+            self._held = {n: _kept(t, copy) for n, t in tensors.items()}
             self.version, self._plan = version, None
             return report
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
               compare: dict[str, torch.Tensor] | None = None, raw: bool = False,
-              link: time_model.Link | None = None,
-              in_flight: Callable[[], None] | None = None) -> PublishReport:
+              link: time_model.Link | None = None) -> PublishReport:
         """Encode against `base` (None: full) and push; densities are counted against
         `compare` (the previous version) when given, else every element counts as sent.
         `raw`: the delta goes all raw, sent as the dense path sends it; `link`: what each
         tensor is chosen by time for (both from _judge; a full snapshot needs neither).
-        The digest, the stats of a delta sent raw and `in_flight` run once every tensor is
-        encoded, while the last buckets are put (publish_weights' meta): off the critical
-        path, so a delta sent all raw costs about what the dense path does."""
+        The digest and the stats of a delta sent raw are taken once every tensor is encoded,
+        while the last buckets are put (publish_weights' meta), not after them."""
         t0 = time.perf_counter()
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
@@ -178,9 +171,10 @@ class SparsePublisher(SnapshotServer):
             old = None if base is None else base[name]
             changed = None
             nbytes = tensor.numel() * tensor.element_size()
-            raw, density = raw_first(tensor, old, link) if link and old is not None \
-                and tensor.dtype in DTYPE_CODES else (False, None)
-            if tensor.dtype in DTYPE_CODES and not raw:
+            codable = tensor.dtype in DTYPE_CODES
+            raw, density = raw_first(tensor, old, link) if codable and link and old is not None \
+                else (not codable, None)
+            if not raw:
                 data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
                                             target_version=version, density=density)
                 header = read_header(data)
@@ -209,8 +203,6 @@ class SparsePublisher(SnapshotServer):
             digest_s = time.perf_counter() - t
             if raw:  # as the dense path publishes: no per-tensor work beyond the stats
                 record_raw(report, base, tensors)
-            if in_flight is not None:
-                in_flight()
             return {"kind": kind, "base_version": base_version, "reason": reason,
                     "digest": report.digest}
         # a coded delta is streamed: receivers holding its base apply each bucket as it lands,
