@@ -4,8 +4,8 @@ The codec's element passes, zstd and the relay release the GIL; the Python aroun
 chooser, headers, bucket packing, the pool's hand-offs) does not. However many cores encode,
 the GIL-held seconds of one publish run one after another, so they bound its wall time from
 below. This bench publishes one delta (the synthetic Qwen shape, AdamW at --lr, one step,
-chosen by time for --gbps as `rose train` publishes) over and over into a relay that keeps only
-what the protocol reads back (no wire: the sender alone), in a child process, while py-spy
+chosen by time for --gbps as `rose train` publishes), and back, over and over into a Mooncake
+relay on loopback (the sender alone: no receiver pulls), in a child process, while py-spy
 samples it with --gil (only the thread holding the GIL is sampled, without pausing it) for
 each encoding-thread count in --workers. Per count: publish wall seconds, the fraction of
 wall time some thread held the GIL, GIL-held ms per publish, and the functions holding it.
@@ -32,73 +32,53 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from storage.atomic import write_atomic  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
-from storage.relay.base import Buffer, Relay, RelayKeyMissing  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SMALL = 1 << 20  # manifests, pointers and bucket infos: what the publisher reads back
-
-
-class SenderOnlyRelay(Relay):
-    """Keeps values under SMALL bytes (the protocol's metadata) and drops buckets: the
-    sender's work without a wire or a receiver."""
-
-    name = "sender-only"
-
-    def __init__(self) -> None:
-        self.small: dict[str, bytes] = {}
-
-    def put(self, key: str, data: Buffer) -> None:
-        view = memoryview(data)
-        if view.nbytes < SMALL:
-            self.small[key] = bytes(view.cast("B"))
-
-    def get(self, key: str) -> bytes:
-        if key not in self.small:
-            raise RelayKeyMissing(key)
-        return self.small[key]
-
-    def exists(self, key: str) -> bool:
-        return key in self.small
-
-    def remove(self, key: str) -> bool:
-        return self.small.pop(key, None) is not None
-
-    def remove_prefix(self, prefix: str) -> int:
-        gone = [k for k in self.small if k.startswith(prefix)]
-        for k in gone:
-            del self.small[k]
-        return len(gone)
 
 
 def _publisher(conn, params: float, lr: float, gbps: float) -> None:
-    """Child: build v0/v1, publish v0, then on (workers, seconds) publish v1 over and over."""
+    """Child: build v0/v1 and a Mooncake relay (master and store on loopback, as `rose up`
+    starts them); then on (workers, seconds) publish the two versions turn about, each a
+    delta onto the other (the same changes, sign flipped), over and over."""
     import torch
 
     from bench.transfer_workloads import synthetic_model
+    from rose.stack.mooncake import start_mooncake
     from storage.delta import kernels
+    from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import SparsePublisher
 
     torch.set_num_threads(1)
     kernels.warm_up()
     old, new, _ = synthetic_model(params, lr, 1)
-    conn.send("ready")
-    while (msg := conn.recv()) is not None:
-        workers, seconds = msg
-        pub = SparsePublisher(SenderOnlyRelay(), "gil", link_gbps=gbps, workers=workers)
-        pub.publish(0, old, copy=False)
-        held = pub.held
-        conn.send("go")
-        walls, cpu0, end = [], time.process_time(), time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pub.version, pub._held = 0, held  # v1 again onto v0: the same delta each time
-            t = time.perf_counter()
-            report = pub.publish(1, new, copy=False)
-            walls.append(time.perf_counter() - t)
-        conn.send({"publishes": len(walls), "wall_s": sum(walls) / len(walls),
-                   "cpu_s": (time.process_time() - cpu0) / len(walls),
-                   "pushed_mb": report.pushed_bytes / 1e6,
-                   "coded_tensors": sum(t.encoding != "raw" for t in report.tensors),
-                   "tensors": len(report.tensors)})
+    dense = sum(t.numel() * t.element_size() for t in new.values())
+    with tempfile.TemporaryDirectory(prefix="rose-gil-mc-") as tmp:
+        services = start_mooncake(Path(tmp))
+        # a full first version and the deltas the publisher keeps behind the newest
+        relay = MooncakeRelay(services.master_addr, services.metadata_url,
+                              segment_bytes=2 * dense + (256 << 20), local_buffer_bytes=64 << 20)
+        try:
+            conn.send("ready")
+            while (msg := conn.recv()) is not None:
+                workers, seconds = msg
+                pub = SparsePublisher(relay, f"gil-{workers}", link_gbps=gbps, workers=workers)
+                pub.publish(0, old, copy=False)
+                conn.send("go")
+                walls, cpu0, end = [], time.process_time(), time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    version = len(walls) + 1
+                    t = time.perf_counter()
+                    report = pub.publish(version, new if version % 2 else old, copy=False)
+                    walls.append(time.perf_counter() - t)
+                relay.remove_prefix(f"rose/gil-{workers}/")
+                conn.send({"publishes": len(walls), "wall_s": sum(walls) / len(walls),
+                           "cpu_s": (time.process_time() - cpu0) / len(walls),
+                           "pushed_mb": report.pushed_bytes / 1e6,
+                           "coded_tensors": sum(t.encoding != "raw" for t in report.tensors),
+                           "tensors": len(report.tensors)})
+        finally:
+            relay.close()
+            services.stop()
 
 
 def holders(raw: Path) -> tuple[int, Counter, Counter]:
@@ -167,7 +147,7 @@ def main() -> None:
         parent.send(None)
         proc.join(timeout=60)
     table = Table(title=f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr "
-                        f"{args.lr:g}, chosen for {args.gbps:g} Gbps (sender only, no wire)")
+                        f"{args.lr:g}, chosen for {args.gbps:g} Gbps (sender only, loopback Mooncake)")
     for col in ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish",
                 "MB coded", "coded / tensors"):
         table.add_column(col, justify="right")

@@ -1,12 +1,8 @@
 """bench/transfer_gil.py reads py-spy's raw stacks into GIL-held samples per function and per
-line (a function counted once per stack, however deep it recurses), and its sender-only relay
-keeps the protocol's metadata and drops buckets."""
+line (a function counted once per stack, however deep it recurses)."""
 from __future__ import annotations
 
-import pytest
-
-from bench.transfer_gil import SenderOnlyRelay, holders
-from storage.relay.base import RelayKeyMissing
+from bench.transfer_gil import holders
 
 
 def test_stacks_are_counted_per_function_and_leaf_line(tmp_path):
@@ -21,13 +17,3 @@ def test_stacks_are_counted_per_function_and_leaf_line(tmp_path):
     assert "thread (1): rose-codec_0" not in inclusive
     assert leaves == {"encode_ef (encodings.py:104)": 7, "f (x.py:5)": 3}
 
-
-def test_sender_only_relay_keeps_metadata_and_drops_buckets():
-    relay = SenderOnlyRelay()
-    relay.put("rose/r/v1/manifest", b"{}")
-    relay.put("rose/r/v1/bucket-0", bytearray(2 << 20))
-    assert relay.get("rose/r/v1/manifest") == b"{}"
-    assert not relay.exists("rose/r/v1/bucket-0")
-    with pytest.raises(RelayKeyMissing):
-        relay.get("rose/r/v1/bucket-0")
-    assert relay.remove_prefix("rose/r/") == 1 and not relay.exists("rose/r/v1/manifest")
