@@ -127,6 +127,9 @@ class PublishConfig(Strict):
     # the trainer-to-engines link: each tensor goes coded or raw, whichever the time model
     # (storage/delta/time_model.py) says reaches the engines first over this rate
     link_gbps: float = Field(10.0, gt=0, le=10_000)
+    # choose by the rate the transfers measure instead, once they have (the trainer's bucket
+    # puts, the engines' gets; transfers of 16 MB and up: storage/weights/link_rate.py)
+    measure_link: bool = True
     # The trainer's publish layout. None (default): one unsharded version. N: sharded
     # (storage/weights/sharded.py): the trainer, one process (layout TP=1), pushes each
     # tensor-parallel tensor as N slices in parts of their own, so an engine rank of TP up to N

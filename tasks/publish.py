@@ -79,7 +79,8 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         t0 = time.perf_counter()
         publisher = None if sharded else trainer_publisher(
             cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes, cfg.publish.sparse,
-            link_gbps=cfg.publish.link_gbps, stream=cfg.publish.stream)
+            link_gbps=cfg.publish.link_gbps, stream=cfg.publish.stream,
+            measure_link=cfg.publish.measure_link)
         # streamed (a coded delta): the engines wait for the push and apply it as it lands;
         # otherwise they pull once it is complete (a full snapshot, a delta all sent raw)
         streamed = publisher is not None and publisher.streams(version, weights)
@@ -98,6 +99,9 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]
         pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
+    if publisher is not None:  # the engines' gets: the link's other leg, for the next publish
+        for record in pulled.values():
+            publisher.observe_gets(record.get("get_bytes", 0), record.get("get_s", 0.0))
     if left or skipped:  # the step goes on without them: say which and why, in the log
         log.warning("publish v%d of %s did not wait for %s", version, cfg.run_id,
                     worker_reasons({**left, **skipped}))
@@ -111,6 +115,9 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                "streamed": streamed,  # the pulls started before the push, to stream it
                "pending": sorted(set(engines) - set(waited)), "left_out": left,
                "skipped": skipped,  # worker -> why (no engine, its pull could not start)
+               # the link's legs as measured so far (None: not yet; storage/weights/link_rate.py)
+               "link_measured": None if publisher is None or publisher.link_rate is None
+               else publisher.link_rate.as_dict(),
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
     return summary

@@ -126,3 +126,45 @@ def test_engines_apply_a_coded_delta_while_it_is_pushed(stack):
     assert not raw["streamed"] and raw["streamed_buckets"] == 0 and raw["full_fallbacks"] == 0
     assert engines(client)["rollout-0"]["version"] == 3
     assert engines(client)["rollout-0"]["digest"] == raw["digest"]
+    # 5 MB versions: too small to measure the link (16 MB and up), the configured rates rule
+    assert (delta["link_gbps"], raw["link_gbps"]) == (0.05, 400)
+    assert raw["link_measured"] == {"put_gbps": None, "get_gbps": None}
+
+
+def test_the_next_publish_chooses_by_the_link_its_transfers_measured(stack, monkeypatch):
+    """publish.measure_link (on by default): the full snapshot's bucket puts (PUT_S each, ~0.05
+    Gbps) and the engine's gets measure the link; configured at 400 Gbps, where a delta this
+    sparse would go all raw, the next one is chosen for the slow put leg instead, coded."""
+    import storage.weights.link_rate
+
+    monkeypatch.setattr(storage.weights.link_rate, "MIN_BYTES", 1 << 20)  # 5 MB versions
+    client, writer = stack
+    cfg = RunConfig(run_id="measure-link", stack={"relay": "filesystem"},
+                    publish={"bucket_bytes": 1 << 20, "link_gbps": 400})
+    g = torch.Generator().manual_seed(2)
+    v1 = {f"model.layers.{i}.mlp.up_proj.weight":
+          torch.randn(1024, 512, generator=g).to(torch.bfloat16) for i in range(5)}
+    v2 = {n: t.clone() for n, t in v1.items()}
+    for t in v2.values():
+        hit = torch.rand(t.shape, generator=g) < 0.3
+        t[hit] = (t[hit].float() * 1.01).to(torch.bfloat16)
+    on_trainer = {"workers": ["trainer-0"], "allow_other_workers": False, "pure": False}
+    summaries = []
+    try:
+        for version, weights in ((1, v1), (2, v2)):
+            with tasks.publish._snapshot_lock:
+                tasks.publish._snapshots["measure-link", version] = weights
+            summaries.append(client.submit(publish_and_sync, cfg, version, "dedicated",
+                                           **on_trainer).result(timeout=120))
+    finally:
+        with tasks.publish._snapshot_lock:
+            for v in (1, 2):
+                tasks.publish._snapshots.pop(("measure-link", v), None)
+    full, delta = summaries
+    measured = full["link_measured"]
+    assert measured["put_gbps"] <= 1.05 * (1 << 20) * 8 / PUT_S / 1e9  # held by PUT_S a bucket
+    assert measured["get_gbps"] > measured["put_gbps"]  # the engine's gets: no slow link there
+    assert full["workers"][0]["get_bytes"] >= 5 << 20
+    assert delta["link_gbps"] == pytest.approx(measured["put_gbps"])
+    assert delta["kind"] == "delta" and set(delta["encodings"]) != {"raw"}
+    assert engines(client)["rollout-0"]["digest"] == delta["digest"]

@@ -76,6 +76,8 @@ def test_a_waiting_receiver_applies_buckets_before_the_manifest_bit_exact(relays
     # the receiver's work overlapped the publish: buckets went in before the manifest existed
     assert got.mode == "delta" and not got.fallback and got.streamed >= 2
     assert got.buckets == len(manifest.buckets)
+    # every bucket's get was timed, streamed or not (the link's get leg: link_rate.py)
+    assert got.get_bytes == got.bytes and 0 < got.get_s <= got.fetch_s
     assert link.on_manifest == [0]  # half applied, it still claimed only v0: never v1 early
     assert rx.version == 1 and same(rx.tensors, v1)
     assert rx.digest == report.digest == tensors_digest(v1)
@@ -89,6 +91,7 @@ def test_damaged_bucket_in_the_stream_is_fetched_again(relays, ns):
     thread.join(60)
     got = out["report"]
     assert got.rejected == 1 and got.streamed >= 1 and not got.fallback
+    assert got.get_bytes == got.bytes  # the rejected copy crossed the link too
     assert rx.version == 1 and same(rx.tensors, v1)
 
 

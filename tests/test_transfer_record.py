@@ -21,17 +21,19 @@ def test_left_out_and_skipped_workers_are_recorded_with_why(tmp_path):
                                         "skipped": {"trainer-0": "no rollout engine",
                                                     "rollout-1": "RelayError: cannot start"}},
                            [ROW])
-    write_transfer_metrics(run_dir, 4, {**SUMMARY, "version": 4}, [ROW])  # every worker waited
+    # every worker waited; the tensors were chosen for a 2.5 Gbps link (measured or configured)
+    write_transfer_metrics(run_dir, 4, {**SUMMARY, "version": 4, "link_gbps": 2.5}, [ROW])
     # a file from before the columns existed
     old = pa.Table.from_pylist([{**{k: None for k in SCHEMA.names}, "step": 2, "version": 2,
                                  **ROW}], schema=SCHEMA).drop_columns(
-        ["workers_left_out", "workers_skipped"])
+        ["workers_left_out", "workers_skipped", "link_gbps"])
     pq.write_table(old, transfer_path(run_dir, 2))
     rows = connect(tmp_path).execute(
-        "SELECT step, workers_left_out, workers_skipped FROM transfer ORDER BY step").fetchall()
-    assert rows == [(2, None, None), (3, "serving-0: restarting",
-                                      "rollout-1: RelayError: cannot start; "
-                                      "trainer-0: no rollout engine"), (4, "", "")]
+        "SELECT step, workers_left_out, workers_skipped, link_gbps FROM transfer "
+        "ORDER BY step").fetchall()
+    assert rows == [(2, None, None, None), (3, "serving-0: restarting",
+                                            "rollout-1: RelayError: cannot start; "
+                                            "trainer-0: no rollout engine", None), (4, "", "", 2.5)]
 
 
 def test_the_empty_view_has_the_records_columns(tmp_path):

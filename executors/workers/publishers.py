@@ -23,6 +23,7 @@ from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, param_specs
 from storage.shards.rules import infer_rule
 from storage.weights.sharded import ShardedPublisher
+from storage.weights.link_rate import LinkRate
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 from storage.weights.transfer_metrics import PublishReport
 
@@ -34,10 +35,11 @@ TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
 
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
                       serve: bool = True, link_gbps: float | None = None,
-                      stream: bool = True) -> SparsePublisher:
+                      stream: bool = True, measure_link: bool = False) -> SparsePublisher:
     """This process's publisher of `run` (kept across steps), its request server running;
-    `link_gbps` makes it choose each tensor's form by time over that link; `stream`: coded
-    deltas are announced for receivers to apply as they land."""
+    `link_gbps` makes it choose each tensor's form by time over that link (`measure_link`: by
+    the rate its transfers measure once they have, storage/weights/link_rate.py); `stream`:
+    coded deltas are announced for receivers to apply as they land."""
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
@@ -45,6 +47,8 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
         pub.stream = stream
+        if measure_link != (pub.link_rate is not None):  # kept across steps while it stays on
+            pub.link_rate = LinkRate() if measure_link else None
     if serve:
         pub.start_server()
     return pub

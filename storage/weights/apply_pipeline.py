@@ -34,6 +34,7 @@ from storage.delta import read_header
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
 from storage.weights.digest import tensor_hash
+from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
 from storage.weights.payloads import decode_payload, shape_bytes
 from storage.weights.publisher import bucket_key
@@ -54,11 +55,12 @@ def fits(manifest: Manifest, tensors: dict[str, torch.Tensor] | None) -> bool:
 
 class _Fetcher:
     """Fetcher threads: bucket indices in, (index, verified view | error) out; at most `depth`
-    buckets taken and not yet released by the consumer."""
+    buckets taken and not yet released by the consumer; `gets` times the relay gets alone."""
 
     def __init__(self, relay: Relay, keys: list[str], infos: list[BucketInfo], threads: int,
-                 depth: int, retries: int) -> None:
+                 depth: int, retries: int, gets: TransferClock) -> None:
         self.relay, self.keys, self.infos, self.retries = relay, keys, infos, retries
+        self.gets = gets
         self.out: queue.Queue = queue.Queue()
         self.tokens = threading.Semaphore(depth)
         self.stop = threading.Event()
@@ -89,7 +91,9 @@ class _Fetcher:
         t = time.perf_counter()
         try:
             for attempt in range(self.retries + 1):
+                start = time.perf_counter()
                 blob = self.relay.get_many([self.keys[i]])[0]
+                self.gets.add(memoryview(blob).nbytes, start, time.perf_counter())
                 try:
                     return i, verify_bucket(self.infos[i], blob, self.keys[i])
                 except CorruptBucket as e:  # rejected whole; fetched again (a torn read heals)
@@ -180,8 +184,9 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     (streamed before the manifest, storage/weights/stream_pull.py). `stats` receives (adding
     to what it holds) bytes, buckets, fetch_s (fetcher threads' seconds), apply_s, wait_s
     (waiting for a bucket), rejected, applied (buckets), written (whether `dest` was touched
-    at all), order (bucket indices as applied) and hashes (per tensor applied, its
-    tensor_hash: a delta's verified result checksum, for the digest)."""
+    at all), order (bucket indices as applied), hashes (per tensor applied, its
+    tensor_hash: a delta's verified result checksum, for the digest) and gets (a
+    TransferClock of the relay gets alone: storage/weights/link_rate.py)."""
     if dest is not None and not fits(manifest, dest):
         raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
                             "the weights it would be applied into")
@@ -191,7 +196,8 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     st["bytes"] += sum(b.nbytes for b in rest)
     st["buckets"] += len(rest)
     keys = [bucket_key(run, version, b.index, part) for b in rest]
-    fetcher = _Fetcher(relay, keys, rest, fetchers, depth, retries)
+    fetcher = _Fetcher(relay, keys, rest, fetchers, depth, retries,
+                       st.setdefault("gets", TransferClock()))
     try:
         t = time.perf_counter()
         for i, view in fetcher.arrivals():

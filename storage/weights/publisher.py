@@ -30,6 +30,7 @@ import torch
 
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, CorruptBucket, Manifest,
                                      pack_buckets, verify_bucket)
+from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
 from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
                                       register_decoder, shape_bytes)  # (re-exported)
@@ -80,6 +81,8 @@ class PublishStats:
     buckets: int
     serialize_s: float  # encode + pack + checksum
     push_s: float       # relay puts (buckets, manifest, pointers) and pruning
+    put_bytes: int = 0  # bucket bytes put by the pusher thread, and the seconds some put of
+    put_s: float = 0.0  # them was under way (storage/weights/link_rate.py: the put leg)
 
 
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
@@ -160,7 +163,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         relay.put(latest_key(run), json.dumps({"version": version}).encode())
         relay.put(_versions_key(run), json.dumps(sorted(held | {version})).encode())
     push_s = time.perf_counter() - t_start - serialize_s
-    return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s)
+    puts = (pusher.puts.bytes, pusher.puts.seconds) if pusher else (0, 0.0)
+    return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s, *puts)
 
 
 def _prune(relay: Relay, run: str, version: int) -> set[int]:
@@ -221,7 +225,8 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     built only once every bucket checked out (CorruptBucket otherwise, nothing returned).
     Raw tensors are views over the fetched buffers (no extra copy). `base`/`base_version` are
     what the receiver holds, for delta encodings (a payload whose base differs raises
-    storage.delta.DeltaError). `stats`, if given, receives timings. `part` reads a snapshot
+    storage.delta.DeltaError). `stats`, if given, receives timings, and under "gets" a
+    TransferClock of the relay gets (storage/weights/link_rate.py). `part` reads a snapshot
     pushed under the version's sub-prefix; `manifest` saves re-reading one already read;
     `workers` threads decode (raw payloads are views: they cost nothing to decode).
     """
@@ -233,12 +238,15 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     if manifest is None:
         manifest = read_manifest(relay, run, version, part)
     views: list[memoryview] = []
+    gets = TransferClock() if stats is None else stats.setdefault("gets", TransferClock())
     for batch in _batches(manifest, batch_bytes):
         keys = [bucket_key(run, version, i, part) for i in batch]
+        t = time.perf_counter()
         try:
             blobs = relay.get_many(keys)
         except RelayKeyMissing as e:
             raise RelayKeyMissing(f"weights v{version} of run {run!r} incomplete: {e}") from None
+        gets.add(sum(memoryview(b).nbytes for b in blobs), t, time.perf_counter())
         views += [verify_bucket(manifest.buckets[i], blob, key)
                   for i, blob, key in zip(batch, blobs, keys)]
     t1 = time.perf_counter()

@@ -19,6 +19,7 @@ import threading
 import time
 
 from storage.relay.base import Buffer, Relay
+from storage.weights.link_rate import TransferClock
 
 _STOP = object()
 
@@ -36,6 +37,7 @@ class BucketPusher:
         self._aborted = threading.Event()
         self.put_s = 0.0  # seconds inside relay.put (the relay's own time, pacing included)
         self.wait_s = 0.0  # seconds the publisher waited for room (the link was the limit)
+        self.puts = TransferClock()  # the bucket puts alone: what the link's put leg did
         self.pushed = 0
         self._thread = threading.Thread(target=self._run, name="rose-push", daemon=True)
         self._thread.start()
@@ -51,6 +53,7 @@ class BucketPusher:
             t = time.perf_counter()
             try:
                 self.relay.put(key, blob)
+                self.puts.add(memoryview(blob).nbytes, t, time.perf_counter())
                 self.pushed += 1
                 if after is not None:  # what says the bucket is there (stream_pull.py)
                     self.relay.put(*after)

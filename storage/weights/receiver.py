@@ -61,6 +61,10 @@ class PullReport:
     apply_s: float = 0.0  # decoding and applying payloads (result checksums included)
     wait_s: float = 0.0  # waiting for a requested full snapshot
     seconds: float = 0.0
+    # the relay gets alone: bytes, and seconds some get was under way (the link's get leg as
+    # this receiver saw it, for the publisher's storage/weights/link_rate.LinkRate)
+    get_bytes: int = 0
+    get_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +175,9 @@ class WeightReceiver:
             report.streamed += int(stats.get("streamed", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
             report.apply_s += stats.get("decode_s", stats.get("apply_s", 0.0))
+            if "gets" in stats:
+                report.get_bytes += stats["gets"].bytes
+                report.get_s += stats["gets"].seconds
         for name, t in tensors.items():  # decoded empties may carry odd strides: normalize
             if t.numel() == 0:
                 tensors[name] = torch.empty(t.shape, dtype=t.dtype)

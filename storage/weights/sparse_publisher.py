@@ -24,8 +24,11 @@ republishes a lost part on its own (its version's commit names the stamp it had)
 With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
 (storage/delta/time_model.py): a tensor goes raw (its bytes as they are, encoding "raw") when
 that reaches the receiver sooner, judged before the change scan (tiny tensors, fast links)
-and again once its best encoding's size is known. Tensors are encoded by a pool of `workers`
-threads (storage/weights/parallel.py); the receiver decodes with its own.
+and again once its best encoding's size is known. With `measure_link`, the rate is what the
+transfers measure once they have (storage/weights/link_rate.py): this publisher's bucket
+puts, and the receivers' gets handed to `observe_gets`; `link_gbps` until then. Tensors are
+encoded by a pool of `workers` threads (storage/weights/parallel.py); the receiver decodes
+with its own.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from storage.relay.base import Buffer, Relay
 from storage.cores import available_cores
 from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
+from storage.weights.link_rate import LinkRate
 from storage.weights.tensor_form import all_raw, raw_first, record_raw, record_tensor
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
@@ -66,15 +70,18 @@ class SparsePublisher(SnapshotServer):
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None, part: str = "", stream: bool = True) -> None:
+                 workers: int | None = None, part: str = "", stream: bool = True,
+                 measure_link: bool = False) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
-        bytes alone); `workers`: encoding threads (None: every core this process may use);
+        bytes alone), or by what the transfers measure once they have with `measure_link`;
+        `workers`: encoding threads (None: every core this process may use);
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
         part of a version another commits: storage/weights/sharded.py); `stream`: announce
         coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py)."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part, self.stream = part, stream
         self.link_gbps = link_gbps
+        self.link_rate = LinkRate() if measure_link else None
         if sparse:  # compile the codec's kernels before the first publish needs them
             kernels.warm_up_in_background()
         self.workers = available_cores() if workers is None else max(1, workers)
@@ -133,7 +140,14 @@ class SparsePublisher(SnapshotServer):
         """The link and the cores coding these tensors keeps busy: a model that fits in one
         pool task (the demo policy's 1.7 MB) is coded on one thread, whatever the machine."""
         total = sum(t.numel() * t.element_size() for t in tensors.values())
-        return time_model.Link(self.link_gbps, busy_workers(total, self.workers))
+        gbps = self.link_gbps if self.link_rate is None else self.link_rate.gbps(self.link_gbps)
+        return time_model.Link(gbps, busy_workers(total, self.workers))
+
+    def observe_gets(self, nbytes: int, seconds: float) -> bool:
+        """A receiver's pull took `seconds` of relay gets for `nbytes` (its PullReport's
+        get_bytes and get_s): the get leg of the measured link (without `measure_link`,
+        ignored); False when not counted (too small to tell the bandwidth)."""
+        return self.link_rate is not None and self.link_rate.observe("get", nbytes, seconds)
 
     def publish(self, version: int, tensors: dict[str, torch.Tensor],
                 copy: bool = True) -> PublishReport:
@@ -163,7 +177,8 @@ class SparsePublisher(SnapshotServer):
         t0 = time.perf_counter()
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
-        report = PublishReport(version, kind, base_version, reason, part)
+        report = PublishReport(version, kind, base_version, reason, part,
+                               link_gbps=None if link is None else link.gbps)
         hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
@@ -217,4 +232,6 @@ class SparsePublisher(SnapshotServer):
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0
         report.push_s = stats.push_s  # relay puts and pruning (encode_s sums threads)
+        if self.link_rate is not None:
+            self.link_rate.observe("put", stats.put_bytes, stats.put_s)
         return report

@@ -26,6 +26,7 @@ import torch
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.apply_pipeline import BucketApplier, pull_into
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
+from storage.weights.link_rate import TransferClock
 from storage.weights.publisher import (announce_key, bucket_info_key, bucket_key, manifest_key,
                                        read_manifest)
 
@@ -125,10 +126,13 @@ def _fetch(relay: Relay, key: str, info: BucketInfo, retries: int,
            st: dict[str, Any]) -> memoryview:
     """The bucket, verified; a torn read is fetched again up to `retries` times."""
     for attempt in range(retries + 1):
+        start = time.perf_counter()
         try:
             blob = relay.get_many([key])[0]
         except RelayKeyMissing:
             raise StreamBroken(f"{key} went away (published again)") from None
+        st.setdefault("gets", TransferClock()).add(memoryview(blob).nbytes, start,
+                                                   time.perf_counter())
         st["bytes"] += memoryview(blob).nbytes
         st["buckets"] += attempt == 0
         try:

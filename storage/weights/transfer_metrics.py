@@ -5,7 +5,8 @@ and per step a small Parquet file, one row per published tensor.
 
 Each row: the tensor (name, layer, numel, changed elements, density, encoding chosen, raw and
 encoded bytes, encode seconds) and, repeated, the step's publish (kind full/delta, base
-version, bucket bytes pushed, push and publish seconds) and the pulls waited for (slowest pull,
+version, bucket bytes pushed, push and publish seconds, the link rate its tensors were chosen
+by: configured or measured, storage/weights/link_rate.py) and the pulls waited for (slowest pull,
 apply and engine load seconds, full-snapshot fallbacks; the workers not waited for, each
 with why: left out as gone, restarting or silent, or skipped with no engine or a pull that
 could not start). Query with duckdb, e.g.
@@ -61,6 +62,7 @@ class PublishReport:
     encode_s: float = 0.0
     push_s: float = 0.0
     seconds: float = 0.0
+    link_gbps: float | None = None  # the link rate its tensors were chosen by (None: by bytes)
     tensors: list[TensorStat] = field(default_factory=list)
     # (stat, new, base) whose change count is taken when the report is read: a compare pass
     # over every tensor sent raw or ternary would otherwise sit between encode and push
@@ -95,7 +97,7 @@ class PublishReport:
                 "density_per_layer": {str(k): c / n if n else 0.0
                                       for k, (c, n) in sorted(layers.items())},
                 "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
-                "publish_s": self.seconds}
+                "publish_s": self.seconds, "link_gbps": self.link_gbps}
 
     @classmethod
     def combine(cls, version: int, parts: list["PublishReport"], digest: str,
@@ -161,6 +163,7 @@ SCHEMA = pa.schema([
     # the workers the publish went on without, "name: why; ..." (columns added later: a run's
     # older files lack them, read as null by the catalog's union_by_name view)
     ("workers_left_out", pa.string()), ("workers_skipped", pa.string()),
+    ("link_gbps", pa.float64()),  # the rate the tensors were chosen by (null: by bytes)
 ])
 
 
@@ -190,7 +193,8 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "workers_synced": summary.get("workers_synced", 0),
                  "full_fallbacks": summary.get("full_fallbacks", 0),
                  "workers_left_out": worker_reasons(summary.get("left_out")),
-                 "workers_skipped": worker_reasons(summary.get("skipped"))}
+                 "workers_skipped": worker_reasons(summary.get("skipped")),
+                 "link_gbps": summary.get("link_gbps")}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
