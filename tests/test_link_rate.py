@@ -111,7 +111,8 @@ def test_publisher_chooses_by_the_rate_its_puts_measure(tmp_path):
         assert first.kind == "full" and first.link_gbps is None  # a snapshot: nothing to choose
     assert fixed.link_rate is None
     put_gbps = measured.link_rate.leg_gbps("put")
-    assert put_gbps is not None and 0.15 < put_gbps <= 0.31
+    # held to 0.3 Gbps, slower still when the filesystem is (a busy disk: not bounded below)
+    assert put_gbps is not None and 0 < put_gbps <= 0.31
     fixed_report, measured_report = fixed.publish(1, new), measured.publish(1, new)
     assert fixed_report.link_gbps == 1000.0
     assert measured_report.link_gbps == pytest.approx(measured.link_rate.gbps(1000.0))
@@ -139,10 +140,12 @@ def test_receivers_gets_are_the_other_leg(tmp_path):
     assert dense <= report.get_bytes <= report.bytes  # the buckets, padding included
     assert report.get_s >= report.get_bytes * 8 / 0.2e9 * 0.99
     assert report.get_s <= report.fetch_s + 1e-6  # gets alone, without the checksums
-    assert pub.link_rate.gbps(10.0) > 0.5  # only the fast put leg is measured so far
+    put = pub.link_rate.leg_gbps("put")
+    assert put <= 2.05 and pub.link_rate.gbps(10.0) == put  # the get leg: 10 until measured
     assert pub.observe_gets(report.get_bytes, report.get_s)
     assert not pub.observe_gets(1000, 1e-3)  # too small to count
-    assert 0.1 < pub.link_rate.gbps(10.0) <= 0.21
+    get = pub.link_rate.leg_gbps("get")
+    assert 0 < get <= 0.21 and pub.link_rate.gbps(10.0) == min(put, get)
     assert pub.publish(1, new).link_gbps <= 0.21
     delta = rx.pull(1)
     assert delta.mode == "delta" and delta.get_bytes == delta.bytes and delta.get_s > 0

@@ -1,0 +1,178 @@
+"""Choosing by the measured link when the configured rate is wrong (publish.measure_link).
+
+A trainer publishes the synthetic Qwen shape (--params, AdamW at --lr, one step) as a full
+snapshot, then --deltas deltas (the two versions turn about, each a delta onto the other),
+through a Mooncake master and store on loopback whose puts are paced to the TRUE rate
+(bench/transfer_e2e.py's emulation of a cross-cluster link), to a receiver in a process of its
+own that pulls each version bit-exactly (told before the push when the version streams, as
+`rose train`'s engines are). Per scenario (configured rate, true rate), three publishers:
+
+  fixed     chooses each tensor's form by the configured rate (publish.measure_link off)
+  measured  starts from the configured rate, then chooses by what its own bucket puts and the
+            receiver's gets measured (storage/weights/link_rate.py), as `rose train` does
+  oracle    chooses by the true rate, as if the operator had set it right
+
+Per delta: publish-to-applied seconds (push start to the receiver's verified answer), bytes on
+the wire, the rate it was chosen by, and (measured) both legs as measured after it: the puts
+are paced, the gets are this machine's loopback, which on a small host may be the slower
+leg. The table gives each publisher's median over the deltas and its ratio to fixed; the first
+delta already follows the full snapshot's measurement. Most of a scenario's time is its full
+snapshots on the slow link.
+
+    .venv/bin/python bench/transfer_link.py [--params 100e6] [--lr 1e-5] [--deltas 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.transfer_e2e import PacedRelay, _reader  # noqa: E402
+from bench.transfer_workloads import synthetic_model  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
+from storage.cores import available_cores  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+POLICIES = ("fixed", "measured", "oracle")
+
+
+def _pull(conn, run: str, version: int, streams: bool) -> dict:
+    """The receiver's answer for `version` (asked before the push when it streams)."""
+    if not streams:
+        conn.send(("sparse", run, version))
+    seconds, report, digest = conn.recv()
+    return {**report, "pull_s": seconds, "digest": digest}
+
+
+def run_policy(writer, conn, policy: str, configured: float, true: float,
+               versions: list[dict], wants: list[str], tag: str) -> list[dict]:
+    """Publish versions[0] full, then each next one as a delta, under `policy`; one row per
+    delta."""
+    from storage.weights.sparse_publisher import SparsePublisher
+
+    link = PacedRelay(writer, true)
+    run = f"link-{tag}-{policy}"
+    pub = SparsePublisher(link, run, link_gbps=true if policy == "oracle" else configured,
+                          measure_link=policy == "measured")
+    rows = []
+    for version, (weights, want) in enumerate(zip(versions, wants)):
+        t0 = time.perf_counter()
+        streams = pub.streams(version, weights)
+        if streams:
+            conn.send(("stream", run, version))
+        report = pub.publish(version, weights, copy=False)
+        pulled = _pull(conn, run, version, streams)
+        total = time.perf_counter() - t0
+        if pulled["digest"] != want:
+            raise AssertionError(f"{run} v{version}: the receiver's weights are not bit-exact")
+        pub.observe_gets(pulled["get_bytes"], pulled["get_s"])
+        if version:
+            rows.append({"policy": policy, "version": version, "kind": report.kind,
+                         "chosen_gbps": report.link_gbps, "bytes": report.pushed_bytes,
+                         "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
+                         "tensors": len(report.tensors), "publish_s": report.seconds,
+                         "total_s": total, "mode": pulled["mode"],
+                         "streamed_buckets": pulled["streamed"],
+                         "measured_legs": None if pub.link_rate is None  # after this publish
+                         else pub.link_rate.as_dict()})
+    writer.remove_prefix(f"rose/{run}/")
+    conn.send(("drop", run, 0))
+    conn.recv()
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=float, default=100e6, help="synthetic model size")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--deltas", type=int, default=3)
+    p.add_argument("--scenarios", type=float, nargs="+", default=[10, 1, 1, 10],
+                   metavar="GBPS", help="pairs: configured rate, true rate")
+    p.add_argument("--out", type=Path, default=RESULTS / "transfer_link.json")
+    args = p.parse_args()
+    if len(args.scenarios) % 2 or args.deltas < 1:
+        p.error("--scenarios takes pairs of rates (configured, true); --deltas >= 1")
+    from rich.console import Console
+    from rich.table import Table
+
+    from rose.stack.mooncake import start_mooncake
+    from storage.delta import kernels
+    from storage.relay.mooncake import MooncakeRelay
+    from storage.weights.sparse_publisher import tensors_digest
+
+    t_start = time.perf_counter()
+    kernels.warm_up()
+    old, new, _ = synthetic_model(args.params, args.lr, 1)
+    versions = [old if i % 2 == 0 else new for i in range(args.deltas + 1)]
+    wants = [tensors_digest(v) for v in versions]
+    dense = sum(t.numel() * t.element_size() for t in old.values())
+    scenarios = list(zip(args.scenarios[::2], args.scenarios[1::2]))
+    rows: list[dict] = []
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="rose-link-mc-") as tmp:
+        services = start_mooncake(Path(tmp))
+        parent, child = mp.get_context("spawn").Pipe()
+        proc = mp.get_context("spawn").Process(
+            target=_reader, args=(child, services.master_addr, services.metadata_url, 1 << 30),
+            daemon=True)
+        writer = None
+        try:
+            writer = MooncakeRelay(services.master_addr, services.metadata_url,
+                                   segment_bytes=4 * dense + (256 << 20),
+                                   local_buffer_bytes=64 << 20)
+            proc.start()
+            if parent.recv() != "ready":
+                raise RuntimeError("receiver process did not start")
+            for s, (configured, true) in enumerate(scenarios):
+                for policy in POLICIES:
+                    got = run_policy(writer, parent, policy, configured, true, versions, wants,
+                                     f"{s}")
+                    rows += [{"configured_gbps": configured, "true_gbps": true, **r} for r in got]
+                    console.print(f"  configured {configured:g} / true {true:g} Gbps, {policy}: "
+                                  + ", ".join(f"{r['total_s']:.2f} s" for r in got))
+        finally:
+            if proc.is_alive():
+                parent.send(None)
+                proc.join(timeout=30)
+            if writer is not None:
+                writer.close()
+            services.stop()
+    summary = []
+    table = Table(title=f"Publish-to-applied when publish.link_gbps is wrong: synthetic "
+                        f"{args.params / 1e6:.0f}M, lr {args.lr:g}, median of {args.deltas} deltas")
+    for col in ("configured", "true", "policy", "chosen Gbps", "MB on wire", "raw tensors",
+                "seconds", "fixed / it"):
+        table.add_column(col, justify="right")
+    for configured, true in scenarios:
+        mine = [r for r in rows if (r["configured_gbps"], r["true_gbps"]) == (configured, true)]
+        fixed = statistics.median(r["total_s"] for r in mine if r["policy"] == "fixed")
+        for policy in POLICIES:
+            its = [r for r in mine if r["policy"] == policy]
+            med = statistics.median(r["total_s"] for r in its)
+            chosen = statistics.median(r["chosen_gbps"] for r in its)
+            summary.append({"configured_gbps": configured, "true_gbps": true, "policy": policy,
+                            "median_total_s": med, "fixed_over_it": fixed / med,
+                            "median_chosen_gbps": chosen,
+                            "median_mb": statistics.median(r["bytes"] for r in its) / 1e6})
+            table.add_row(f"{configured:g}", f"{true:g}", policy, f"{chosen:.2f}",
+                          f"{summary[-1]['median_mb']:.1f}",
+                          f"{statistics.median(r['raw_tensors'] for r in its):.0f}/"
+                          f"{its[0]['tensors']}", f"{med:.3f}", f"{fixed / med:.2f}x")
+    console.print(table)
+    write_atomic(args.out, json.dumps({
+        "bench": "transfer_link", "machine": platform.platform(), "cpus": available_cores(),
+        "seconds": time.perf_counter() - t_start,
+        "args": {k: str(v) for k, v in vars(args).items()}, "dense_bytes": dense,
+        "summary": summary, "rows": rows}, indent=1))
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
