@@ -128,8 +128,7 @@ class PublishConfig(Strict):
     # (storage/delta/time_model.py) says reaches the engines first over this rate
     link_gbps: float = Field(10.0, gt=0, le=10_000)
     # choose by the rate the transfers measure instead, once they have (the trainer's bucket
-    # puts, the engines' gets; transfers of 16 MB and up: storage/weights/link_rate.py);
-    # unsharded publishes only: a sharded one (shard_split) keeps link_gbps
+    # puts, the engines' gets; transfers of 16 MB and up: storage/weights/link_rate.py)
     measure_link: bool = True
     # The trainer's publish layout. None (default): one unsharded version. N: sharded
     # (storage/weights/sharded.py): the trainer, one process (layout TP=1), pushes each

@@ -32,7 +32,7 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from executors.workers.publishers import publish_sharded, trainer_publisher
+from executors.workers.publishers import observe_pulls, publish_sharded, trainer_publisher
 from executors.workers.trainer import local_trainer
 from executors.workers.weight_sync import start_pulls, wait_versions
 from rose.config import RunConfig
@@ -99,9 +99,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         waited = {"dedicated": [n for n in dedicated if n in engines], "none": [],
                   "all": engines}[wait_for]
         pulled = wait_versions(client, waited, cfg.run_id, version, timeout_s, left_out=left)
-    if publisher is not None:  # the engines' gets: the link's other leg, for the next publish
-        for record in pulled.values():
-            publisher.observe_gets(record.get("get_bytes", 0), record.get("get_s", 0.0))
+    measured = observe_pulls(cfg, pulled.values())  # the link's get leg, for the next publish
     if left or skipped:  # the step goes on without them: say which and why, in the log
         log.warning("publish v%d of %s did not wait for %s", version, cfg.run_id,
                     worker_reasons({**left, **skipped}))
@@ -115,9 +113,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
                "streamed": streamed,  # the pulls started before the push, to stream it
                "pending": sorted(set(engines) - set(waited)), "left_out": left,
                "skipped": skipped,  # worker -> why (no engine, its pull could not start)
-               # the link's legs as measured so far (None: not yet; storage/weights/link_rate.py)
-               "link_measured": None if publisher is None or publisher.link_rate is None
-               else publisher.link_rate.as_dict(),
+               "link_measured": measured,  # both legs so far (storage/weights/link_rate.py)
                "workers": list(pulled.values())}
     write_transfer_metrics(cfg.run_dir(), version, summary, report.rows())
     return summary

@@ -150,3 +150,39 @@ def test_receivers_gets_are_the_other_leg(tmp_path):
     delta = rx.pull(1)
     assert delta.mode == "delta" and delta.get_bytes == delta.bytes and delta.get_s > 0
     assert all(bits(rx.tensors[n]) == bits(new[n]) for n in new)
+
+
+def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path, monkeypatch):
+    """publish.shard_split: every part's puts and the ranks' gets measure one link, which the
+    next version's parts all choose by."""
+    import storage.weights.link_rate
+    from storage.shards.grain import PublishLayout
+    from storage.shards.layout import ParallelLayout
+    from storage.shards.plan import param_specs
+    from storage.shards.rules import infer_model_rules
+    from storage.weights.sharded import ShardedPublisher, commit_sharded
+    from storage.weights.sharded_receiver import ShardedReceiver
+    from storage.weights.transfer_metrics import PublishReport
+    from test_sharded_publish import _step, _tiny
+
+    monkeypatch.setattr(storage.weights.link_rate, "MIN_BYTES", 32 << 10)  # a tiny model
+    relay = SlowLink(tmp_path / "relay", put_gbps=0.05, get_gbps=0.02)
+    model, full = _tiny()
+    specs = param_specs(full.items(), infer_model_rules(model, model.config))
+    layout = PublishLayout(ParallelLayout(1), split=2)
+    pub = ShardedPublisher(relay, "run", layout, (0, 0, 0), specs, link_gbps=1000.0,
+                           measure_link=True)
+    parts = pub.publish(0, full)
+    commit_sharded(relay, "run", 0, layout, specs)
+    assert len(parts) >= 2 and all(p.link_rate is pub.link_rate for p in pub._pubs.values())
+    put = pub.link_rate.leg_gbps("put")
+    assert put is not None and put <= 0.051
+    ranks = [ShardedReceiver(relay, "run", ParallelLayout(2), (t, 0, 0)) for t in range(2)]
+    for rank in ranks:
+        report = rank.pull()
+        assert report.get_bytes == report.bytes and report.get_s > 0
+        pub.observe_gets(report.get_bytes, report.get_s)
+    assert pub.link_rate.leg_gbps("get") <= 0.021
+    nxt = {n: _step(t) for n, t in full.items()}
+    combined = PublishReport.combine(1, list(pub.publish(1, nxt).values()), "", 0.0)
+    assert combined.link_gbps == pytest.approx(pub.link_rate.leg_gbps("get"))

@@ -84,6 +84,10 @@ def test_publish_task_sharded_reaches_every_engine_bit_exact(live) -> None:
         # TP=1 engines pull every part: the version's every byte, no more
         assert summary["pulled_bytes"] == summary["bytes"] == sum(p["bytes"] for p in manifest.meta["parts"].values())
         assert transfer_path(cfg.run_dir(), v).exists()
+        # the tiny policy's parts are too small to measure the link: the configured 10 Gbps
+        assert summary["link_measured"] == {"put_gbps": None, "get_gbps": None}
+        assert summary["link_gbps"] == (None if v == 0 else 10.0)
+        assert all(w["get_bytes"] > 0 for w in summary["workers"])
         state = engines(live.client)
         assert {s["version"] for s in state.values()} == {v}
         assert {s["digest"] for s in state.values()} == {tensors_digest(live.versions[v])}

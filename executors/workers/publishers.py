@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -74,7 +76,7 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
     anew, its bases dropped, when the layout, the parameters or the publish settings change."""
     p = cfg.publish
     layout = PublishLayout(ParallelLayout(1), p.shard_split or 1)
-    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps)
+    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps, p.measure_link)
     key = (cfg.stack.relay, cfg.run_id)
     with _lock:
         held, pub = _sharded.get(key, ((), None))
@@ -82,11 +84,26 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
             if pub is not None:
                 pub.stop_servers()
             pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, TRAINER_RANK,
-                                   specs, p.bucket_bytes, p.sparse, p.link_gbps)
+                                   specs, p.bucket_bytes, p.sparse, p.link_gbps,
+                                   measure_link=p.measure_link)
             _sharded[key] = (settings, pub)
     if serve:
         pub.start_servers()
     return pub
+
+
+def observe_pulls(cfg: RunConfig, records: Iterable[dict[str, Any]]) -> dict[str, float | None] | None:
+    """Hand the engines' pull records (their get_bytes and get_s) to this process's publisher
+    of the run, unsharded or sharded, for the link's get leg (storage/weights/link_rate.py);
+    both legs as measured so far, None when it does not measure the link."""
+    key = (cfg.stack.relay, cfg.run_id)
+    with _lock:
+        pub = _publishers.get(key) if cfg.publish.shard_split is None else _sharded.get(key, ((), None))[1]
+    if pub is None or pub.link_rate is None:
+        return None
+    for record in records:
+        pub.observe_gets(record.get("get_bytes", 0), record.get("get_s", 0.0))
+    return pub.link_rate.as_dict()
 
 
 def publish_sharded(cfg: RunConfig, version: int, weights: dict[str, torch.Tensor]) -> PublishReport:

@@ -12,7 +12,9 @@ Relay keys of a sharded version (next to the unsharded ones, storage/weights/pub
 
 Each part is pushed by a storage.weights.sparse_publisher.SparsePublisher of its own (the same
 delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix),
-which also answers a receiver's request for a full snapshot of the part (`start_servers`):
+which also answers a receiver's request for a full snapshot of the part (`start_servers`);
+with `measure_link` they share one storage/weights/link_rate.LinkRate (each part's puts, and
+the receivers' gets handed to `observe_gets`):
   rose/<run>/v<v>/shards/.../<group>/full-request, answered under .../<group>/full/
 A publisher holding every part (a trainer of one rank, the live path) also puts its committed
 version back, every part in full, if the relay loses it (a master restart), as the unsharded
@@ -35,6 +37,7 @@ from storage.shards.plan import ParamSpec
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest
 from storage.weights.publisher import commit_version, manifest_key, read_manifest
+from storage.weights.link_rate import LinkRate
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import PublishReport
 
@@ -66,7 +69,7 @@ class ShardedPublisher:
     def __init__(self, relay: Relay, run: str, layout: PublishLayout, rank: Rank,
                  params: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None) -> None:
+                 workers: int | None = None, measure_link: bool = False) -> None:
         if rank not in layout.trainer.ranks():
             raise ValueError(f"rank {rank} is not a rank of trainer layout {layout.trainer}")
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
@@ -74,6 +77,9 @@ class ShardedPublisher:
         self.parts = rank_parts(params, layout)[rank]
         self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part)
                       for part in self.parts}
+        self.link_rate = LinkRate() if measure_link else None
+        for pub in self._pubs.values():  # one link, whichever part measured it
+            pub.link_rate = self.link_rate
         # a rank publishing every part (a trainer of one rank) can also commit a version again
         self.whole = sorted(self.parts) == expected_parts(params, layout)
         self.committed: int | None = None  # the last version this publisher committed
@@ -98,6 +104,10 @@ class ShardedPublisher:
                                      f"layout says {held.local_shape(p.shape)}")
                 out[part][obj.key] = cut(shard.detach().to("cpu", torch.bfloat16), held, obj.slice, p.shape)
         return out
+
+    def observe_gets(self, nbytes: int, seconds: float) -> bool:
+        """A receiver's gets (its ShardPullReport's get_bytes and get_s): SparsePublisher's."""
+        return self.link_rate is not None and self.link_rate.observe("get", nbytes, seconds)
 
     def start_servers(self, interval_s: float = 0.1, lost_every_s: float = 1.0) -> None:
         """Answer receivers' requests for a full snapshot of a part (one thread per part); a

@@ -57,6 +57,8 @@ class ShardPullReport:
     fetch_s: float = 0.0
     apply_s: float = 0.0
     seconds: float = 0.0
+    get_bytes: int = 0  # the relay gets alone, as receiver.PullReport's (parts one by one)
+    get_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,7 +152,7 @@ class ShardedReceiver:
                    report: ShardPullReport, delta: bool = False) -> dict[str, torch.Tensor]:
         """The objects of one part (or of its full snapshot), checked against the digest the
         commit recorded for the part; what crossed the wire is counted even when unusable."""
-        stats: dict[str, float] = {}
+        stats: dict[str, Any] = {}
         try:
             _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
                                       base=self._objects if delta else None,
@@ -161,6 +163,9 @@ class ShardedReceiver:
             report.buckets += int(stats.get("buckets", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
             report.apply_s += stats.get("decode_s", 0.0)
+            if "gets" in stats:
+                report.get_bytes += stats["gets"].bytes
+                report.get_s += stats["gets"].seconds
         want = committed.get("digest")
         if want is not None and tensors_digest(tensors) != want:  # end to end, per part
             raise CorruptBucket(f"v{target}/{part}: digest differs from the publisher's {want}")

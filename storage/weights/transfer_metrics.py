@@ -110,6 +110,8 @@ class PublishReport:
                   bases.pop() if len(bases) == 1 else None,
                   "; ".join(sorted({r.reason for r in parts if r.reason})), digest=digest,
                   seconds=seconds)
+        links = {r.link_gbps for r in parts}  # one link: the parts share its measured rate
+        out.link_gbps = links.pop() if len(links) == 1 else None
         for r in parts:
             out.pushed_bytes, out.buckets = out.pushed_bytes + r.pushed_bytes, out.buckets + r.buckets
             out.encode_s, out.push_s = out.encode_s + r.encode_s, out.push_s + r.push_s
