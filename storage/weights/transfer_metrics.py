@@ -62,7 +62,8 @@ class PublishReport:
     encode_s: float = 0.0
     push_s: float = 0.0
     seconds: float = 0.0
-    link_gbps: float | None = None  # the link rate its tensors were chosen by (None: by bytes)
+    # the link rate its tensors were chosen by (None: a full snapshot, or chosen by bytes)
+    link_gbps: float | None = None
     tensors: list[TensorStat] = field(default_factory=list)
     # (stat, new, base) whose change count is taken when the report is read: a compare pass
     # over every tensor sent raw or ternary would otherwise sit between encode and push
@@ -165,7 +166,7 @@ SCHEMA = pa.schema([
     # the workers the publish went on without, "name: why; ..." (columns added later: a run's
     # older files lack them, read as null by the catalog's union_by_name view)
     ("workers_left_out", pa.string()), ("workers_skipped", pa.string()),
-    ("link_gbps", pa.float64()),  # the rate the tensors were chosen by (null: by bytes)
+    ("link_gbps", pa.float64()),  # the rate the tensors were chosen by (null: full, by bytes)
 ])
 
 
