@@ -82,11 +82,14 @@ def test_routing_page_draws_the_affinity_hit_rate(recorded):
 
 
 def test_transfer_page_draws_each_publish(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 5 + 2 * len(RUNS))
+    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 6 + 2 * len(RUNS))
     sent = {r.glyph.y: r.data_source.data for r in
             drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]}
     assert sent["sent_mb"]["sent_mb"] == pytest.approx([0.6] * 3)  # from the publish records
     assert sent["dense_mb"]["dense_mb"] == pytest.approx([1.5] * 3)
+    link = drawn["Link rate each delta was chosen by (publish.link_gbps, or measured)"]
+    assert len({id(r.data_source) for r in link}) == len(RUNS)  # one series per run
+    assert link[0].data_source.data["link_gbps"] == pytest.approx([10.0 / s for s in STEPS])
 
 
 def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recorded):
@@ -99,7 +102,7 @@ def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recor
 
 
 def test_transfer_page_encoding_mix_stages_and_lag(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 7)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 8)
     mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
     assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
     assert mix["dense"] == pytest.approx([5 / 6] * 3)

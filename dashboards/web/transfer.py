@@ -1,7 +1,9 @@
 """Transfer page: per publish (one per RL step), the bytes the trainer shipped against the dense
 bf16 weights, the mix of encodings chosen (storage/delta), the seconds of each stage (encode,
-push into the relay, the slowest worker's pull, apply and engine load), the publish rate and
-version, and how many versions each worker's turns lagged the trainer (from `turns`)."""
+push into the relay, the slowest worker's pull, apply and engine load), the link rate each
+publish chose its encodings by (publish.link_gbps, or measured: storage/weights/link_rate.py),
+the publish rate and version, and how many versions each worker's turns lagged the trainer
+(from `turns`)."""
 from __future__ import annotations
 
 from dashboards.web.data import NAN, Columns, Frames, groups, scaled
@@ -22,7 +24,7 @@ def data(frames: Frames) -> dict[tuple, Columns]:
     for (run,), c in groups(frames.publishes, "run").items():
         out[("publishes", run)] = {"step": c["step"], "sent_mb": scaled(c["pushed_bytes"], 1e-6),
                                    "dense_mb": scaled(c["dense_bytes"], 1e-6),
-                                   **{s: c[s] for s in STAGES}}
+                                   "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES}}
     for (run,), c in groups(frames.encodings, "run").items():
         steps = sorted(set(c["step"]))
         cols: Columns = {"step": steps}
@@ -60,6 +62,11 @@ def layout(sources: Sources):
                           f"slowest worker): {run}", "seconds")
         stacked(fig, src, list(STAGES), [s.removesuffix("_s") for s in STAGES])
         figs.append(fig)
+    if publishes:  # a full snapshot chooses nothing: no point there
+        link = step_figure("Link rate each delta was chosen by (publish.link_gbps, or measured)",
+                           "Gbps")
+        lines(link, publishes, "link_gbps")
+        figs.append(link)
     total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
     lines(total, runs, "publish_s")
     rate = step_figure("Publish rate", "MB/s")
