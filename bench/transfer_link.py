@@ -55,12 +55,13 @@ def run_policy(writer, conn, policy: str, configured: float, true: float,
                versions: list[dict], wants: list[str], tag: str) -> list[dict]:
     """Publish versions[0] full, then each next one as a delta, under `policy`; one row per
     delta."""
+    from storage.weights.link_rate import LinkRate
     from storage.weights.sparse_publisher import SparsePublisher
 
     link = PacedRelay(writer, true)
     run = f"link-{tag}-{policy}"
     pub = SparsePublisher(link, run, link_gbps=true if policy == "oracle" else configured,
-                          measure_link=policy == "measured")
+                          link_rate=LinkRate() if policy == "measured" else None)
     rows = []
     for version, (weights, want) in enumerate(zip(versions, wants)):
         t0 = time.perf_counter()

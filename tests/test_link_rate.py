@@ -104,8 +104,8 @@ def test_publisher_chooses_by_the_rate_its_puts_measure(tmp_path):
     old, new = versions(moved=0.3)
     relay = SlowLink(tmp_path / "relay", put_gbps=0.3)
     fixed = SparsePublisher(relay, "fixed", link_gbps=1000.0, workers=1)
-    measured = SparsePublisher(relay, "measured", link_gbps=1000.0, workers=1, measure_link=True)
-    measured.link_rate = LinkRate(min_bytes=MB)  # the model here is 1.3 MB
+    measured = SparsePublisher(relay, "measured", link_gbps=1000.0, workers=1,
+                               link_rate=LinkRate(min_bytes=MB))  # the model here is 1.3 MB
     for pub in (fixed, measured):
         first = pub.publish(0, old)
         assert first.kind == "full" and first.link_gbps is None  # a snapshot: nothing to choose
@@ -131,8 +131,8 @@ def test_receivers_gets_are_the_other_leg(tmp_path):
     """The publisher's puts are fast, the engines' gets slow: the gets set the rate."""
     old, new = versions(moved=0.3)
     relay = SlowLink(tmp_path / "relay", put_gbps=2.0, get_gbps=0.2)
-    pub = SparsePublisher(relay, "run", link_gbps=10.0, workers=1, measure_link=True)
-    pub.link_rate = LinkRate(min_bytes=MB)
+    pub = SparsePublisher(relay, "run", link_gbps=10.0, workers=1,
+                          link_rate=LinkRate(min_bytes=MB))
     pub.publish(0, old)
     rx = WeightReceiver(relay, "run", workers=1)
     report = rx.pull(0)
@@ -152,10 +152,9 @@ def test_receivers_gets_are_the_other_leg(tmp_path):
     assert all(bits(rx.tensors[n]) == bits(new[n]) for n in new)
 
 
-def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path, monkeypatch):
+def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path):
     """publish.shard_split: every part's puts and the ranks' gets measure one link, which the
     next version's parts all choose by."""
-    import storage.weights.link_rate
     from storage.shards.grain import PublishLayout
     from storage.shards.layout import ParallelLayout
     from storage.shards.plan import param_specs
@@ -165,13 +164,12 @@ def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path, monkeypatc
     from storage.weights.transfer_metrics import PublishReport
     from test_sharded_publish import _step, _tiny
 
-    monkeypatch.setattr(storage.weights.link_rate, "MIN_BYTES", 32 << 10)  # a tiny model
     relay = SlowLink(tmp_path / "relay", put_gbps=0.05, get_gbps=0.02)
     model, full = _tiny()
     specs = param_specs(full.items(), infer_model_rules(model, model.config))
     layout = PublishLayout(ParallelLayout(1), split=2)
     pub = ShardedPublisher(relay, "run", layout, (0, 0, 0), specs, link_gbps=1000.0,
-                           measure_link=True)
+                           link_rate=LinkRate(min_bytes=32 << 10))  # a tiny model
     parts = pub.publish(0, full)
     commit_sharded(relay, "run", 0, layout, specs)
     assert len(parts) >= 2 and all(p.link_rate is pub.link_rate for p in pub._pubs.values())

@@ -45,11 +45,12 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
-            pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse)
+            pub = SparsePublisher(shared_relay(relay_kind), run, bucket_bytes, sparse,
+                                  link_rate=LinkRate() if measure_link else None)
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
         pub.stream = stream
-        if measure_link != (pub.link_rate is not None):  # kept across steps while it stays on
+        if measure_link != (pub.link_rate is not None):  # switched: kept while it stays on
             pub.link_rate = LinkRate() if measure_link else None
     if serve:
         pub.start_server()
@@ -85,7 +86,7 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
                 pub.stop_servers()
             pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, TRAINER_RANK,
                                    specs, p.bucket_bytes, p.sparse, p.link_gbps,
-                                   measure_link=p.measure_link)
+                                   link_rate=LinkRate() if p.measure_link else None)
             _sharded[key] = (settings, pub)
     if serve:
         pub.start_servers()

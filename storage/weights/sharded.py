@@ -13,8 +13,8 @@ Relay keys of a sharded version (next to the unsharded ones, storage/weights/pub
 Each part is pushed by a storage.weights.sparse_publisher.SparsePublisher of its own (the same
 delta coding, time model and bf16 base copy as the unsharded path, under the part's prefix),
 which also answers a receiver's request for a full snapshot of the part (`start_servers`);
-with `measure_link` they share one storage/weights/link_rate.LinkRate (each part's puts, and
-the receivers' gets handed to `observe_gets`):
+given a `link_rate` (storage/weights/link_rate.LinkRate) they all measure and choose by that
+one (each part's puts, and the receivers' gets handed to `observe_gets`):
   rose/<run>/v<v>/shards/.../<group>/full-request, answered under .../<group>/full/
 A publisher holding every part (a trainer of one rank, the live path) also puts its committed
 version back, every part in full, if the relay loses it (a master restart), as the unsharded
@@ -69,17 +69,16 @@ class ShardedPublisher:
     def __init__(self, relay: Relay, run: str, layout: PublishLayout, rank: Rank,
                  params: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None, measure_link: bool = False) -> None:
+                 workers: int | None = None, link_rate: LinkRate | None = None) -> None:
         if rank not in layout.trainer.ranks():
             raise ValueError(f"rank {rank} is not a rank of trainer layout {layout.trainer}")
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
         self.params = {p.name: p for p in params}
         self.parts = rank_parts(params, layout)[rank]
-        self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part)
+        self.link_rate = link_rate  # one link, whichever part measured it
+        self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part,
+                                            link_rate=link_rate)
                       for part in self.parts}
-        self.link_rate = LinkRate() if measure_link else None
-        for pub in self._pubs.values():  # one link, whichever part measured it
-            pub.link_rate = self.link_rate
         # a rank publishing every part (a trainer of one rank) can also commit a version again
         self.whole = sorted(self.parts) == expected_parts(params, layout)
         self.committed: int | None = None  # the last version this publisher committed

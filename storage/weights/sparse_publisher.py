@@ -24,7 +24,7 @@ republishes a lost part on its own (its version's commit names the stamp it had)
 With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
 (storage/delta/time_model.py): a tensor goes raw (its bytes as they are, encoding "raw") when
 that reaches the receiver sooner, judged before the change scan (tiny tensors, fast links)
-and again once its best encoding's size is known. With `measure_link`, the rate is what the
+and again once its best encoding's size is known. Given a `link_rate`, the rate is what the
 transfers measure once they have (storage/weights/link_rate.py): this publisher's bucket
 puts, and the receivers' gets handed to `observe_gets`; `link_gbps` until then. Tensors are
 encoded by a pool of `workers` threads (storage/weights/parallel.py); the receiver decodes
@@ -71,9 +71,10 @@ class SparsePublisher(SnapshotServer):
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
                  workers: int | None = None, part: str = "", stream: bool = True,
-                 measure_link: bool = False) -> None:
+                 link_rate: LinkRate | None = None) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
-        bytes alone), or by what the transfers measure once they have with `measure_link`;
+        bytes alone), or by what `link_rate` measures once it has (it may be shared: the
+        parts of a sharded version, storage/weights/sharded.py);
         `workers`: encoding threads (None: every core this process may use);
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
         part of a version another commits: storage/weights/sharded.py); `stream`: announce
@@ -81,7 +82,7 @@ class SparsePublisher(SnapshotServer):
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part, self.stream = part, stream
         self.link_gbps = link_gbps
-        self.link_rate = LinkRate() if measure_link else None
+        self.link_rate = link_rate
         if sparse:  # compile the codec's kernels before the first publish needs them
             kernels.warm_up_in_background()
         self.workers = available_cores() if workers is None else max(1, workers)
@@ -145,7 +146,7 @@ class SparsePublisher(SnapshotServer):
 
     def observe_gets(self, nbytes: int, seconds: float) -> bool:
         """A receiver's pull took `seconds` of relay gets for `nbytes` (its PullReport's
-        get_bytes and get_s): the get leg of the measured link (without `measure_link`,
+        get_bytes and get_s): the get leg of the measured link (without a `link_rate`,
         ignored); False when not counted (too small to tell the bandwidth)."""
         return self.link_rate is not None and self.link_rate.observe("get", nbytes, seconds)
 
