@@ -26,16 +26,8 @@ import xxhash
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import transfer_workloads as wl  # noqa: E402
 from storage.delta import apply_delta, encode_delta, kernels, read_header  # noqa: E402
+from storage.delta.host_speed import best_seconds as _best  # noqa: E402
 from storage.weights.parallel import ordered_map  # noqa: E402
-
-
-def _best(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def per_tensor(lrs: list[float]) -> list[dict]:

@@ -1,23 +1,29 @@
-"""Choosing by the measured link when the configured rate is wrong (publish.measure_link).
+"""Choosing by the measured link and host when the configured rate is wrong
+(publish.measure_link, publish.measure_cpu).
 
 A trainer publishes the synthetic Qwen shape (--params, AdamW at --lr, one step) as a full
 snapshot, then --deltas deltas (the two versions turn about, each a delta onto the other),
 through a Mooncake master and store on loopback whose puts are paced to the TRUE rate
 (bench/transfer_e2e.py's emulation of a cross-cluster link), to a receiver in a process of its
 own that pulls each version bit-exactly (told before the push when the version streams, as
-`rose train`'s engines are). Per scenario (configured rate, true rate), three publishers:
+`rose train`'s engines are). Per scenario (configured rate, true rate), four publishers:
 
-  fixed     chooses each tensor's form by the configured rate (publish.measure_link off)
-  measured  starts from the configured rate, then chooses by what its own bucket puts and the
-            receiver's gets measured (storage/weights/link_rate.py), as `rose train` does
-  oracle    chooses by the true rate, as if the operator had set it right
+  fixed     chooses each tensor's form by the configured rate and the time model's CPU costs
+            as fitted on the project's VM (publish.measure_link and measure_cpu off)
+  link      starts from the configured rate, then chooses by what its own bucket puts and the
+            receiver's gets measured (storage/weights/link_rate.py); CPU costs as fitted
+  measured  the measured link, and CPU costs at this host's probed speed
+            (storage/delta/host_speed.py), as `rose train` does
+  oracle    chooses by the true rate and this host's speed, as if the operator had set it right
 
 Per delta: publish-to-applied seconds (push start to the receiver's verified answer), bytes on
 the wire, the rate it was chosen by, and (measured) both legs as measured after it: the puts
 are paced, the gets are this machine's loopback, which on a small host may be the slower
 leg. The table gives each publisher's median over the deltas and its ratio to fixed; the first
 delta already follows the full snapshot's measurement. Most of a scenario's time is its full
-snapshots on the slow link.
+snapshots on the slow link. The last scenario's rate is right (5 / 5): there `fixed` against
+`oracle` is the time model's CPU costs as fitted against this host's probed speed. The JSON
+keeps the probe's factors (`host_speed`).
 
     .venv/bin/python bench/transfer_link.py [--params 100e6] [--lr 1e-5] [--deltas 3]
 """
@@ -40,7 +46,7 @@ from storage.atomic import write_atomic  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-POLICIES = ("fixed", "measured", "oracle")
+POLICIES = ("fixed", "link", "measured", "oracle")
 
 
 def _pull(conn, run: str, version: int, streams: bool) -> dict:
@@ -61,7 +67,8 @@ def run_policy(writer, conn, policy: str, configured: float, true: float,
     link = PacedRelay(writer, true)
     run = f"link-{tag}-{policy}"
     pub = SparsePublisher(link, run, link_gbps=true if policy == "oracle" else configured,
-                          link_rate=LinkRate() if policy == "measured" else None)
+                          link_rate=LinkRate() if policy in ("link", "measured") else None,
+                          measure_cpu=policy in ("measured", "oracle"))
     rows = []
     for version, (weights, want) in enumerate(zip(versions, wants)):
         t0 = time.perf_counter()
@@ -94,7 +101,7 @@ def main() -> None:
     p.add_argument("--params", type=float, default=100e6, help="synthetic model size")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--deltas", type=int, default=3)
-    p.add_argument("--scenarios", type=float, nargs="+", default=[10, 1, 1, 10],
+    p.add_argument("--scenarios", type=float, nargs="+", default=[10, 1, 1, 10, 5, 5],
                    metavar="GBPS", help="pairs: configured rate, true rate")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer_link.json")
     args = p.parse_args()
@@ -104,7 +111,7 @@ def main() -> None:
     from rich.table import Table
 
     from rose.stack.mooncake import start_mooncake
-    from storage.delta import kernels
+    from storage.delta import host_speed, kernels
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import tensors_digest
 
@@ -171,6 +178,8 @@ def main() -> None:
         "bench": "transfer_link", "machine": platform.platform(), "cpus": available_cores(),
         "seconds": time.perf_counter() - t_start,
         "args": {k: str(v) for k, v in vars(args).items()}, "dense_bytes": dense,
+        "host_speed": [{"method": m, "encode": e, "apply": a}
+                       for m, e, a in host_speed.measured().factors],
         "summary": summary, "rows": rows}, indent=1))
     console.print(f"wrote {args.out}")
 

@@ -130,6 +130,10 @@ class PublishConfig(Strict):
     # choose by the rate the transfers measure instead, once they have (the trainer's bucket
     # puts, the engines' gets; transfers of 16 MB and up: storage/weights/link_rate.py)
     measure_link: bool = True
+    # cost coding at the trainer host's own speed, probed once per process (~0.15 s at its
+    # first delta), not at the time model's costs fitted on the project's VM
+    # (storage/delta/host_speed.py)
+    measure_cpu: bool = True
     # The trainer's publish layout. None (default): one unsharded version. N: sharded
     # (storage/weights/sharded.py): the trainer, one process (layout TP=1), pushes each
     # tensor-parallel tensor as N slices in parts of their own, so an engine rank of TP up to N

@@ -80,7 +80,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         publisher = None if sharded else trainer_publisher(
             cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes, cfg.publish.sparse,
             link_gbps=cfg.publish.link_gbps, stream=cfg.publish.stream,
-            measure_link=cfg.publish.measure_link)
+            measure_link=cfg.publish.measure_link, measure_cpu=cfg.publish.measure_cpu)
         # streamed (a coded delta): the engines wait for the push and apply it as it lands;
         # otherwise they pull once it is complete (a full snapshot, a delta all sent raw)
         streamed = publisher is not None and publisher.streams(version, weights)

@@ -37,11 +37,13 @@ TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
 
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
                       serve: bool = True, link_gbps: float | None = None,
-                      stream: bool = True, measure_link: bool = False) -> SparsePublisher:
+                      stream: bool = True, measure_link: bool = False,
+                      measure_cpu: bool = False) -> SparsePublisher:
     """This process's publisher of `run` (kept across steps), its request server running;
     `link_gbps` makes it choose each tensor's form by time over that link (`measure_link`: by
-    the rate its transfers measure once they have, storage/weights/link_rate.py); `stream`:
-    coded deltas are announced for receivers to apply as they land."""
+    the rate its transfers measure once they have, storage/weights/link_rate.py;
+    `measure_cpu`: with coding costed at this host's probed speed, storage/delta/host_speed.py);
+    `stream`: coded deltas are announced for receivers to apply as they land."""
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
@@ -49,7 +51,7 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
                                   link_rate=LinkRate() if measure_link else None)
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
-        pub.stream = stream
+        pub.stream, pub.measure_cpu = stream, measure_cpu
         if measure_link != (pub.link_rate is not None):  # switched: kept while it stays on
             pub.link_rate = LinkRate() if measure_link else None
     if serve:
@@ -77,7 +79,8 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
     anew, its bases dropped, when the layout, the parameters or the publish settings change."""
     p = cfg.publish
     layout = PublishLayout(ParallelLayout(1), p.shard_split or 1)
-    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps, p.measure_link)
+    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps, p.measure_link,
+                p.measure_cpu)
     key = (cfg.stack.relay, cfg.run_id)
     with _lock:
         held, pub = _sharded.get(key, ((), None))
@@ -86,7 +89,8 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
                 pub.stop_servers()
             pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, TRAINER_RANK,
                                    specs, p.bucket_bytes, p.sparse, p.link_gbps,
-                                   link_rate=LinkRate() if p.measure_link else None)
+                                   link_rate=LinkRate() if p.measure_link else None,
+                                   measure_cpu=p.measure_cpu)
             _sharded[key] = (settings, pub)
     if serve:
         pub.start_servers()

@@ -25,7 +25,8 @@ encode 1.7x as fast as one (bench/results/transfer_calibrate.json), but a model 
 one pool task is coded on one (the publisher's Link says so). Coding costs depend on how many
 elements moved: Elias-Fano where few did, ternary where more did, and ternary where nearly
 all did is ~2x slower again, so before the scan a sampled density picks the cost and
-estimates the coded size.
+estimates the coded size. A Link's `speed` scales these costs to the host that runs them
+(HostSpeed, probed by storage/delta/host_speed.py).
 """
 from __future__ import annotations
 
@@ -77,12 +78,43 @@ def coded_estimate(density: float, dense_bytes: int, itemsize: int) -> tuple[str
 
 
 @dataclass(frozen=True)
+class HostSpeed:
+    """How much faster than COSTS this host codes, per method: (method, encode factor, apply
+    factor) triples, measured by storage/delta/host_speed.py; a method absent runs at COSTS.
+    A tuple, so a Link holding it stays hashable (the choosers cache by link)."""
+
+    factors: tuple[tuple[str, float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for method, enc, app in self.factors:
+            if method not in COSTS:
+                raise ValueError(f"no cost for method {method!r}; known: {sorted(COSTS)}")
+            if not (enc > 0 and app > 0):
+                raise ValueError(f"{method}: speed factors must be > 0, got {enc}, {app}")
+
+    def cost(self, method: str) -> Cost:
+        """COSTS[method] at this host's speed."""
+        cost = COSTS[method]
+        for name, enc, app in self.factors:
+            if name == method:
+                return Cost(cost.encode_gbps * enc, cost.apply_gbps * app,
+                            cost.encode_fixed_s / enc, cost.apply_fixed_s / app)
+        return cost
+
+    def as_dict(self) -> dict[str, list[float]] | None:
+        """method -> [encode factor, apply factor]; None when not measured (COSTS as fitted)."""
+        return {m: [enc, app] for m, enc, app in self.factors} or None
+
+
+@dataclass(frozen=True)
 class Link:
-    """The publish path's resources: link rate and cores on each side (the cores the coding
-    keeps busy: one for a model that fits in one pool task, storage/weights/parallel.py)."""
+    """The publish path's resources: link rate, cores on each side (the cores the coding
+    keeps busy: one for a model that fits in one pool task, storage/weights/parallel.py) and
+    their speed against COSTS (`speed`; COSTS as fitted when not measured)."""
 
     gbps: float
     cores: int = 1
+    speed: HostSpeed = HostSpeed()
 
     def __post_init__(self) -> None:
         if not self.gbps > 0:
@@ -93,6 +125,9 @@ class Link:
     @property
     def bytes_per_s(self) -> float:
         return self.gbps * GBPS
+
+    def cost(self, method: str) -> Cost:
+        return self.speed.cost(method)
 
 
 def stages_s(cost: Cost, dense_bytes: int, coded_bytes: int,
@@ -106,7 +141,7 @@ def stages_s(cost: Cost, dense_bytes: int, coded_bytes: int,
 
 def tensor_s(method: str, dense_bytes: int, coded_bytes: int, link: Link) -> float:
     """Predicted seconds `method` adds to a (sequential) publish-to-applied."""
-    return sum(stages_s(COSTS[method], dense_bytes, coded_bytes, link))
+    return sum(stages_s(link.cost(method), dense_bytes, coded_bytes, link))
 
 
 def _raw_and_free_s(dense_bytes: int, link: Link) -> tuple[float, float]:
@@ -153,7 +188,7 @@ def raw_after_encode(method: str, dense_bytes: int, coded_bytes: int, itemsize: 
     compare what is left, wire + apply, against raw's wire + apply (+ its cheap encode)."""
     if method == "ternary" and coded_bytes * 8 * itemsize >= DENSE_CHANGE_BITS * dense_bytes:
         method = "ternary_dense"
-    wire, _, apply = stages_s(COSTS[method], dense_bytes, coded_bytes, link)
+    wire, _, apply = stages_s(link.cost(method), dense_bytes, coded_bytes, link)
     return tensor_s("raw", dense_bytes, dense_bytes, link) < wire + apply
 
 

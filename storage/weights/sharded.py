@@ -69,7 +69,8 @@ class ShardedPublisher:
     def __init__(self, relay: Relay, run: str, layout: PublishLayout, rank: Rank,
                  params: list[ParamSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
-                 workers: int | None = None, link_rate: LinkRate | None = None) -> None:
+                 workers: int | None = None, link_rate: LinkRate | None = None,
+                 measure_cpu: bool = False) -> None:
         if rank not in layout.trainer.ranks():
             raise ValueError(f"rank {rank} is not a rank of trainer layout {layout.trainer}")
         self.relay, self.run, self.layout, self.rank = relay, run, layout, rank
@@ -77,7 +78,7 @@ class ShardedPublisher:
         self.parts = rank_parts(params, layout)[rank]
         self.link_rate = link_rate  # one link, whichever part measured it
         self._pubs = {part: SparsePublisher(relay, run, bucket_bytes, sparse, link_gbps, workers, part,
-                                            link_rate=link_rate)
+                                            link_rate=link_rate, measure_cpu=measure_cpu)
                       for part in self.parts}
         # a rank publishing every part (a trainer of one rank) can also commit a version again
         self.whole = sorted(self.parts) == expected_parts(params, layout)

@@ -26,7 +26,9 @@ With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
 that reaches the receiver sooner, judged before the change scan (tiny tensors, fast links)
 and again once its best encoding's size is known. Given a `link_rate`, the rate is what the
 transfers measure once they have (storage/weights/link_rate.py): this publisher's bucket
-puts, and the receivers' gets handed to `observe_gets`; `link_gbps` until then. Tensors are
+puts, and the receivers' gets handed to `observe_gets`; `link_gbps` until then. With
+`measure_cpu`, the model's CPU costs are this host's, probed once per process
+(storage/delta/host_speed.py), not those fitted on the project's VM. Tensors are
 encoded by a pool of `workers` threads (storage/weights/parallel.py); the receiver decodes
 with its own.
 """
@@ -40,7 +42,7 @@ import torch
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, BucketInfo
 from storage.delta import coded_as, encode_delta, read_header
-from storage.delta import kernels, time_model
+from storage.delta import host_speed, kernels, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
 from storage.cores import available_cores
@@ -71,18 +73,19 @@ class SparsePublisher(SnapshotServer):
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
                  workers: int | None = None, part: str = "", stream: bool = True,
-                 link_rate: LinkRate | None = None) -> None:
+                 link_rate: LinkRate | None = None, measure_cpu: bool = False) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
         bytes alone), or by what `link_rate` measures once it has (it may be shared: the
         parts of a sharded version, storage/weights/sharded.py);
         `workers`: encoding threads (None: every core this process may use);
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
         part of a version another commits: storage/weights/sharded.py); `stream`: announce
-        coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py)."""
+        coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py);
+        `measure_cpu`: cost coding at this host's probed speed, not COSTS as fitted."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part, self.stream = part, stream
         self.link_gbps = link_gbps
-        self.link_rate = link_rate
+        self.link_rate, self.measure_cpu = link_rate, measure_cpu
         if sparse:  # compile the codec's kernels before the first publish needs them
             kernels.warm_up_in_background()
         self.workers = available_cores() if workers is None else max(1, workers)
@@ -138,11 +141,13 @@ class SparsePublisher(SnapshotServer):
         return self._plan[2], self._plan[3], self._plan[4]
 
     def _link(self, tensors: dict[str, torch.Tensor]) -> time_model.Link:
-        """The link and the cores coding these tensors keeps busy: a model that fits in one
-        pool task (the demo policy's 1.7 MB) is coded on one thread, whatever the machine."""
+        """The link, the cores coding these tensors keeps busy (a model that fits in one pool
+        task, the demo policy's 1.7 MB, is coded on one thread whatever the machine) and
+        their speed."""
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         gbps = self.link_gbps if self.link_rate is None else self.link_rate.gbps(self.link_gbps)
-        return time_model.Link(gbps, busy_workers(total, self.workers))
+        speed = host_speed.measured() if self.measure_cpu else time_model.HostSpeed()
+        return time_model.Link(gbps, busy_workers(total, self.workers), speed)
 
     def observe_gets(self, nbytes: int, seconds: float) -> bool:
         """A receiver's pull took `seconds` of relay gets for `nbytes` (its PullReport's
@@ -179,7 +184,8 @@ class SparsePublisher(SnapshotServer):
         kind = "full" if base is None else "delta"
         base_version = None if base is None else self.version
         report = PublishReport(version, kind, base_version, reason, part,
-                               link_gbps=None if link is None else link.gbps)
+                               link_gbps=None if link is None else link.gbps,
+                               cpu_speed=None if link is None else link.speed.as_dict())
         hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
 
         def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:

@@ -64,6 +64,9 @@ class PublishReport:
     seconds: float = 0.0
     # the link rate its tensors were chosen by (None: a full snapshot, or chosen by bytes)
     link_gbps: float | None = None
+    # this host's coding speed against the time model's costs, method -> [encode, apply]
+    # (storage/delta/host_speed.py; None: the costs as fitted, or not chosen by time)
+    cpu_speed: dict[str, list[float]] | None = None
     tensors: list[TensorStat] = field(default_factory=list)
     # (stat, new, base) whose change count is taken when the report is read: a compare pass
     # over every tensor sent raw or ternary would otherwise sit between encode and push
@@ -98,7 +101,8 @@ class PublishReport:
                 "density_per_layer": {str(k): c / n if n else 0.0
                                       for k, (c, n) in sorted(layers.items())},
                 "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
-                "publish_s": self.seconds, "link_gbps": self.link_gbps}
+                "publish_s": self.seconds, "link_gbps": self.link_gbps,
+                "cpu_speed": self.cpu_speed}
 
     @classmethod
     def combine(cls, version: int, parts: list["PublishReport"], digest: str,
@@ -113,6 +117,7 @@ class PublishReport:
                   seconds=seconds)
         links = {r.link_gbps for r in parts}  # one link: the parts share its measured rate
         out.link_gbps = links.pop() if len(links) == 1 else None
+        out.cpu_speed = next((r.cpu_speed for r in parts if r.cpu_speed), None)  # one host
         for r in parts:
             out.pushed_bytes, out.buckets = out.pushed_bytes + r.pushed_bytes, out.buckets + r.buckets
             out.encode_s, out.push_s = out.encode_s + r.encode_s, out.push_s + r.push_s
