@@ -22,11 +22,13 @@ def test_left_out_and_skipped_workers_are_recorded_with_why(tmp_path):
                                                     "rollout-1": "RelayError: cannot start"}},
                            [ROW])
     # every worker waited; the tensors were chosen for a 2.5 Gbps link (measured or configured)
-    write_transfer_metrics(run_dir, 4, {**SUMMARY, "version": 4, "link_gbps": 2.5}, [ROW])
+    # ... at a host that codes Elias-Fano 2x as fast as the fitted costs and applies it 3x
+    write_transfer_metrics(run_dir, 4, {**SUMMARY, "version": 4, "link_gbps": 2.5,
+                                        "cpu_speed": {"ef": [2.0, 3.0]}}, [ROW])
     # a file from before the columns existed
     old = pa.Table.from_pylist([{**{k: None for k in SCHEMA.names}, "step": 2, "version": 2,
                                  **ROW}], schema=SCHEMA).drop_columns(
-        ["workers_left_out", "workers_skipped", "link_gbps"])
+        ["workers_left_out", "workers_skipped", "link_gbps", "cpu_speed"])
     pq.write_table(old, transfer_path(run_dir, 2))
     rows = connect(tmp_path).execute(
         "SELECT step, workers_left_out, workers_skipped, link_gbps FROM transfer "
@@ -34,6 +36,9 @@ def test_left_out_and_skipped_workers_are_recorded_with_why(tmp_path):
     assert rows == [(2, None, None, None), (3, "serving-0: restarting",
                                             "rollout-1: RelayError: cannot start; "
                                             "trainer-0: no rollout engine", None), (4, "", "", 2.5)]
+    speed = connect(tmp_path).execute(
+        "SELECT step, cpu_speed->>'$.ef[1]' FROM transfer ORDER BY step").fetchall()
+    assert speed == [(2, None), (3, None), (4, "3.0")]
 
 
 def test_the_empty_view_has_the_records_columns(tmp_path):

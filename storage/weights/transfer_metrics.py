@@ -15,6 +15,7 @@ could not start). Query with duckdb, e.g.
 """
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -172,6 +173,9 @@ SCHEMA = pa.schema([
     # older files lack them, read as null by the catalog's union_by_name view)
     ("workers_left_out", pa.string()), ("workers_skipped", pa.string()),
     ("link_gbps", pa.float64()),  # the rate the tensors were chosen by (null: full, by bytes)
+    # JSON {method: [encode, apply]}: the trainer host's coding speed against the time model's
+    # fitted costs (storage/delta/host_speed.py; null: the costs as fitted, or a full snapshot)
+    ("cpu_speed", pa.string()),
 ])
 
 
@@ -202,7 +206,9 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "full_fallbacks": summary.get("full_fallbacks", 0),
                  "workers_left_out": worker_reasons(summary.get("left_out")),
                  "workers_skipped": worker_reasons(summary.get("skipped")),
-                 "link_gbps": summary.get("link_gbps")}
+                 "link_gbps": summary.get("link_gbps"),
+                 "cpu_speed": None if summary.get("cpu_speed") is None
+                 else json.dumps(summary["cpu_speed"], sort_keys=True)}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
