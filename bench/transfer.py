@@ -121,6 +121,13 @@ def split_cores() -> tuple[list[int], list[int]]:
     return cores[:half], cores[half:]
 
 
+def _host_speed() -> dict[str, list[float]] | None:
+    """The coding speed ours' publisher chose by (this process's probe, as `rose train`'s)."""
+    from storage.delta import host_speed
+
+    return host_speed.measured().as_dict()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--params", type=float, default=200e6, help="synthetic model size (494e6: "
@@ -199,7 +206,8 @@ def main() -> None:
                           "cpus": os.cpu_count(), "seconds": elapsed,
                           "sender_cores": sender_cores, "receiver_cores": reader_cores,
                           "args": {k: str(v) for k, v in vars(args).items()},
-                          "workloads": config, "cases": summaries, "e2e": e2e_rows})
+                          "workloads": config, "cases": summaries, "e2e": e2e_rows,
+                          "host_speed": _host_speed() if e2e_rows else None})
     console.print(f"wrote {args.out} ({elapsed:.0f} s)")
 
 

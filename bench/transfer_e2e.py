@@ -15,7 +15,8 @@ Per workload and rate, two ways to move version v1 to a receiver that holds v0:
           published (untimed) first, so the relay holds what it holds for ours
   ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
           pulled untimed first), pulled and applied by storage.weights.receiver, each tensor
-          coded or raw by the time model at the link's rate (storage/delta/time_model.py),
+          coded or raw by the time model at the link's rate and this host's probed coding
+          speed (storage/delta/time_model.py, storage/delta/host_speed.py),
           encoded and decoded on every core; when the version is a coded delta the receiver
           is told before the push and applies it bucket by bucket as it lands
           (storage/weights/stream_pull.py), else once it is complete, as dense's is (both as
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from storage.delta import kernels
+from storage.delta import host_speed, kernels
 from storage.delta.time_model import Link, pipelined_s
 from storage.relay.base import Buffer, Relay
 from storage.cores import available_cores
@@ -123,6 +124,8 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
         if op == "dense":
             stats: dict = {}
             _, tensors = pull_weights(relay, run, version, batch_bytes, stats=stats)
+            gets = stats.pop("gets")  # a TransferClock: its totals cross the pipe, not it
+            stats["get_bytes"], stats["get_s"] = gets.bytes, gets.seconds
             digest = tensors_digest(tensors)
             stats["digest_s"] = time.perf_counter() - t - stats["fetch_s"] - stats["decode_s"]
             stats["cpu_s"] = time.process_time() - cpu
@@ -184,7 +187,8 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
                bucket_bytes: int, want: str, link_gbps: float) -> dict:
     from storage.weights.sparse_publisher import SparsePublisher
 
-    pub = SparsePublisher(writer, run, bucket_bytes, link_gbps=link_gbps)
+    # as `rose train`'s publisher: coding costed at this host's probed speed
+    pub = SparsePublisher(writer, run, bucket_bytes, link_gbps=link_gbps, measure_cpu=True)
     pub.publish(0, old, copy=False)  # the receiver's base: untimed, not paced
     conn.send(("sparse", run, 0))
     conn.recv()
@@ -254,6 +258,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     from storage.weights.sparse_publisher import tensors_digest
 
     kernels.warm_up()  # as a long-lived trainer has: not a cost of any one publish
+    host_speed.measured()  # and its coding speed, probed at its first delta: not timed here
     dense_max = max(sum(t.numel() * t.element_size() for t in new.values())
                     for _, _, new in workloads)
     rows: list[dict] = []
@@ -271,6 +276,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                 target=_reader, args=(child, services.master_addr, services.metadata_url,
                                       batch_bytes, reader_cores), daemon=True)
             proc.start()
+            child.close()  # the reader's end is its own: if it dies, recv() fails, never hangs
             if parent.recv() != "ready":
                 raise RuntimeError("reader process did not start")
             loopback_gbps = bulk_gbps(writer, bucket_bytes) if 0 in rates_gbps else 0.0

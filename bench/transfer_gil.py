@@ -139,6 +139,7 @@ def main() -> None:
     proc = mp.get_context("spawn").Process(target=_publisher, daemon=True,
                                            args=(child, args.params, args.lr, args.gbps))
     proc.start()
+    child.close()  # the publisher's end is its own: if it dies, recv() fails, never hangs
     try:
         if parent.recv() != "ready":
             raise RuntimeError("publisher process did not start")

@@ -136,6 +136,7 @@ def main() -> None:
                                    segment_bytes=4 * dense + (256 << 20),
                                    local_buffer_bytes=64 << 20)
             proc.start()
+            child.close()  # the reader's end is its own: if it dies, recv() fails, never hangs
             if parent.recv() != "ready":
                 raise RuntimeError("receiver process did not start")
             for s, (configured, true) in enumerate(scenarios):

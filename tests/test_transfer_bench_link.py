@@ -72,3 +72,22 @@ def test_paired_median_interval_tells_noise_from_a_difference():
     low, high = median_ci(noisy)
     assert low < 1.0 < high and high - low > 0.02
     assert median_ci(noisy) == median_ci(noisy)  # seeded: a file's interval can be recomputed
+
+
+@pytest.mark.slow
+def test_the_end_to_end_bench_runs_dense_and_ours_through_mooncake():
+    """bench/transfer.py's end-to-end rows on a tiny model, unpaced: both methods reach a
+    receiver process bit-exactly (each checks the digest) and their answers cross the pipe
+    (a pull's stats once held a clock that could not)."""
+    import torch
+
+    from bench.transfer_e2e import run_e2e
+
+    g = torch.Generator().manual_seed(0)
+    old = {f"model.layers.{i}.mlp.up_proj.weight":
+           torch.randn(256, 256, generator=g).to(torch.bfloat16) for i in range(3)}
+    new = {n: (t.float() * 1.01).to(torch.bfloat16) for n, t in old.items()}
+    rows = run_e2e([("tiny", old, new)], [0], small_repeat=1, log=lambda *_: None)
+    assert [r["method"] for r in rows] == ["dense", "ours"]
+    assert all(r["total_s"] > 0 and r["bytes"] > 0 for r in rows)
+    assert rows[0]["bytes"] >= sum(t.numel() * 2 for t in new.values())
