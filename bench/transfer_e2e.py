@@ -15,8 +15,10 @@ Per workload and rate, two ways to move version v1 to a receiver that holds v0:
           published (untimed) first, so the relay holds what it holds for ours
   ours    storage.weights.sparse_publisher: per-tensor lossless deltas against v0 (published and
           pulled untimed first), pulled and applied by storage.weights.receiver, each tensor
-          coded or raw by the time model at the link's rate and this host's probed coding
-          speed (storage/delta/time_model.py, storage/delta/host_speed.py),
+          coded or raw by the time model (storage/delta/time_model.py) at this host's probed
+          coding speed (storage/delta/host_speed.py) and the link's rate as v0's transfers
+          measured it: its paced puts and the receiver's gets (storage/weights/link_rate.py;
+          the row's rate for a workload under 16 MB, which is not measured): as `rose train`;
           encoded and decoded on every core; when the version is a coded delta the receiver
           is told before the push and applies it bucket by bucket as it lands
           (storage/weights/stream_pull.py), else once it is complete, as dense's is (both as
@@ -185,14 +187,17 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
 
 def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
                bucket_bytes: int, want: str, link_gbps: float) -> dict:
+    from storage.weights.link_rate import LinkRate
     from storage.weights.sparse_publisher import SparsePublisher
 
-    # as `rose train`'s publisher: coding costed at this host's probed speed
-    pub = SparsePublisher(writer, run, bucket_bytes, link_gbps=link_gbps, measure_cpu=True)
-    pub.publish(0, old, copy=False)  # the receiver's base: untimed, not paced
+    # as `rose train`'s publisher: the link as its transfers measure it (`link_gbps` until
+    # then), coding costed at this host's probed speed
+    pub = SparsePublisher(_link(writer, rate), run, bucket_bytes, link_gbps=link_gbps,
+                          link_rate=LinkRate(), measure_cpu=True)
+    pub.publish(0, old, copy=False)  # the receiver's base, untimed: its puts measure the link
     conn.send(("sparse", run, 0))
-    conn.recv()
-    pub.relay = _link(writer, rate)
+    _, base_pull, _ = conn.recv()
+    pub.observe_gets(base_pull["get_bytes"], base_pull["get_s"])  # and the receiver's gets
     t0, cpu = time.perf_counter(), time.process_time()
     streams = pub.streams(1, new)  # as tasks/publish.py: a streamed delta is waited for
     if streams:
@@ -215,6 +220,7 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
             "receiver_cpu_s": pull["cpu_s"], "total_s": t2 - t0,
             "streamed_buckets": pull["streamed"], "buckets": pull["buckets"],
             "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
+            "chosen_gbps": report.link_gbps,  # the link rate its tensors were chosen by
             "tensors": len(report.tensors)}
 
 
