@@ -3,6 +3,7 @@ the codec itself, the costs scale by what it found, and a publisher with measure
 by them."""
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -45,6 +46,9 @@ def test_probe_covers_every_costed_method_and_lands_in_each_regime():
     assert set(factors) == set(tm.COSTS)
     lo, hi = host_speed.CLAMP
     assert all(lo <= f <= hi for pair in factors.values() for f in pair)
+    coded = [factors[m] for m in host_speed.STEPS]  # raw, memory-bound, is not a coding's
+    assert factors["coo"] == factors["xor_zstd"] == tuple(
+        min(max(statistics.median(f[i] for f in coded), lo), hi) for i in (0, 1))
     for method, step in host_speed.STEPS.items():  # each step's delta codes as its method
         base, new = host_speed._versions(step, 1 << 18, seed=0)
         payload = encode_delta(new, base, name="probe", base_version=0, target_version=1)

@@ -9,11 +9,11 @@ synthetic bf16 deltas shaped to land in each costed regime (weights ~N(0, 0.02) 
 by a Gaussian step: Elias-Fano where ~3% of them changed, ternary where ~30% did, ternary over
 nearly all where ~96% did, the demo's own regime), and raw's trip through fresh bucket memory
 (40 MB: the allocator maps it anew, so its pages fault in as a bucket's do) with two hashes,
-best of `repeat` each, and gives per method the model's seconds over
-the measured ones (above 1: this host is faster), for encode and for apply. Methods it does
-not probe take the median. The receivers' apply speed is taken to be the trainer host's: the
-publisher has no other measure of it. About 0.15 s on this VM, once per process
-(`measured()`).
+best of `repeat` each, and gives per method the model's seconds over the measured ones (above
+1: this host is faster), for encode and for apply. A coding it does not probe takes the median
+of those it did (raw aside: its cost is memory, not coding). The receivers' apply speed is
+taken to be the trainer host's: the publisher has no other measure of it. About 0.15-0.5 s on
+this VM, once per process (`measured()`).
 """
 from __future__ import annotations
 
@@ -108,11 +108,12 @@ def probe(repeat: int = 3, numel: int = PROBE_ELEMENTS) -> time_model.HostSpeed:
     for step in STEPS.values():
         method, enc, app = _coded_factors(step, numel, repeat)
         factors[method] = (enc, app)  # (keyed by what it coded as: a codec that changed wins)
-    raw = _raw_factor(RAW_PROBE_BYTES, repeat)
-    factors["raw"] = (raw, raw)
-    lo, hi = CLAMP
+    # a coding method not probed (coo, xor_zstd, dense) runs as the probed codings do
     rest = (statistics.median(f[0] for f in factors.values()),
             statistics.median(f[1] for f in factors.values()))
+    raw = _raw_factor(RAW_PROBE_BYTES, repeat)  # memory, not coding: a factor of its own
+    factors["raw"] = (raw, raw)
+    lo, hi = CLAMP
     every = {m: factors.get(m, rest) for m in time_model.COSTS}
     return time_model.HostSpeed(tuple(sorted(
         (m, min(max(e, lo), hi), min(max(a, lo), hi)) for m, (e, a) in every.items())))
