@@ -130,7 +130,7 @@ class PublishConfig(Strict):
     # choose by the rate the transfers measure instead, once they have (the trainer's bucket
     # puts, the engines' gets; transfers of 16 MB and up: storage/weights/link_rate.py)
     measure_link: bool = True
-    # cost coding at the trainer host's own speed, probed once per process (~0.15 s at its
+    # cost coding at the trainer host's own speed, probed once per process (0.15-0.5 s at its
     # first delta), not at the time model's costs fitted on the project's VM
     # (storage/delta/host_speed.py)
     measure_cpu: bool = True
