@@ -133,6 +133,7 @@ def main() -> None:
     parent, child = ctx.Pipe()
     alone = ctx.Process(target=_socket_reader, args=(child,))
     alone.start()
+    child.close()  # the child's end is its own: if it dies, recv() fails, never hangs
     row("loopback TCP socket, before Mooncake starts", _best(lambda: _over_socket(blobs, parent),
                                                               args.repeat))
     parent.send(None)
@@ -147,6 +148,7 @@ def main() -> None:
                                segment_bytes=3 * total + (256 << 20),  # 3 versions held at most
                                local_buffer_bytes=size + (16 << 20))
         reader.start()
+        child.close()
         assert parent.recv() == "ready"
 
         def put(zero_copy: bool) -> float:

@@ -126,8 +126,6 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
         if op == "dense":
             stats: dict = {}
             _, tensors = pull_weights(relay, run, version, batch_bytes, stats=stats)
-            gets = stats.pop("gets")  # a TransferClock: its totals cross the pipe, not it
-            stats["get_bytes"], stats["get_s"] = gets.bytes, gets.seconds
             digest = tensors_digest(tensors)
             stats["digest_s"] = time.perf_counter() - t - stats["fetch_s"] - stats["decode_s"]
             stats["cpu_s"] = time.process_time() - cpu

@@ -184,3 +184,16 @@ def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path):
     nxt = {n: _step(t) for n, t in full.items()}
     combined = PublishReport.combine(1, list(pub.publish(1, nxt).values()), "", 0.0)
     assert combined.link_gbps == pytest.approx(pub.link_rate.leg_gbps("get"))
+
+
+def test_a_clock_crosses_a_process_pipe():
+    """A pull's stats (its clock included) are sent from a bench's reader process."""
+    import pickle
+
+    clock = TransferClock()
+    clock.add(10, 0.0, 2.0)
+    clock.add(5, 1.0, 3.0)
+    copy = pickle.loads(pickle.dumps(clock))
+    assert (copy.bytes, copy.seconds) == (15, pytest.approx(3.0))
+    copy.add(1, 4.0, 5.0)  # and takes transfers of its own
+    assert (copy.bytes, copy.seconds, clock.bytes) == (16, pytest.approx(4.0), 15)

@@ -32,6 +32,15 @@ class TransferClock:
         self.bytes = 0
         self._spans: list[tuple[float, float]] = []
 
+    def __getstate__(self) -> dict:
+        """Picklable (a pull's stats cross process pipes): its totals, not its lock."""
+        with self._lock:
+            return {"bytes": self.bytes, "spans": list(self._spans)}
+
+    def __setstate__(self, state: dict) -> None:
+        self._lock = threading.Lock()
+        self.bytes, self._spans = state["bytes"], state["spans"]
+
     def add(self, nbytes: int, start: float, end: float) -> None:
         """One transfer of `nbytes` from `start` to `end` (time.perf_counter seconds)."""
         if end < start:
