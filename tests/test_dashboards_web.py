@@ -82,7 +82,7 @@ def test_routing_page_draws_the_affinity_hit_rate(recorded):
 
 
 def test_transfer_page_draws_each_publish(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 6 + 2 * len(RUNS))
+    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 7 + 2 * len(RUNS))
     sent = {r.glyph.y: r.data_source.data for r in
             drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]}
     assert sent["sent_mb"]["sent_mb"] == pytest.approx([0.6] * 3)  # from the publish records
@@ -90,6 +90,15 @@ def test_transfer_page_draws_each_publish(recorded):
     link = drawn["Link rate each delta was chosen by (publish.link_gbps, or measured)"]
     assert len({id(r.data_source) for r in link}) == len(RUNS)  # one series per run
     assert link[0].data_source.data["link_gbps"] == pytest.approx([10.0 / s for s in STEPS])
+    speed = {r.glyph.y: r.data_source.data for r in drawn[
+        "This host's speed against the time model's fitted costs: coding (median of the "
+        "codings' encode), raw (dashed)"]}
+    # the codings' median encode factor (ef 2.0, ternary 1 + step), raw's apart; not measured
+    # at the first publish
+    want = [math.nan if s == 1 else (3.0 + s) / 2 for s in STEPS]
+    assert speed["coding_x"]["coding_x"] == pytest.approx(want, nan_ok=True)
+    assert speed["raw_x"]["raw_x"] == pytest.approx([math.nan if s == 1 else 4.0 for s in STEPS],
+                                                    nan_ok=True)
 
 
 def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recorded):
@@ -102,7 +111,7 @@ def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recor
 
 
 def test_transfer_page_encoding_mix_stages_and_lag(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 8)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 9)
     mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
     assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
     assert mix["dense"] == pytest.approx([5 / 6] * 3)

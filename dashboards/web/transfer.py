@@ -2,9 +2,13 @@
 bf16 weights, the mix of encodings chosen (storage/delta), the seconds of each stage (encode,
 push into the relay, the slowest worker's pull, apply and engine load), the link rate each
 publish chose its encodings by (publish.link_gbps, or measured: storage/weights/link_rate.py),
-the publish rate and version, and how many versions each worker's turns lagged the trainer
-(from `turns`)."""
+this host's coding speed against the time model's fitted costs (publish.measure_cpu:
+storage/delta/host_speed.py), the publish rate and version, and how many versions each
+worker's turns lagged the trainer (from `turns`)."""
 from __future__ import annotations
+
+import json
+import statistics
 
 from dashboards.web.data import NAN, Columns, Frames, groups, scaled
 from dashboards.web.plots import Sources, grid, label, lines, pick, stacked, step_figure
@@ -24,7 +28,8 @@ def data(frames: Frames) -> dict[tuple, Columns]:
     for (run,), c in groups(frames.publishes, "run").items():
         out[("publishes", run)] = {"step": c["step"], "sent_mb": scaled(c["pushed_bytes"], 1e-6),
                                    "dense_mb": scaled(c["dense_bytes"], 1e-6),
-                                   "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES}}
+                                   "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES},
+                                   **_speeds(c.get("cpu_speed") or [None] * len(c["step"]))}
     for (run,), c in groups(frames.encodings, "run").items():
         steps = sorted(set(c["step"]))
         cols: Columns = {"step": steps}
@@ -38,6 +43,18 @@ def data(frames: Frames) -> dict[tuple, Columns]:
         out[("lag", run, worker)] = {"step": c["step"], "mean_lag": c["mean_lag"],
                                      "max_lag": c["max_lag"]}
     return out
+
+
+def _speeds(records: list) -> Columns:
+    """Per publish, from its cpu_speed JSON (method -> [encode, apply]): the median encode
+    factor of the codings and raw's (its memory trip); NaN where not measured (a null: NaN)."""
+    coding, raw = [], []
+    for record in records:
+        speed = json.loads(record) if isinstance(record, str) else {}
+        codings = [enc for method, (enc, _) in speed.items() if method != "raw"]
+        coding.append(statistics.median(codings) if codings else NAN)
+        raw.append(speed.get("raw", [NAN])[0])
+    return {"coding_x": coding, "raw_x": raw}
 
 
 def layout(sources: Sources):
@@ -66,7 +83,11 @@ def layout(sources: Sources):
         link = step_figure("Link rate each delta was chosen by (publish.link_gbps, or measured)",
                            "Gbps")
         lines(link, publishes, "link_gbps")
-        figs.append(link)
+        speed = step_figure("This host's speed against the time model's fitted costs: coding "
+                            "(median of the codings' encode), raw (dashed)", "x fitted")
+        lines(speed, publishes, "coding_x")
+        lines(speed, publishes, "raw_x", dash="dashed", suffix=" raw")
+        figs += [link, speed]
     total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
     lines(total, runs, "publish_s")
     rate = step_figure("Publish rate", "MB/s")
