@@ -15,18 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
-import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import transfer_workloads as wl  # noqa: E402
 from storage.delta import apply_delta, encode_delta, kernels, read_header  # noqa: E402
-from storage.delta.host_speed import best_seconds as _best  # noqa: E402
+from storage.delta.host_speed import (apply_in_place_seconds, best_seconds as _best,  # noqa: E402
+                                      raw_trip_seconds)
 from storage.weights.parallel import ordered_map  # noqa: E402
 
 
@@ -44,39 +43,11 @@ def per_tensor(lrs: list[float]) -> list[dict]:
                          "encoding": read_header(payload).encoding, "coded": len(payload),
                          "encode_s": _best(lambda: encode_delta(
                              n, o, name=name, base_version=0, target_version=1)),
-                         "apply_s": _best_in_place(payload, o)})
+                         "apply_s": apply_in_place_seconds(payload, o)})
     for size in (64 << 10, 2 << 20, 16 << 20, 64 << 20):  # raw: its bytes' trip through memory
         rows.append({"lr": None, "name": f"raw {size}", "bytes": size, "encoding": "raw",
-                     "coded": size, **_raw_trip(size)})
+                     "coded": size, "encode_s": (t := raw_trip_seconds(size)), "apply_s": t})
     return rows
-
-
-def _best_in_place(payload, base: torch.Tensor, repeat: int = 3) -> float:
-    """apply_delta in place, as receivers apply (into the held tensor: no fresh memory), onto
-    a copy of the base made before each timing."""
-    best = float("inf")
-    for _ in range(repeat):
-        held = base.clone()
-        t = time.perf_counter()
-        apply_delta(payload, held, base_version=0, in_place=True)
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def _raw_trip(size: int) -> dict[str, float]:
-    """A raw tensor's cost on each side, beyond the wire: the sender copies it into a fresh
-    bucket and hashes it twice (the bucket's checksum, the tensor's for the digest); the
-    receiver's bucket lands in fresh memory (every page faults in: on some VMs the largest
-    cost of all) and is hashed twice (the bucket verified, the tensor for the digest)."""
-    src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
-
-    def trip() -> None:
-        dst = np.empty(size, np.uint8)  # a fresh buffer each time, as a bucket is
-        np.copyto(dst, src)
-        xxhash.xxh3_64_intdigest(dst)
-        xxhash.xxh3_64_intdigest(dst)
-    t = _best(trip)
-    return {"encode_s": t, "apply_s": t}
 
 
 def fit(rows: list[dict]) -> dict[str, dict]:

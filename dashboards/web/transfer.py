@@ -29,7 +29,7 @@ def data(frames: Frames) -> dict[tuple, Columns]:
         out[("publishes", run)] = {"step": c["step"], "sent_mb": scaled(c["pushed_bytes"], 1e-6),
                                    "dense_mb": scaled(c["dense_bytes"], 1e-6),
                                    "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES},
-                                   **_speeds(c.get("cpu_speed") or [None] * len(c["step"]))}
+                                   **_speeds(c["cpu_speed"])}
     for (run,), c in groups(frames.encodings, "run").items():
         steps = sorted(set(c["step"]))
         cols: Columns = {"step": steps}

@@ -49,6 +49,32 @@ def best_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
     return best
 
 
+def apply_in_place_seconds(payload: bytes, base: torch.Tensor, repeat: int = 3) -> float:
+    """The fastest of `repeat` in-place applies of `payload`, as receivers apply (into the held
+    tensor: no fresh memory), each onto a copy of `base` made before its timing."""
+    best = float("inf")
+    for _ in range(repeat):
+        held = base.clone()
+        t = time.perf_counter()
+        apply_delta(payload, held, base_version=0, in_place=True)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def raw_trip_seconds(nbytes: int, repeat: int = 3) -> float:
+    """A raw tensor's cost on one side, beyond the wire (the fastest of `repeat`): its bytes
+    copied into fresh memory (the sender's bucket; the receiver's lands in fresh memory too,
+    every page faulting in) and hashed twice (the bucket's checksum, the tensor's digest)."""
+    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+
+    def trip() -> None:
+        bucket = np.empty_like(src)  # fresh memory each time, as a bucket's
+        np.copyto(bucket, src)
+        xxhash.xxh3_64_intdigest(bucket)
+        xxhash.xxh3_64_intdigest(bucket)
+    return best_seconds(trip, repeat)
+
+
 def _versions(step: float, numel: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(base, new): bf16 weights ~N(0, 0.02), and them after a Gaussian step of std `step`."""
     rng = np.random.default_rng(seed)
@@ -73,12 +99,7 @@ def _coded_factors(step: float, numel: int, repeat: int) -> tuple[str, float, fl
     method = _coded_method(payload, numel)
     encode_s = best_seconds(lambda: encode_delta(new, base, name="probe", base_version=0,
                                           target_version=1), repeat)
-    apply_s = float("inf")
-    for _ in range(repeat):  # in place, as receivers apply, onto a fresh copy of the base
-        held = base.clone()
-        t = time.perf_counter()
-        apply_delta(payload, held, base_version=0, in_place=True)
-        apply_s = min(apply_s, time.perf_counter() - t)
+    apply_s = apply_in_place_seconds(payload, base, repeat)
     cost = time_model.COSTS[method]
     nbytes = numel * 2
     return (method, (cost.encode_fixed_s + nbytes / (cost.encode_gbps * 1e9)) / encode_s,
@@ -86,17 +107,9 @@ def _coded_factors(step: float, numel: int, repeat: int) -> tuple[str, float, fl
 
 
 def _raw_factor(nbytes: int, repeat: int) -> float:
-    """Raw's cost on one side: the bytes copied into fresh memory and hashed twice (the
-    bucket's checksum, the tensor's for the digest; bench/transfer_calibrate.py's trip)."""
-    src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
-
-    def trip() -> None:
-        bucket = np.empty_like(src)  # fresh memory: its pages fault in, as a bucket's do
-        bucket[:] = src
-        xxhash.xxh3_64_intdigest(bucket)
-        xxhash.xxh3_64_intdigest(bucket)
     cost = time_model.COSTS["raw"]
-    return (cost.encode_fixed_s + src.nbytes / (cost.encode_gbps * 1e9)) / best_seconds(trip, repeat)
+    return (cost.encode_fixed_s + nbytes / (cost.encode_gbps * 1e9)) / raw_trip_seconds(nbytes,
+                                                                                      repeat)
 
 
 def probe(repeat: int = 3, numel: int = PROBE_ELEMENTS) -> time_model.HostSpeed:
