@@ -11,8 +11,9 @@ Relay keys of a run (versions never share a key, so a reader never mixes two):
                                      (`part="full"`, storage/weights/sparse_publisher.py)
   rose/<run>/v<version>/full-request a receiver's request for that snapshot
   rose/<run>/latest                  {"version": v}, replaced after the manifest
-  rose/<run>/versions                versions held; those older than version-2 are removed
-                                     before version is pushed (at most 3 held at once)
+  rose/<run>/versions                versions held, the one being pushed included (a failed
+                                     push's leftovers are pruned in turn); those older than
+                                     version-2 are removed before it (at most 3 held at once)
 
 Each payload carries its `encoding` in the entry metadata with dtype and shape ("raw", "rsdt"
 or one added with register_decoder): storage/weights/payloads.py, re-exported here.
@@ -83,6 +84,7 @@ class PublishStats:
     push_s: float       # relay puts (buckets, manifest, pointers) and pruning
     put_bytes: int = 0  # bucket bytes put by the pusher thread, and the seconds some put of
     put_s: float = 0.0  # them was under way (storage/weights/link_rate.py: the put leg)
+    held_versions: frozenset[int] | None = None  # the run's versions in the relay after it
 
 
 def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, torch.Tensor],
@@ -91,7 +93,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
                     | None = None,
                     part: str = "", workers: int = 1, pipelined: bool = True,
                     announce: dict[str, Any] | None = None,
-                    work: Callable[[dict[str, Any]], int] | None = None) -> PublishStats:
+                    work: Callable[[dict[str, Any]], int] | None = None,
+                    held_versions: frozenset[int] | None = None) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version); a callable is called with the
@@ -107,17 +110,25 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     bucket's info right after the bucket, so a receiver may apply buckets before the manifest
     (storage/weights/stream_pull.py); `work(meta)` closes buckets by what they cost a receiver
     (storage/weights/buckets.pack_buckets). The manifest carries the attempt's stamp.
+    `held_versions`: the run's versions as its only publisher's last publish left them
+    (PublishStats.held_versions): not read from the relay (a round trip, a WAN RTT, saved).
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version must be an int >= 0, got {version!r}")
     t_start = time.perf_counter()
-    # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
-    held = set() if part else _prune(relay, run, version)
-    relay.remove_prefix(version_prefix(run, version, part))  # a re-publish leaves no stale bucket
     attempt = uuid.uuid4().hex[:16]  # tells a streaming receiver one attempt from a re-publish
     streamed = announce is not None and not part
-    if streamed:
-        relay.put(announce_key(run, version), json.dumps({**announce, "attempt": attempt}).encode())
+    held: set[int] = set()  # the versions kept, once pruned
+
+    def before_first_bucket() -> None:
+        # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
+        if not part:
+            held.update(_prune(relay, run, version, held_versions), {version})
+            relay.put(_versions_key(run), json.dumps(sorted(held)).encode())
+        relay.remove_prefix(version_prefix(run, version, part))  # a re-publish: no stale bucket
+        if streamed:
+            relay.put(announce_key(run, version),
+                      json.dumps({**announce, "attempt": attempt}).encode())
 
     def encode(item: tuple[str, torch.Tensor]) -> tuple[str, Buffer, dict[str, Any]]:
         name, tensor = item
@@ -129,7 +140,9 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         return ordered_map(encode, tensors.items(), workers, _nbytes)
 
     infos, total, serialize_s = [], 0, 0.0
-    pusher = BucketPusher(relay) if pipelined else None
+    pusher = BucketPusher(relay, first=before_first_bucket) if pipelined else None
+    if not pusher:  # else the pusher's thread does it while the first bucket is packed
+        before_first_bucket()
     t = time.perf_counter()
     try:
         for info, blob in pack_buckets(items(), bucket_bytes, work):
@@ -161,34 +174,36 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     relay.put(manifest_key(run, version, part), manifest.to_json())
     if not part:
         relay.put(latest_key(run), json.dumps({"version": version}).encode())
-        relay.put(_versions_key(run), json.dumps(sorted(held | {version})).encode())
     push_s = time.perf_counter() - t_start - serialize_s
     puts = (pusher.puts.bytes, pusher.puts.seconds) if pusher else (0, 0.0)
-    return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s, *puts)
+    return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s, *puts,
+                        held_versions=None if part else frozenset(held))
 
 
-def _prune(relay: Relay, run: str, version: int) -> set[int]:
-    """Remove versions older than version - KEEP_PREVIOUS; the versions still held."""
+def _prune(relay: Relay, run: str, version: int,
+           known: frozenset[int] | None = None) -> set[int]:
+    """Remove versions older than version - KEEP_PREVIOUS; the versions still held (`known`:
+    as the caller knows them, else as the relay says)."""
     try:
-        held = {int(v) for v in json.loads(relay.get(_versions_key(run)))}
+        held = set(known) if known is not None else \
+            {int(v) for v in json.loads(relay.get(_versions_key(run)))}
     except (RelayKeyMissing, ValueError, TypeError):  # none yet, or unreadable: start afresh
         held = set()
     keep = {v for v in held if v >= version - KEEP_PREVIOUS}
     for old in sorted(held - keep):
         relay.remove_prefix(version_prefix(run, old))
-    if keep != held:
-        relay.put(_versions_key(run), json.dumps(sorted(keep)).encode())
     return keep
 
 
 def commit_version(relay: Relay, run: str, version: int, manifest: Manifest) -> None:
     """Make `version` visible with `manifest` when its payloads went out as parts pushed by
-    others (storage/weights/sharded.py): prune as publish_weights does, then the manifest,
-    then `latest`, then the versions held, in the order a reader relies on."""
-    held = _prune(relay, run, version)
+    others (storage/weights/sharded.py): prune and list the versions held, this one
+    included, as publish_weights does, then the manifest, then `latest`, in the order a
+    reader relies on."""
+    held = _prune(relay, run, version) | {version}
+    relay.put(_versions_key(run), json.dumps(sorted(held)).encode())
     relay.put(manifest_key(run, version), manifest.to_json())
     relay.put(latest_key(run), json.dumps({"version": version}).encode())
-    relay.put(_versions_key(run), json.dumps(sorted(held | {version})).encode())
 
 
 def latest_version(relay: Relay, run: str) -> int | None:

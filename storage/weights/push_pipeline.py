@@ -6,6 +6,10 @@ with the next one. Memory stays bounded: at most `depth` buckets are handed over
 pushed (one being put, the rest queued); a full queue makes the publisher wait, so a slow link
 throttles encoding instead of letting finished buckets pile up.
 
+`first` (a callable) runs on that thread before any put: the relay work a publish must finish
+before its first bucket goes in (pruning old versions, clearing the version's prefix, the
+announce), done while the publisher encodes and packs that bucket instead of before it.
+
 `close()` returns only once every bucket handed over is in the relay, and raises the first put
 error; that is what lets the publisher write the manifest strictly after all buckets (the
 version becomes visible only when complete). `abort()` (on an encoding error) drops what is
@@ -17,6 +21,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from storage.relay.base import Buffer, Relay
 from storage.weights.link_rate import TransferClock
@@ -27,7 +32,8 @@ _STOP = object()
 class BucketPusher:
     """Puts (key, bucket) pairs into `relay` from a thread of its own, in the order given."""
 
-    def __init__(self, relay: Relay, depth: int = 2) -> None:
+    def __init__(self, relay: Relay, depth: int = 2,
+                 first: Callable[[], None] | None = None) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.relay = relay
@@ -39,10 +45,16 @@ class BucketPusher:
         self.wait_s = 0.0  # seconds the publisher waited for room (the link was the limit)
         self.puts = TransferClock()  # the bucket puts alone: what the link's put leg did
         self.pushed = 0
+        self._first = first
         self._thread = threading.Thread(target=self._run, name="rose-push", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        if self._first is not None:
+            try:
+                self._first()
+            except BaseException as e:  # no bucket goes in after it: handed over as a put's
+                self._error = e
         while True:
             item = self._queue.get()
             if item is _STOP:

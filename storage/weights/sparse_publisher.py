@@ -95,6 +95,9 @@ class SparsePublisher(SnapshotServer):
         self._plan: tuple[int, dict[str, torch.Tensor], str, bool,
                           time_model.Link | None] | None = None
         self._lock = threading.RLock()  # publish and serve_requests share the held copy
+        # the run's versions in the relay as this publisher's last push left them: it is the
+        # run's only publisher, so it need not ask the relay again (None: ask)
+        self._relay_versions: frozenset[int] | None = None
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
@@ -230,11 +233,17 @@ class SparsePublisher(SnapshotServer):
         # a coded delta is streamed: receivers holding its base apply each bucket as it lands,
         # and its buckets close by the dense bytes they rewrite, so there are several to overlap
         streamed = self._streamed(kind == "delta", raw, part)
+        known = None if part else self._relay_versions
+        if not part:  # until this push is through: a failed one may have pruned some
+            self._relay_versions = None
         stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=link.cores if link else self.workers,
                                 announce={"kind": kind, "base_version": base_version}
-                                if streamed else None, work=shape_bytes if streamed else None)
+                                if streamed else None, work=shape_bytes if streamed else None,
+                                held_versions=known)
+        if not part:
+            self._relay_versions = stats.held_versions
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0
