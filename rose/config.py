@@ -51,6 +51,9 @@ class StackConfig(Strict):
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
     relay: Literal["auto", "mooncake", "filesystem"] = "auto"  # auto: what the stack started
+    # the Mooncake store client holding what is published (rose/stack/mooncake.py): every
+    # process of this host shares its memory; 0: none (each publisher's own segment, TCP gets)
+    relay_store_mb: int = Field(1024, ge=0)
     # engine workers' device: "cuda" (the `gpu` extra) splits each GPU between a serving
     # worker's two engines by memory fraction (executors/engine/device.py); never run on a GPU yet
     device: Literal["cpu", "cuda"] = "cpu"

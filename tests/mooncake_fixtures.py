@@ -48,16 +48,33 @@ def mooncake_pair(mooncake):
     writer.close()
 
 
-@pytest.fixture(params=["filesystem", "mooncake"])
+@pytest.fixture(scope="module")
+def mooncake_shared_pair(mooncake):
+    """Publisher and reader as `rose up` opens them: dummy clients of the stack's store client,
+    every transfer through memory shared with it."""
+    from storage.relay.mooncake import MooncakeRelay
+
+    if not mooncake.client_addr:
+        pytest.fail(f"the Mooncake store client did not start: {mooncake.client_error}")
+    writer, reader = (MooncakeRelay(mooncake.master_addr, mooncake.metadata_url, segment_bytes=0,
+                                    local_buffer_bytes=16 << 20,
+                                    client_addr=mooncake.client_addr) for _ in range(2))
+    yield writer, reader
+    reader.close()
+    writer.close()
+
+
+@pytest.fixture(params=["filesystem", "mooncake", "mooncake-shared"])
 def relays(request, tmp_path):
-    """(writer, reader) of one kind; tests keep their keys apart with `ns`. The Mooncake pair
-    is shared by a module: what a test put is removed after it, so no test runs on space (or
+    """(writer, reader) of one kind; tests keep their keys apart with `ns`. The Mooncake pairs
+    are shared by a module: what a test put is removed after it, so no test runs on space (or
     objects) that another one left, whichever tests a selection runs before it."""
     if request.param == "filesystem":
         relay = FilesystemRelay(tmp_path / "relay")
         yield relay, relay
         return
-    writer, reader = request.getfixturevalue("mooncake_pair")
+    writer, reader = request.getfixturevalue(
+        "mooncake_pair" if request.param == "mooncake" else "mooncake_shared_pair")
     yield writer, reader
     writer.remove_prefix(TEST_KEYS)
 

@@ -10,7 +10,7 @@ from storage.relay.base import RelayError, RelayKeyMissing
 from storage.relay.filesystem import FilesystemRelay
 from storage.relay.pool import make_relay
 
-from mooncake_fixtures import (mooncake, mooncake_pair, ns, relays,  # noqa: F401 (fixtures)
+from mooncake_fixtures import (mooncake, mooncake_pair, mooncake_shared_pair, ns, relays,  # noqa: F401 (fixtures)
                                skip_without_mooncake)
 
 
@@ -128,7 +128,7 @@ def test_master_gone_after_connect_raises_relay_error(tmp_path):
     from rose.stack.mooncake import start_mooncake
     from storage.relay.mooncake import MooncakeRelay
 
-    services = start_mooncake(tmp_path)
+    services = start_mooncake(tmp_path, store_mb=0)  # its master is the last process
     relay = None
     try:
         relay = MooncakeRelay(services.master_addr, services.metadata_url, segment_bytes=16 << 20,
@@ -203,3 +203,70 @@ def test_small_batch_reads_share_one_registered_buffer_and_own_their_bytes(moonc
         off.close()
     with pytest.raises(ValueError, match="staging_bytes"):
         MooncakeRelay(reader.master_addr, reader.metadata_url, staging_bytes=-1)
+
+
+def test_shared_memory_clients_move_values_larger_than_their_buffer(mooncake_shared_pair, ns):
+    """Dummy clients of the stack's store client (as `rose up` opens them): values larger than
+    the shared buffer grow it, and a batch larger than it is read in turns; every value comes
+    back whole and stays the caller's after the next read."""
+    writer, reader = mooncake_shared_pair
+    big, mid, small = os.urandom(24 << 20), os.urandom(10 << 20), os.urandom(3000)
+    for name, value in (("big", big), ("mid", mid), ("mid2", mid[::-1]), ("small", small)):
+        writer.put(f"{ns}/{name}", value)
+    got = reader.get_many([f"{ns}/mid", f"{ns}/mid2", f"{ns}/small", f"{ns}/big"])
+    first = bytes(got[0])
+    assert [bytes(v) for v in got] == [mid, mid[::-1], small, big]
+    reader.get_many([f"{ns}/mid2"])
+    assert bytes(got[0]) == first  # not the shared buffer: the next read did not overwrite it
+    assert reader.get(f"{ns}/small") == small and reader.exists_many([f"{ns}/big", f"{ns}/x"]) \
+        == [True, False]
+    assert writer.remove_prefix(f"{ns}/") == 4 and not reader.exists(f"{ns}/big")
+
+
+def test_objects_outlive_the_shared_writer_and_a_tcp_reader_reads_them(mooncake, ns):
+    """In the store client's segment, what a publisher put outlives its client (a trainer
+    that restarts), and a reader without shared memory (another host's) reads it over TCP."""
+    from storage.relay.mooncake import MooncakeRelay
+
+    writer = MooncakeRelay(mooncake.master_addr, mooncake.metadata_url, segment_bytes=0,
+                           local_buffer_bytes=16 << 20, client_addr=mooncake.client_addr)
+    value = os.urandom(5 << 20)
+    writer.put(f"{ns}/bucket", value)
+    writer.close()
+    tcp = MooncakeRelay(mooncake.master_addr, mooncake.metadata_url, segment_bytes=0,
+                        local_buffer_bytes=16 << 20)
+    try:
+        assert bytes(tcp.get_many([f"{ns}/bucket"])[0]) == value
+        assert tcp.remove(f"{ns}/bucket")
+    finally:
+        tcp.close()
+
+
+def test_make_relay_is_a_shared_memory_client_where_the_stack_runs_a_store_client(
+        mooncake, monkeypatch, ns):
+    from rose.stack.mooncake import mooncake_env
+
+    env = mooncake_env(mooncake)
+    assert env["ROSE_MOONCAKE_CLIENT"] == mooncake.client_addr
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with make_relay("mooncake", segment_bytes=0, local_buffer_bytes=8 << 20) as relay:
+        assert relay.client_addr == mooncake.client_addr
+        relay.put(f"{ns}/k", os.urandom(2 << 20))  # no segment of its own: the store's
+        assert relay.exists(f"{ns}/k") and relay.remove(f"{ns}/k")
+    # addresses given explicitly: that master's relay, not the env's store client
+    with make_relay("mooncake", master_addr=mooncake.master_addr,
+                    metadata_url=mooncake.metadata_url, segment_bytes=16 << 20) as relay:
+        assert relay.client_addr is None
+
+
+def test_a_store_client_that_cannot_start_leaves_the_master_and_says_why(tmp_path):
+    skip_without_mooncake()
+    from rose.stack.mooncake import start_mooncake
+
+    services = start_mooncake(tmp_path, store_mb=1 << 40)  # a segment no machine has
+    try:
+        assert services.client_addr is None and "mooncake-store-client" in services.client_error
+        assert services.alive()  # the master and metadata server run on
+    finally:
+        services.stop()

@@ -18,7 +18,7 @@ from storage.weights.publisher import latest_version
 from storage.weights.sharded import ShardedPublisher, commit_sharded
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)
 
 DIMS = dict(vocab_size=400, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)

@@ -199,9 +199,14 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
         # every service listens on loopback only (Dask's /health and /metrics HTTP servers
         # bound 0.0.0.0 until told otherwise); checked before any worker opens a Mooncake
         # client, whose transfer engine listens on all interfaces (README, Reliability)
-        exposed = [(c.laddr, pid) for pid in family for c in psutil.Process(pid).net_connections()
-                   if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")]
-        assert not exposed, exposed
+        def exposed() -> list:
+            return [(c.laddr, pid) for pid in family
+                    for c in psutil.Process(pid).net_connections()
+                    if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")]
+        # the one exception (README, Reliability): the store client's transfer engine, 2 ports
+        store_client = {p.pid for p in handle.processes if p.name == "mooncake-store-client"}
+        assert handle.mooncake_client and len(store_client) == 1
+        assert {pid for _, pid in exposed()} == store_client and len(exposed()) == 2, exposed()
         assert handle.relay == "mooncake"
         assert handle.workers == {"trainer-0": "trainer", "rollout-0": "rollout"}
         assert json_load(run_dir / "stack.json")["dask_scheduler"] == handle.dask_scheduler
@@ -215,10 +220,13 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
             who = client.submit(worker_identity, **on_rollout).result(60)
             # the worker reaches Mooncake with the env it was given
             moved = client.submit(round_trip, 3 << 20, **on_rollout).result(60)
+        # the worker's store client is a client of the stack's: it opens no port of its own
+        assert {pid for _, pid in exposed()} == store_client, exposed()
         assert who == {"ROSE_WORKER_NAME": "rollout-0", "ROSE_WORKER_KIND": "rollout",
                        "ROSE_RELAY": "mooncake", "PREFECT_API_URL": handle.prefect_api_url,
                        "VLLM_CPU_OMP_THREADS_BIND": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                       "ROSE_MOONCAKE_MASTER": handle.mooncake_master}
+                       "ROSE_MOONCAKE_MASTER": handle.mooncake_master,
+                       "ROSE_MOONCAKE_CLIENT": handle.mooncake_client}
         assert moved == 3 << 20
         assert load_stack(run_dir) == handle
         assert start_stack(StackConfig(rollout_workers=1), run_dir) == handle  # reused, not restarted
@@ -300,7 +308,7 @@ def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch,
     from rose.config import StackConfig
     from rose.stack import local_stack
 
-    def broken(run_dir):
+    def broken(run_dir, **_):
         raise StackError("mooncake_master not found")
 
     monkeypatch.setattr(local_stack, "start_mooncake", broken)
@@ -310,3 +318,23 @@ def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch,
     assert local_stack._start_relay(StackConfig(relay="filesystem"), tmp_path) is None
     with pytest.raises(StackError, match="mooncake_master not found"):  # asked for explicitly
         local_stack._start_relay(StackConfig(relay="mooncake"), tmp_path)
+
+
+def test_a_store_client_that_did_not_start_is_said_loudly(tmp_path, monkeypatch, capsys):
+    from rose.config import StackConfig
+    from rose.stack import local_stack
+    from rose.stack.mooncake import MooncakeServices, mooncake_env
+
+    asked = {}
+
+    def no_client(run_dir, store_mb):
+        asked["store_mb"] = store_mb
+        return MooncakeServices("127.0.0.1:1", "http://127.0.0.1:2/metadata",
+                                client_error="mooncake-store-client exited (code 1)")
+
+    monkeypatch.setattr(local_stack, "start_mooncake", no_client)
+    services = local_stack._start_relay(StackConfig(relay="auto", relay_store_mb=512), tmp_path)
+    assert services is not None and asked == {"store_mb": 512}
+    err = capsys.readouterr().err
+    assert "no Mooncake store client" in err and "exited (code 1)" in err
+    assert "ROSE_MOONCAKE_CLIENT" not in mooncake_env(services)  # workers keep TCP clients

@@ -12,7 +12,7 @@ from storage.weights.publisher import announce_key, bucket_key, manifest_key, re
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)
 from test_weight_pipeline import SMALL, Flipping, Wrapped
 from weight_fixtures import Training, run_name, same, served  # noqa: F401 (fixture)
 

@@ -20,7 +20,7 @@ from storage.weights.publisher import (bucket_key, latest_version, manifest_key,
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)
 from weight_fixtures import Training, bits, run_name, same
 
 SMALL = 4 << 10  # bucket bytes: a dozen buckets or more for the test model

@@ -13,7 +13,7 @@ from storage.relay.filesystem import FilesystemRelay
 from storage.weights.publisher import (bucket_key, latest_key, latest_version, manifest_key,
                                       publish_weights, pull_weights, register_decoder)
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays  # noqa: F401 (fixtures)
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)
 
 
 def bits(t: torch.Tensor) -> bytes:

@@ -14,7 +14,7 @@ from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.publisher import bucket_key, read_manifest, request_key
 from storage.weights.receiver import WeightReceiver
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays, skip_without_mooncake  # noqa: F401
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays, skip_without_mooncake  # noqa: F401
 from weight_fixtures import Training, bits, run_name, same, served  # noqa: F401
 
 
@@ -71,20 +71,26 @@ def test_republish_of_same_version_or_a_gap_goes_full(tmp_path):
 
 
 @pytest.mark.slow
-def test_mooncake_master_restart_republishes_full_snapshot(tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["own-segments", "store-client"])
+def test_mooncake_master_restart_republishes_full_snapshot(tmp_path, shared):
     """A restarted master has lost every object: the trainer's server republishes the version
-    it holds, a receiver behind by one pulls it in full, bit-exact."""
+    it holds, a receiver behind by one pulls it in full, bit-exact; with segments of their
+    own, and as `rose up` opens them (dummy clients of the stack's store client)."""
     skip_without_mooncake()
     from rose.stack.mooncake import start_mooncake
     from rose.stack.ports import LOCALHOST
     from storage.relay.mooncake import MooncakeRelay
 
-    services = start_mooncake(tmp_path / "mc")
+    services = start_mooncake(tmp_path / "mc", store_mb=256 if shared else 0)
     try:
+        client = services.client_addr if shared else None
         writer = MooncakeRelay(services.master_addr, services.metadata_url,
-                               segment_bytes=64 << 20, local_buffer_bytes=16 << 20)
-        reader = MooncakeRelay(services.master_addr, services.metadata_url, segment_bytes=0,
-                               local_buffer_bytes=16 << 20)
+                               segment_bytes=0 if shared else 64 << 20,
+                               local_buffer_bytes=16 << 20, client_addr=client)
+        # one client of the store client per process, as shared_relay opens it
+        reader = writer if shared else MooncakeRelay(
+            services.master_addr, services.metadata_url, segment_bytes=0,
+            local_buffer_bytes=16 << 20)
         pub = SparsePublisher(writer, "mc")
         train = Training(9)
         rx = WeightReceiver(reader, "mc", full_timeout_s=60, rerequest_s=0.5)
@@ -92,7 +98,7 @@ def test_mooncake_master_restart_republishes_full_snapshot(tmp_path):
         rx.pull(0)
         train.step()
         pub.publish(1, train.weights())
-        master = services.processes[-1]
+        master = next(p for p in services.processes if p.name == "mooncake-master")
         master.stop(grace=3)
         master.start()
         master.wait_for_port(LOCALHOST, int(services.master_addr.rsplit(":", 1)[1]))
@@ -114,8 +120,8 @@ def test_mooncake_master_restart_republishes_full_snapshot(tmp_path):
         assert result["report"].version == 1 and result["report"].mode == "full"
         assert same(rx.tensors, train.weights())
         assert any("lost" in r.reason for r in pub.served)
-        reader.close()
         writer.close()
+        reader.close()
     finally:
         services.stop()
 

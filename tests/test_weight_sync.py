@@ -18,7 +18,7 @@ from storage.weights.publisher import (bucket_key, manifest_key, pull_weights, r
                                       request_key)
 from storage.weights.receiver import SnapshotUnavailable, WeightReceiver
 
-from mooncake_fixtures import mooncake, mooncake_pair, ns, relays, skip_without_mooncake  # noqa: F401
+from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays, skip_without_mooncake  # noqa: F401
 from weight_fixtures import Training, bits, run_name, same, served  # noqa: F401
 
 

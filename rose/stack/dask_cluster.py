@@ -92,7 +92,8 @@ def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[st
 def worker_identity() -> dict[str, str | None]:
     """Run on a worker: who it is and the stack env it got (for checks and `rose status`)."""
     keys = ("ROSE_WORKER_NAME", "ROSE_WORKER_KIND", "ROSE_RELAY", "PREFECT_API_URL",
-            "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "ROSE_MOONCAKE_MASTER")
+            "VLLM_CPU_OMP_THREADS_BIND", "VLLM_ENABLE_V1_MULTIPROCESSING", "ROSE_MOONCAKE_MASTER",
+            "ROSE_MOONCAKE_CLIENT")
     return {k: os.environ.get(k) for k in keys}
 
 

@@ -44,6 +44,7 @@ class StackHandle:
     prefect_home: str = ""
     processes: list[ProcessRecord] = field(default_factory=list)  # only what this stack started
     endpoints: dict[str, str] = field(default_factory=dict)  # serving worker -> OpenAI endpoint URL
+    mooncake_client: str | None = None  # the store client every process here shares memory with
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -121,7 +122,7 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
     handle = StackHandle(run_dir, api_url, api_url.removesuffix("/api"), scheduler,
                          mooncake.master_addr if mooncake else None,
                          mooncake.metadata_url if mooncake else None, relay, workers,
-                         str(home), procs)
+                         str(home), procs, mooncake_client=mooncake.client_addr if mooncake else None)
     write_stack(handle)
     return handle
 
@@ -143,7 +144,14 @@ def _start_relay(cfg: StackConfig, run_dir: Path) -> MooncakeServices | None:
     if cfg.relay == "filesystem":
         return None
     try:
-        return start_mooncake(run_dir)
+        services = start_mooncake(run_dir, store_mb=cfg.relay_store_mb)
+        if services.client_error:
+            err_console.print(Panel(
+                f"[bold]Mooncake's store client could not start:[/]\n{services.client_error}\n"
+                "Published weights live in the publisher's own segment and every get crosses\n"
+                "loopback TCP (~10x slower between processes of this host).",
+                title="WARNING: no Mooncake store client", border_style="bold red"))
+        return services
     except StackError as e:
         if cfg.relay == "mooncake":
             raise
@@ -228,7 +236,8 @@ def stack_env(handle: StackHandle) -> dict[str, str]:
     }
     if handle.relay == "mooncake" and handle.mooncake_master and handle.mooncake_metadata_url:
         env.update(mooncake_env(MooncakeServices(handle.mooncake_master,
-                                                 handle.mooncake_metadata_url)))
+                                                 handle.mooncake_metadata_url,
+                                                 client_addr=handle.mooncake_client)))
     return env
 
 

@@ -1,7 +1,15 @@
-"""Mooncake Store services of the local stack: the HTTP metadata server and the master.
+"""Mooncake Store services of the local stack: the HTTP metadata server, the master, and the
+store client that holds what is published.
 
-Both bind 127.0.0.1 only. The master's built-in metadata server would bind 0.0.0.0 whatever
+All bind 127.0.0.1 only. The master's built-in metadata server would bind 0.0.0.0 whatever
 its host flag says, so it stays off and the separate Python one is used.
+
+The store client (`mooncake_client`, Mooncake's "real client") owns the segment the published
+weights live in; every process of this host opens its relay as a "dummy" client of it
+(storage/relay/mooncake.py), handing it shared memory: a put or a get is then one memory copy
+inside that process instead of a TCP transfer between two (bench/relay.py). A reader on
+another host reaches the same segment over TCP as before. If it cannot start, the relay works
+as before it existed (each publisher's own segment, gets over TCP), and `rose up` says so.
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ class MooncakeServices:
     master_addr: str  # "127.0.0.1:Q", the master's RPC address
     metadata_url: str  # "http://127.0.0.1:P/metadata"
     processes: list[ManagedProcess] = field(default_factory=list, repr=False)
+    client_addr: str | None = None  # "127.0.0.1:C", the store client's; None: not running
+    client_error: str = ""  # why it is not running, when it was asked for
 
     def alive(self) -> bool:
         host, port = self.master_addr.rsplit(":", 1)
@@ -39,8 +49,10 @@ class MooncakeServices:
 
 
 def start_mooncake(run_dir: Path, metadata_port: int | None = None,
-                   master_port: int | None = None) -> MooncakeServices:
-    """Start the metadata server and the master on free loopback ports; wait until both answer."""
+                   master_port: int | None = None, store_mb: int = 1024) -> MooncakeServices:
+    """Start the metadata server and the master on free loopback ports; wait until both answer.
+    Then the store client with a `store_mb` segment (0: none); a client that fails to start
+    leaves the other two running, with `client_error` saying why."""
     run_dir = Path(run_dir)
     meta_port = metadata_port or free_port()
     rpc_port = master_port or free_port()
@@ -63,8 +75,33 @@ def start_mooncake(run_dir: Path, metadata_port: int | None = None,
         for p in reversed(started):
             p.stop(grace=3)
         raise
-    return MooncakeServices(f"{LOCALHOST}:{rpc_port}",
-                            f"http://{LOCALHOST}:{meta_port}/metadata", started)
+    services = MooncakeServices(f"{LOCALHOST}:{rpc_port}",
+                                f"http://{LOCALHOST}:{meta_port}/metadata", started)
+    if store_mb > 0:
+        try:
+            services.client_addr = _start_store_client(services, run_dir, store_mb)
+        except StackError as e:
+            services.client_error = str(e)
+    return services
+
+
+def _start_store_client(services: MooncakeServices, run_dir: Path, store_mb: int) -> str:
+    """Start `mooncake_client` against the master; its address once it answers."""
+    port = free_port()
+    client = ManagedProcess("mooncake-store-client", [
+        _binary("mooncake_client"), f"--master_server_address={services.master_addr}",
+        f"--metadata_server={services.metadata_url}", f"--global_segment_size={store_mb} MB",
+        # its own gets (a dummy client's plain get of a small value) land in this buffer
+        "--local_buffer_size=64 MB", f"--host={LOCALHOST}", f"--port={port}", "--protocol=tcp",
+        "--threads=2"], run_dir, env={"MC_TCP_BIND_ADDRESS": LOCALHOST})
+    client.start()
+    try:
+        client.wait_for_port(LOCALHOST, port, timeout=START_TIMEOUT_S)
+    except StackError:
+        client.stop(grace=3)
+        raise
+    services.processes.append(client)
+    return f"{LOCALHOST}:{port}"
 
 
 def mooncake_env(services: MooncakeServices) -> dict[str, str]:
@@ -74,6 +111,7 @@ def mooncake_env(services: MooncakeServices) -> dict[str, str]:
         "MC_STORE_CLIENT_SETUP_RETRIES": "1",  # else setup blocks ~90 s when the master is down
         "ROSE_MOONCAKE_MASTER": services.master_addr,
         "ROSE_MOONCAKE_METADATA": services.metadata_url,
+        **({"ROSE_MOONCAKE_CLIENT": services.client_addr} if services.client_addr else {}),
     }
 
 
@@ -95,8 +133,9 @@ def open_store(master_addr: str | None = None, metadata_url: str | None = None,
     from storage.relay.base import RelayError
     from storage.relay.mooncake import open_store as open_client
 
-    try:
-        return open_client(master_addr, metadata_url, segment_bytes, buffer_bytes)
+    try:  # as the relay opens it: a client of the stack's store client where there is one
+        return open_client(master_addr, metadata_url, segment_bytes, buffer_bytes,
+                           os.environ.get("ROSE_MOONCAKE_CLIENT") or None)
     except RelayError as e:
         raise StackError(str(e)) from None
 

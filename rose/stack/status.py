@@ -40,6 +40,8 @@ def print_stack(handle: StackHandle, console: Console) -> None:
     if handle.relay == "mooncake":
         row("Mooncake master", handle.mooncake_master, "mooncake-master")
         row("Mooncake metadata", handle.mooncake_metadata_url, "mooncake-metadata")
+        if handle.mooncake_client:
+            row("Mooncake store client", handle.mooncake_client, "mooncake-store-client")
     else:
         services.add_row("relay", str(handle.relay_dir()), "-", "[yellow]filesystem[/]")
     for name, url in sorted(handle.endpoints.items()):

@@ -1,7 +1,9 @@
 """Relays by kind (`make_relay`), and one shared relay client per process and kind.
 
 A Mooncake object lives in the memory segment of the process that put it: the trainer's
-client must outlive the publish call, or the buckets vanish before anyone pulls them.
+client must outlive the publish call, or the buckets vanish before anyone pulls them. Where
+the stack runs a store client (ROSE_MOONCAKE_CLIENT, rose/stack/mooncake.py), every client of
+this host is a dummy client of it instead, and objects live in its segment.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ _lock = threading.Lock()
 
 def make_relay(kind: str, root: Path | str | None = None, master_addr: str | None = None,
                metadata_url: str | None = None, segment_bytes: int | None = None,
-               local_buffer_bytes: int | None = None) -> Relay:
+               local_buffer_bytes: int | None = None, client_addr: str | None = None) -> Relay:
     """A relay by kind: "filesystem" (needs root) or "mooncake" (addresses default to
-    ROSE_MOONCAKE_MASTER / ROSE_MOONCAKE_METADATA)."""
+    ROSE_MOONCAKE_MASTER / ROSE_MOONCAKE_METADATA; the store client to be a dummy client of,
+    to ROSE_MOONCAKE_CLIENT with the master from there, when the stack runs one)."""
     if kind == "filesystem":
         if root is None:
             raise ValueError("the filesystem relay needs a root directory")
@@ -28,6 +31,8 @@ def make_relay(kind: str, root: Path | str | None = None, master_addr: str | Non
     if kind == "mooncake":
         from storage.relay.mooncake import MooncakeRelay  # imports the native client lazily
 
+        if master_addr is None and client_addr is None:  # the stack's, as the env says
+            client_addr = os.environ.get("ROSE_MOONCAKE_CLIENT") or None
         master_addr = master_addr or os.environ.get("ROSE_MOONCAKE_MASTER")
         metadata_url = metadata_url or os.environ.get("ROSE_MOONCAKE_METADATA")
         if not master_addr or not metadata_url:
@@ -35,7 +40,7 @@ def make_relay(kind: str, root: Path | str | None = None, master_addr: str | Non
                              "ROSE_MOONCAKE_MASTER and ROSE_MOONCAKE_METADATA; `rose up` does)")
         sizes = {k: v for k, v in (("segment_bytes", segment_bytes),
                                    ("local_buffer_bytes", local_buffer_bytes)) if v is not None}
-        return MooncakeRelay(master_addr, metadata_url, **sizes)
+        return MooncakeRelay(master_addr, metadata_url, **sizes, client_addr=client_addr)
     raise ValueError(f"unknown relay kind {kind!r} (expected 'mooncake' or 'filesystem')")
 
 
@@ -51,6 +56,10 @@ def shared_relay(kind: str = "auto", role: str = "publisher") -> Relay:
     if role not in ("publisher", "reader"):
         raise ValueError(f"relay role must be 'publisher' or 'reader', got {role!r}")
     kind = resolve_kind(kind)
+    if kind == "mooncake" and os.environ.get("ROSE_MOONCAKE_CLIENT"):
+        # a client of the store client has no segment to contribute: one serves both roles
+        # (Mooncake 0.3.13 cannot reconnect two of them in one process after a master restart)
+        role = "shared"
     with _lock:
         if (kind, role) not in _clients:
             root, sizes = None, {}
