@@ -2,9 +2,12 @@
 a plain loopback TCP socket carrying the same bytes between the same two processes (the
 baseline the relay is held to: >= 50% of it), and publish_weights / pull_weights end to end.
 
-The writer is this process (it owns the segment, like the trainer); the reader is a second
-process with no segment (like a rollout worker), so gets cross a process boundary over TCP.
-Starts its own Mooncake master and metadata server on free loopback ports.
+Two Mooncake layouts, side by side: clients of their own (the writer is this process and owns
+the segment, like a trainer; the reader is a second process with no segment, like a rollout
+worker, so gets cross a process boundary over TCP), and as `rose up` opens them: both dummy
+clients of the stack's store client (mooncake_client), which holds the objects, each transfer
+one copy through memory shared with it (storage/relay/mooncake_pool.py). Starts its own
+Mooncake master, metadata server and store client on free loopback ports.
 
     .venv/bin/python bench/relay.py [--buckets 4] [--bucket-mb 64] [--repeat 3]
 """
@@ -29,12 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _reader(conn, master: str, metadata: str) -> None:
-    """Second process: answers ("plain"|"single"|"batch"|"pull", keys/run) with seconds taken."""
+def _reader(conn, master: str, metadata: str, client_addr: str | None = None) -> None:
+    """Second process: answers ("plain"|"single"|"batch"|"pull", keys/run) with seconds taken;
+    a dummy client of the store client at `client_addr` when given."""
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.publisher import pull_weights
 
-    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=128 << 20)
+    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=128 << 20,
+                          client_addr=client_addr)
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         mode, arg = msg
@@ -140,9 +145,15 @@ def main() -> None:
     alone.join(10)
 
     tmp = Path(tempfile.mkdtemp(prefix="rose-bench-relay-"))
-    services = start_mooncake(tmp)
+    # the store client holds what a shared-memory writer puts: 3 versions at most
+    services = start_mooncake(tmp, store_mb=(3 * total >> 20) + 256)
+    if not services.client_addr:
+        raise SystemExit(f"the Mooncake store client did not start: {services.client_error}")
     parent, child = ctx.Pipe()
     reader = ctx.Process(target=_reader, args=(child, services.master_addr, services.metadata_url))
+    shared_parent, shared_child = ctx.Pipe()
+    shared_reader = ctx.Process(target=_reader, args=(
+        shared_child, services.master_addr, services.metadata_url, services.client_addr))
     try:
         writer = MooncakeRelay(services.master_addr, services.metadata_url,
                                segment_bytes=3 * total + (256 << 20),  # 3 versions held at most
@@ -150,23 +161,37 @@ def main() -> None:
         reader.start()
         child.close()
         assert parent.recv() == "ready"
+        shared = MooncakeRelay(services.master_addr, services.metadata_url, segment_bytes=0,
+                               local_buffer_bytes=size + (16 << 20),
+                               client_addr=services.client_addr)
+        shared_reader.start()
+        shared_child.close()
+        assert shared_parent.recv() == "ready"
 
-        def put(zero_copy: bool) -> float:
+        lap = [0]
+
+        def put(zero_copy: bool, relay=writer) -> float:
+            # fresh keys each time, as each version's are (an upsert over a key a reader just
+            # read is another case: it costs the store client a new allocation per value)
+            relay.remove_prefix("bench/")
+            lap[0] += 1
+            keys[:] = [f"bench/{lap[0]}/b{i}" for i in range(args.buckets)]
             t = time.perf_counter()
             for k, b in zip(keys, blobs):
                 if zero_copy:
-                    writer.put(k, b)
+                    relay.put(k, b)
                 else:
-                    assert writer._store.upsert(k, b, writer._config) == 0
+                    assert relay._store.upsert(k, b, relay._config) == 0
             return time.perf_counter() - t
 
-        def get(mode: str) -> float:
-            parent.send((mode, keys))
-            seconds, n, _ = parent.recv()
+        def get(mode: str, conn=parent) -> float:
+            conn.send((mode, keys))
+            seconds, n, _ = conn.recv()
             assert n == total
             return seconds
 
-        put(True)  # first touch of the segment's pages
+        for _ in range(3):  # the writer's segment's pages touched, as the store client's are
+            put(True)
         r = args.repeat
         row("loopback TCP socket, beside Mooncake (reader process)",
             _best(lambda: _over_socket(blobs, parent), r))
@@ -176,6 +201,12 @@ def main() -> None:
         row("mooncake get, zero-copy get_into per key", _best(lambda: get("single"), r))
         row("mooncake get, zero-copy batch_get_into", _best(lambda: get("batch"), r))
         writer.remove_prefix("bench/")
+        put(True, shared)  # first touch of the shared memory's pages
+        get("batch", shared_parent)
+        row("store client: put (one copy into shared memory)", _best(lambda: put(True, shared), r))
+        row("store client: get batch (other process, one copy out)",
+            _best(lambda: get("batch", shared_parent), r))
+        shared.remove_prefix("bench/")
 
         fs = FilesystemRelay(tmp / "fs-relay")
 
@@ -215,14 +246,27 @@ def main() -> None:
         row("pull_weights: total", seconds, n)
         writer.remove_prefix("rose/bench/")
         writer.close()
+        pub = [publish_weights(shared, "bench", v, tensors, bucket_bytes=size)
+               for v in range(args.repeat)]
+        best = min(pub, key=lambda s: s.serialize_s + s.push_s)
+        row("store client: publish_weights push", best.push_s, best.bytes)
+        pulls = []
+        for _ in range(args.repeat):
+            shared_parent.send(("pull", "bench"))
+            pulls.append(shared_parent.recv())
+        seconds, n, stats = min(pulls, key=lambda p: p[0])
+        row("store client: pull_weights total (other process)", seconds, n)
+        shared.remove_prefix("rose/bench/")
+        shared.close()
     finally:
-        if reader.is_alive():
-            parent.send(None)
-            reader.join(10)
+        for proc, conn in ((reader, parent), (shared_reader, shared_parent)):
+            if proc.is_alive():
+                conn.send(None)
+                proc.join(10)
         services.stop()
 
     table = Table(title=f"relay: {args.buckets} x {args.bucket_mb} MB buckets, best of "
-                        f"{args.repeat}, loopback TCP")
+                        f"{args.repeat}, loopback TCP or the store client's shared memory")
     for col in ("case", "seconds", "GB/s"):
         table.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
@@ -236,7 +280,11 @@ def main() -> None:
     get_s = by["mooncake get, zero-copy batch_get_into"]
     # relay throughput over the socket's, measured side by side: the get alone (what a puller
     # waits for once a version is published) and put + get (writer memory to reader memory)
-    ratios = {"mooncake get / socket": sock / get_s, "mooncake put + get / socket": sock / (put_s + get_s)}
+    shared_put = by["store client: put (one copy into shared memory)"]
+    shared_get = by["store client: get batch (other process, one copy out)"]
+    ratios = {"mooncake get / socket": sock / get_s, "mooncake put + get / socket": sock / (put_s + get_s),
+              "store client get / socket": sock / shared_get,
+              "store client put + get / socket": sock / (shared_put + shared_get)}
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x the socket's throughput")
     RESULTS.mkdir(exist_ok=True)

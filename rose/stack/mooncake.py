@@ -95,13 +95,41 @@ def _start_store_client(services: MooncakeServices, run_dir: Path, store_mb: int
         "--local_buffer_size=64 MB", f"--host={LOCALHOST}", f"--port={port}", "--protocol=tcp",
         "--threads=2"], run_dir, env={"MC_TCP_BIND_ADDRESS": LOCALHOST})
     client.start()
+    address = f"{LOCALHOST}:{port}"
     try:
         client.wait_for_port(LOCALHOST, port, timeout=START_TIMEOUT_S)
+        _touch_segment(services.master_addr, services.metadata_url, address, store_mb)
     except StackError:
         client.stop(grace=3)
         raise
     services.processes.append(client)
-    return f"{LOCALHOST}:{port}"
+    return address
+
+
+def _touch_segment(master_addr: str, metadata_url: str, client_addr: str, store_mb: int) -> None:
+    """Have the store client fault its segment's pages in once, now: a value put into pages
+    never used costs ~7x one put into pages used before (27 vs 4 ms for 64 MB here), and once
+    every page was used, whatever the allocator hands out was. Fills it with 64 MB values,
+    then removes them (~0.5 s per GB)."""
+    from storage.relay.base import RelayError
+    from storage.relay.mooncake import MooncakeRelay
+
+    chunk = 64 << 20
+    relay = MooncakeRelay(master_addr, metadata_url, segment_bytes=0,
+                          local_buffer_bytes=chunk, client_addr=client_addr)
+    try:
+        filler = bytes(chunk)
+        for i in range(max(1, (store_mb << 20) // chunk)):
+            try:
+                relay.put(f"rose-stack/touch/{i}", filler)
+            except RelayError:  # full: what is left is smaller than a chunk
+                break
+        relay.remove_prefix("rose-stack/touch/")
+    except RelayError as e:
+        raise StackError(f"the Mooncake store client at {client_addr} does not take values: "
+                         f"{e}") from None
+    finally:
+        relay.close()
 
 
 def mooncake_env(services: MooncakeServices) -> dict[str, str]:
