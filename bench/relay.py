@@ -230,31 +230,27 @@ def main() -> None:
         cols = total // (2 * n_layers * 1024)
         tensors = {f"layers.{i}.w": torch.randn(1024, cols, generator=g).to(torch.bfloat16)
                    for i in range(n_layers)}
-        pub = []
-        for v in range(args.repeat):
-            pub.append(publish_weights(writer, "bench", v, tensors, bucket_bytes=size))
-        best = min(pub, key=lambda s: s.serialize_s + s.push_s)
+        def publish_and_pull(relay, conn) -> tuple:
+            """(best publish stats, (seconds, bytes, stats) of the best pull in the reader)."""
+            pub = [publish_weights(relay, "bench", v, tensors, bucket_bytes=size)
+                   for v in range(args.repeat)]
+            pulls = []
+            for _ in range(args.repeat):
+                conn.send(("pull", "bench"))
+                pulls.append(conn.recv())
+            return (min(pub, key=lambda s: s.serialize_s + s.push_s),
+                    min(pulls, key=lambda p: p[0]))
+
+        best, (seconds, n, stats) = publish_and_pull(writer, parent)
         row("publish_weights: serialize (pack + xxh3)", best.serialize_s, best.bytes)
         row("publish_weights: push (zero-copy puts)", best.push_s, best.bytes)
-        pulls = []
-        for _ in range(args.repeat):
-            parent.send(("pull", "bench"))
-            pulls.append(parent.recv())
-        seconds, n, stats = min(pulls, key=lambda p: p[0])
         row("pull_weights: fetch + verify (other process)", stats["fetch_s"], n)
         row("pull_weights: decode to tensors (views)", stats["decode_s"], n)
         row("pull_weights: total", seconds, n)
         writer.remove_prefix("rose/bench/")
         writer.close()
-        pub = [publish_weights(shared, "bench", v, tensors, bucket_bytes=size)
-               for v in range(args.repeat)]
-        best = min(pub, key=lambda s: s.serialize_s + s.push_s)
+        best, (seconds, n, stats) = publish_and_pull(shared, shared_parent)
         row("store client: publish_weights push", best.push_s, best.bytes)
-        pulls = []
-        for _ in range(args.repeat):
-            shared_parent.send(("pull", "bench"))
-            pulls.append(shared_parent.recv())
-        seconds, n, stats = min(pulls, key=lambda p: p[0])
         row("store client: pull_weights total (other process)", seconds, n)
         shared.remove_prefix("rose/bench/")
         shared.close()
