@@ -157,6 +157,10 @@ def main() -> None:
     p.add_argument("--split-cores", action="store_true",
                    help="end to end: the sender (and its relay) on the first half of this "
                    "process's cores, the receiver on the other half, as on two hosts")
+    p.add_argument("--own-segments", action="store_true",
+                   help="end to end: no store client; the sender's own Mooncake segment holds "
+                   "the versions and the receiver gets over loopback TCP (before `rose up` ran "
+                   "a store client)")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer.json")
     args = p.parse_args()
     torch.set_num_threads(1)  # the per-method table times one thread; e2e codes in a pool
@@ -199,7 +203,7 @@ def main() -> None:
 
         e2e_rows = run_e2e(e2e_work, args.gbps, repeat=args.e2e_repeat,
                            log=lambda m: console.print(m, highlight=False),
-                           reader_cores=reader_cores)
+                           reader_cores=reader_cores, own_segments=args.own_segments)
         print_e2e(console, e2e_rows)
     elapsed = time.perf_counter() - t_start
     write_json(args.out, {"bench": "transfer", "machine": platform.platform(),

@@ -3,8 +3,10 @@
 Link emulation (a token bucket on the push side, depth 0): each relay put of n bytes returns
 no earlier than n * 8 / rate seconds after the previous put's bytes left, so the sender never
 exceeds `rate` (1, 10, 25, 100 Gbps by default) and a put that is really slower than the link
-keeps its real time. Reads are not paced (a second process on loopback TCP). This stands in for
-a cross-cluster link; it is not a measurement of one. Rate 0 is unpaced loopback: as fast as
+keeps its real time. Reads are not paced: the receiver is a second process, its relay a client
+of the stack's store client as `rose up` opens it (memory shared with it; `--own-segments`:
+the layout before, gets over loopback TCP). This stands in for a cross-cluster link to a relay
+beside the receivers; it is not a measurement of one. Rate 0 is unpaced loopback: as fast as
 the relay goes on this machine. Its rate, for ours' time model and the model column, is the
 relay's bulk rate measured once in the run (one bucket put, best of 3): a small workload's
 push time is mostly fixed per-publish costs, not bandwidth, and would understate the link.
@@ -106,8 +108,9 @@ def pin_threads(cores: Collection[int]) -> None:
 
 
 def _reader(conn, master: str, metadata: str, batch_bytes: int,
-            cores: Collection[int] | None = None) -> None:
-    """Receiver process: ("dense"|"sparse"|"drop", run, version) -> (seconds, stats, digest)."""
+            cores: Collection[int] | None = None, client_addr: str | None = None) -> None:
+    """Receiver process: ("dense"|"sparse"|"drop", run, version) -> (seconds, stats, digest);
+    its relay a client of the store client at `client_addr` when given (as `rose up`'s)."""
     if cores:
         pin_threads(cores)  # before any pool or relay thread exists
     torch.set_num_threads(1)
@@ -117,7 +120,8 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
     from storage.weights.receiver import WeightReceiver
 
     kernels.warm_up()  # a long-lived receiver has its codec kernels compiled
-    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=64 << 20)
+    relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=64 << 20,
+                          client_addr=client_addr)
     receivers: dict[str, WeightReceiver] = {}
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -140,6 +144,28 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
             receivers.pop(run, None)
             conn.send((0.0, {}, ""))
     relay.close()
+
+
+def start_relay(tmp: Path, held_bytes: int, own_segments: bool = False):
+    """(Mooncake services, the writer's relay) as `rose up` opens them: a store client holding
+    `held_bytes`, this process a client of it (its address in services.client_addr); with
+    `own_segments`, no store client and the writer's own segment holds them (the layout before
+    the stack ran a store client; gets cross loopback TCP)."""
+    from rose.stack.mooncake import start_mooncake
+    from storage.relay.mooncake import MooncakeRelay
+
+    services = start_mooncake(tmp, store_mb=0 if own_segments else (held_bytes >> 20) + 1)
+    if not own_segments and not services.client_addr:
+        services.stop()
+        raise RuntimeError(f"the Mooncake store client did not start: {services.client_error}")
+    try:
+        writer = MooncakeRelay(services.master_addr, services.metadata_url,
+                               segment_bytes=held_bytes if own_segments else 0,
+                               local_buffer_bytes=64 << 20, client_addr=services.client_addr)
+    except BaseException:
+        services.stop()
+        raise
+    return services, writer
 
 
 def bulk_gbps(writer: Relay, nbytes: int, tries: int = 3) -> float:
@@ -249,16 +275,16 @@ def median_ci(values: Sequence[float], level: float = 0.95, resamples: int = 200
 def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float],
             bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, repeat: int = 1,
             log=print, small_repeat: int = 31,
-            reader_cores: Collection[int] | None = None) -> list[dict]:
+            reader_cores: Collection[int] | None = None,
+            own_segments: bool = False) -> list[dict]:
     """Rows of (workload, rate, method), the best of `repeat` runs by total time (this machine
     is shared: the best run is the least disturbed one), or of `small_repeat` for a workload
     under one bucket (tens of ms, where a disturbance is as large as the difference measured).
     Dense and ours run back to back, alternating which goes first; ours' row also carries the
     median over those pairs of dense / ours (`paired_median_speedup`). With `reader_cores`,
     the receiver runs on those cores and the caller should already run on others. See the
-    module docstring."""
-    from rose.stack.mooncake import start_mooncake
-    from storage.relay.mooncake import MooncakeRelay
+    module docstring. `own_segments`: the relay's layout before the stack's store client
+    (start_relay)."""
     from storage.weights.sparse_publisher import tensors_digest
 
     kernels.warm_up()  # as a long-lived trainer has: not a cost of any one publish
@@ -268,17 +294,16 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     rows: list[dict] = []
     split = bool(reader_cores)  # sender and receiver on cores of their own
     with tempfile.TemporaryDirectory(prefix="rose-bench-mc-") as tmp:
-        services = start_mooncake(Path(tmp))
-        writer = proc = None
+        # room for a full v0 and a dense v1 at once, plus bucket rounding
+        services, writer = start_relay(Path(tmp), 2 * dense_max + 4 * bucket_bytes + (64 << 20),
+                                       own_segments)
+        proc = None
         parent, child = mp.get_context("spawn").Pipe()
         try:
-            # room for a full v0 and a dense v1 at once, plus bucket rounding
-            writer = MooncakeRelay(services.master_addr, services.metadata_url,
-                                   segment_bytes=2 * dense_max + 4 * bucket_bytes + (64 << 20),
-                                   local_buffer_bytes=64 << 20)
             proc = mp.get_context("spawn").Process(
                 target=_reader, args=(child, services.master_addr, services.metadata_url,
-                                      batch_bytes, reader_cores), daemon=True)
+                                      batch_bytes, reader_cores, services.client_addr),
+                daemon=True)
             proc.start()
             child.close()  # the reader's end is its own: if it dies, recv() fails, never hangs
             if parent.recv() != "ready":

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.transfer_e2e import PacedRelay, _reader  # noqa: E402
+from bench.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
 from bench.transfer_workloads import synthetic_model  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
@@ -110,9 +110,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rose.stack.mooncake import start_mooncake
     from storage.delta import host_speed, kernels
-    from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import tensors_digest
 
     t_start = time.perf_counter()
@@ -125,16 +123,13 @@ def main() -> None:
     rows: list[dict] = []
     console = Console()
     with tempfile.TemporaryDirectory(prefix="rose-link-mc-") as tmp:
-        services = start_mooncake(Path(tmp))
+        # as `rose up`: the versions in the stack's store client, both processes clients of it
+        services, writer = start_relay(Path(tmp), 4 * dense + (256 << 20))
         parent, child = mp.get_context("spawn").Pipe()
         proc = mp.get_context("spawn").Process(
-            target=_reader, args=(child, services.master_addr, services.metadata_url, 1 << 30),
-            daemon=True)
-        writer = None
+            target=_reader, args=(child, services.master_addr, services.metadata_url, 1 << 30,
+                                  None, services.client_addr), daemon=True)
         try:
-            writer = MooncakeRelay(services.master_addr, services.metadata_url,
-                                   segment_bytes=4 * dense + (256 << 20),
-                                   local_buffer_bytes=64 << 20)
             proc.start()
             child.close()  # the reader's end is its own: if it dies, recv() fails, never hangs
             if parent.recv() != "ready":
@@ -150,8 +145,7 @@ def main() -> None:
             if proc.is_alive():
                 parent.send(None)
                 proc.join(timeout=30)
-            if writer is not None:
-                writer.close()
+            writer.close()
             services.stop()
     summary = []
     table = Table(title=f"Publish-to-applied when publish.link_gbps is wrong: synthetic "
