@@ -12,10 +12,9 @@ Mooncake pitfalls handled here:
 - An object lives in the segment of one client: writes prefer this client's own segment, so
   what a publisher pushes lives exactly as long as the publisher. Pure readers can mount no
   segment (segment_bytes=0). A master restart loses every object.
-- With `client_addr` (the stack's store client, rose/stack/mooncake.py) this is a "dummy"
-  client of it: objects live in its segment, as long as it runs, and every transfer goes
-  through memory shared with it (storage/relay/mooncake_pool.py), one copy each way instead
-  of a TCP transfer: ~10x faster gets between two processes of one host (bench/relay.py).
+- With `client_addr` (the stack's store client, rose/stack/mooncake.py) it is a "dummy" client
+  of it: objects live in its segment while it runs, and every transfer is one copy through
+  memory shared with it (storage/relay/mooncake_pool.py), not TCP (bench/relay.py).
 - Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
   zero-copy (register_buffer + upsert_from / get_into), about 2-3x faster for 64 MB buckets.
   Registering and unregistering a buffer costs ~0.6-0.8 ms whatever its size, so a batch
@@ -39,7 +38,8 @@ from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, chec
                                 check_value)
 
 _CODES = {-10: "BUFFER_OVERFLOW",
-          -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes)",
+          -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes, or "
+                "stack.relay_store_mb where the stack runs a store client)",
           -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
           -800: "TRANSFER_FAIL (the segment's owner may have died)"}
 _MISSING = -704
