@@ -38,8 +38,7 @@ from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, chec
                                 check_value)
 
 _CODES = {-10: "BUFFER_OVERFLOW",
-          -200: "NO_AVAILABLE_HANDLE (segments full of pinned objects: raise segment_bytes, or "
-                "stack.relay_store_mb where the stack runs a store client)",
+          -200: "NO_AVAILABLE_HANDLE (full of pinned objects: raise segment_bytes, stack.relay_store_mb)",
           -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
           -800: "TRANSFER_FAIL (the segment's owner may have died)"}
 _MISSING = -704
@@ -73,7 +72,8 @@ def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_bu
     while rc == 0 and client_addr and store.health_check() != 0 and time.monotonic() < deadline:
         time.sleep(0.002)
     if rc != 0 or store.health_check() != 0:
-        raise RelayError(f"mooncake relay: client setup against {where} failed with code {rc}")
+        raise RelayError(f"mooncake relay: client setup against {where} failed: "
+                         f"{f'code {rc}' if rc else 'no answer to its health checks'}")
     return store
 
 
