@@ -270,3 +270,30 @@ def test_a_store_client_that_cannot_start_leaves_the_master_and_says_why(tmp_pat
         assert services.alive()  # the master and metadata server run on
     finally:
         services.stop()
+
+
+def test_a_process_that_cannot_reach_the_store_client_uses_tcp_clients_loudly(
+        mooncake, monkeypatch, caplog, ns):
+    """shared_relay where the env names a store client this process cannot use (here: none
+    listens there): an error in the log, and clients of the process's own, by role."""
+    import storage.relay.pool as pool
+    from rose.stack.mooncake import mooncake_env
+    from rose.stack.ports import free_port
+
+    for k, v in mooncake_env(mooncake).items():
+        monkeypatch.setenv(k, v)
+    dead = f"127.0.0.1:{free_port()}"
+    monkeypatch.setenv("ROSE_MOONCAKE_CLIENT", dead)
+    monkeypatch.setattr(pool, "_clients", {})
+    with caplog.at_level("ERROR", logger="rose.relay"):
+        publisher = pool.shared_relay("mooncake", "publisher")
+    reader = pool.shared_relay("mooncake", "reader")
+    try:
+        assert f"store client at {dead}" in caplog.text
+        assert publisher.client_addr is None and reader.client_addr is None
+        assert publisher is not reader  # by role again: the publisher has a segment of its own
+        publisher.put(f"{ns}/k", os.urandom(2 << 20))
+        assert reader.exists(f"{ns}/k") and publisher.remove(f"{ns}/k")
+    finally:
+        publisher.close()
+        reader.close()

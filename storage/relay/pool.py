@@ -7,6 +7,7 @@ this host is a dummy client of it instead, and objects live in its segment.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from storage.relay.base import Relay, RelayError
 from storage.relay.filesystem import FilesystemRelay
 
+log = logging.getLogger("rose.relay")
 _clients: dict[tuple[str, str], Relay] = {}
 _lock = threading.Lock()
 
@@ -56,11 +58,21 @@ def shared_relay(kind: str = "auto", role: str = "publisher") -> Relay:
     if role not in ("publisher", "reader"):
         raise ValueError(f"relay role must be 'publisher' or 'reader', got {role!r}")
     kind = resolve_kind(kind)
-    if kind == "mooncake" and os.environ.get("ROSE_MOONCAKE_CLIENT"):
-        # a client of the store client has no segment to contribute: one serves both roles
-        # (Mooncake 0.3.13 cannot reconnect two of them in one process after a master restart)
-        role = "shared"
     with _lock:
+        if kind == "mooncake" and os.environ.get("ROSE_MOONCAKE_CLIENT"):
+            # a client of the store client has no segment to contribute: one serves both roles
+            # (Mooncake 0.3.13 cannot reconnect two of them in one process after a master
+            # restart); if it cannot be one, this process's clients are TCP clients, loudly
+            if ("mooncake", "shared") in _clients:
+                return _clients["mooncake", "shared"]
+            try:
+                relay = _clients["mooncake", "shared"] = make_relay(kind)
+                return relay
+            except RelayError as e:
+                log.error("cannot be a client of the store client at %s (%s): this process's "
+                          "relay clients go over TCP, a publisher's values in its own segment",
+                          os.environ["ROSE_MOONCAKE_CLIENT"], e)
+                os.environ.pop("ROSE_MOONCAKE_CLIENT")
         if (kind, role) not in _clients:
             root, sizes = None, {}
             if kind == "filesystem":
