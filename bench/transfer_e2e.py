@@ -350,7 +350,6 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                 proc.join(timeout=30)
                 if proc.is_alive():
                     proc.kill()
-            if writer is not None:
-                writer.close()
+            writer.close()
             services.stop()
     return rows
