@@ -13,8 +13,8 @@ Mooncake pitfalls handled here:
   what a publisher pushes lives exactly as long as the publisher. Pure readers can mount no
   segment (segment_bytes=0). A master restart loses every object.
 - With `client_addr` (the stack's store client, rose/stack/mooncake.py) it is a "dummy" client
-  of it: objects live in its segment while it runs, and every transfer is one copy through
-  memory shared with it (storage/relay/mooncake_pool.py), not TCP (bench/relay.py).
+  of it: objects live in its segment while it runs, and every transfer is copied through
+  memory shared with it (storage/relay/mooncake_pool.py), not sent over TCP (bench/relay.py).
 - Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
   zero-copy (register_buffer + upsert_from / get_into), about 2-3x faster for 64 MB buckets.
   Registering and unregistering a buffer costs ~0.6-0.8 ms whatever its size, so a batch
