@@ -33,17 +33,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared
-from storage.relay.base import (Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix,
-                                check_value)
+from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared, reconnected
+from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix, check_value
 
 _CODES = {-10: "BUFFER_OVERFLOW",
           -200: "NO_AVAILABLE_HANDLE (full of pinned objects: raise segment_bytes, stack.relay_store_mb)",
           -600: "INVALID_PARAMS", -703: "REPLICA_IS_NOT_READY", -704: "OBJECT_NOT_FOUND", -706: "OBJECT_HAS_LEASE",
           -800: "TRANSFER_FAIL (the segment's owner may have died)"}
-_MISSING = -704
-_NOT_READY = -703  # REPLICA_IS_NOT_READY: a put of the key is under way
+_MISSING, _NOT_READY = -704, -703  # REPLICA_IS_NOT_READY: a put of the key is under way
 _NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
+_RPC_FAIL, _RECONNECT_WAIT_S = -900, 8.0  # a store client reconnects to a new master in ~2-4 s
 PROBE_EVERY_S = 0.05  # a master dead for less than this is told by the RPC (its ~4 s timeout)
 
 
@@ -127,11 +126,13 @@ class MooncakeRelay(Relay):
     def _live(self, op: str, key: str, probe: bool = False):
         """The store, if open and its master answers. health_check is instant but lags a dead
         master by a heartbeat; `probe` (a TCP connect, ~0.1 ms on loopback) does not, and
-        saves a metadata RPC's ~4 s timeout on ops whose failure cannot be told otherwise."""
-        store = self._store
-        if store is None:
+        saves a metadata RPC's ~4 s timeout on ops whose failure cannot be told otherwise.
+        A store client reconnecting to a master that answers again is waited for."""
+        if (store := self._store) is None:
             raise RelayError(f"mooncake relay: {op} {key!r} on a closed relay")
-        if store.health_check() != 0 or (probe and not self._probe()):
+        healthy = store.health_check() == 0 or (self.client_addr and self._master_answers()
+                                                 and reconnected(store, _RECONNECT_WAIT_S))
+        if not healthy or (probe and not self._probe()):
             raise RelayError(f"mooncake relay: {op} {key!r} failed: master at "
                              f"{self.master_addr} unreachable")
         return store
@@ -142,13 +143,12 @@ class MooncakeRelay(Relay):
         now = time.monotonic()
         if now < self._probed_until:
             return True
-        if not self._master_answers():
-            return False
-        self._probed_until = now + PROBE_EVERY_S
-        return True
+        answers = self._master_answers()
+        self._probed_until = now + PROBE_EVERY_S if answers else 0.0
+        return answers
 
     def _fail(self, op: str, key: str, rc: int) -> RelayError:
-        if rc == -900:
+        if rc == _RPC_FAIL:
             return RelayError(f"mooncake relay: {op} {key!r} failed: master at {self.master_addr} "
                               "unreachable (-900 RPC_FAIL)")
         return RelayError(f"mooncake relay: {op} {key!r} failed with {rc} "
@@ -177,10 +177,13 @@ class MooncakeRelay(Relay):
             raise self._fail("put", key, rc)
 
     def _size(self, store, key: str) -> int:
-        """The value's size; a put under way is waited for, then the key reads as missing."""
-        deadline = time.monotonic() + _NOT_READY_WAIT_S
+        """The value's size; a put under way is waited for, then the key reads as missing; so is a
+        store client reconnecting to a restarted master (-900 for a few seconds)."""
+        t0 = time.monotonic()
         size = store.get_size(check_key(key))
-        while size == _NOT_READY and time.monotonic() < deadline:
+        while (size == _NOT_READY and time.monotonic() - t0 < _NOT_READY_WAIT_S) or (
+                size == _RPC_FAIL and self.client_addr and self._master_answers()
+                and time.monotonic() - t0 < _RECONNECT_WAIT_S):
             time.sleep(0.01)
             size = store.get_size(key)
         if size == _MISSING:
@@ -192,16 +195,13 @@ class MooncakeRelay(Relay):
             raise self._fail("get", key, size)
         return size
 
-    def _sizes(self, store, keys: Sequence[str]) -> list[int]:
-        return [self._size(store, key) for key in keys]
-
     def get_many(self, keys: Sequence[str]) -> list[memoryview]:
         """Values of `keys`, fetched in one batch into one buffer (zero copy)."""
         if not keys:
             return []
         store = self._live("get", keys[0], probe=True)
         for _ in range(3):  # a value replaced by a larger one between size and read: retry
-            sizes = self._sizes(store, keys)
+            sizes = [self._size(store, key) for key in keys]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
             with self._lock:
                 if self._shared:
