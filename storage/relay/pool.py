@@ -60,19 +60,9 @@ def shared_relay(kind: str = "auto", role: str = "publisher") -> Relay:
     kind = resolve_kind(kind)
     with _lock:
         if kind == "mooncake" and os.environ.get("ROSE_MOONCAKE_CLIENT"):
-            # a client of the store client has no segment to contribute: one serves both roles
-            # (Mooncake 0.3.13 cannot reconnect two of them in one process after a master
-            # restart); if it cannot be one, this process's clients are TCP clients, loudly
-            if ("mooncake", "shared") in _clients:
-                return _clients["mooncake", "shared"]
-            try:
-                relay = _clients["mooncake", "shared"] = make_relay(kind)
+            relay = _store_client_relay()
+            if relay is not None:
                 return relay
-            except RelayError as e:
-                log.error("cannot be a client of the store client at %s (%s): this process's "
-                          "relay clients go over TCP, a publisher's values in its own segment",
-                          os.environ["ROSE_MOONCAKE_CLIENT"], e)
-                os.environ.pop("ROSE_MOONCAKE_CLIENT")
         if (kind, role) not in _clients:
             root, sizes = None, {}
             if kind == "filesystem":
@@ -81,3 +71,19 @@ def shared_relay(kind: str = "auto", role: str = "publisher") -> Relay:
                 sizes["segment_bytes"] = 0
             _clients[kind, role] = make_relay(kind, root=root, **sizes)
         return _clients[kind, role]
+
+
+def _store_client_relay() -> Relay | None:
+    """This process's one client of the stack's store client (under _lock): it has no segment
+    to contribute, so it serves both roles (Mooncake 0.3.13 cannot reconnect two of them in one
+    process after a master restart). None if it cannot be one: then this process's clients
+    are TCP clients by role, said loudly."""
+    if ("mooncake", "store-client") not in _clients:
+        try:
+            _clients["mooncake", "store-client"] = make_relay("mooncake")
+        except RelayError as e:
+            log.error("cannot be a client of the store client at %s (%s): this process's relay "
+                      "clients go over TCP, a publisher's values in its own segment",
+                      os.environ.pop("ROSE_MOONCAKE_CLIENT"), e)
+            return None
+    return _clients["mooncake", "store-client"]
