@@ -67,10 +67,8 @@ def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_bu
         rc = store.setup("127.0.0.1", metadata_url, segment_bytes, local_buffer_bytes, "tcp", "",
                          master_addr)
         where = f"master {master_addr} (metadata {metadata_url})"
-    deadline = time.monotonic() + _NOT_READY_WAIT_S  # a dummy client is healthy ms later
-    while rc == 0 and client_addr and store.health_check() != 0 and time.monotonic() < deadline:
-        time.sleep(0.002)
-    if rc != 0 or store.health_check() != 0:
+    # a dummy client answers health checks some ms after setup
+    if rc != 0 or not reconnected(store, _NOT_READY_WAIT_S if client_addr else 0.0):
         raise RelayError(f"mooncake relay: client setup against {where} failed: "
                          f"{f'code {rc}' if rc else 'no answer to its health checks'}")
     return store

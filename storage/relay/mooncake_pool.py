@@ -82,11 +82,12 @@ def read_shared(store, pool: PoolBuffer, keys: Sequence[str], sizes: list[int],
 
 
 def reconnected(store, within_s: float) -> bool:
-    """Whether a dummy client answers health checks again within `within_s`: after a master
-    restart the store client reconnects, and its dummy clients with it, in ~2-4 s (0.3.13)."""
+    """Whether a client answers health checks, now or within `within_s`: a dummy client does some
+    ms after its setup, and ~2-4 s after a master restart, once the store client has reconnected
+    (Mooncake 0.3.13)."""
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if store.health_check() == 0:
-            return True
-        time.sleep(0.02)
-    return False
+    while store.health_check() != 0:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+    return True

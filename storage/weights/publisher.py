@@ -123,8 +123,7 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     def before_first_bucket() -> None:
         # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
         if not part:
-            held.update(_prune(relay, run, version, held_versions), {version})
-            relay.put(_versions_key(run), json.dumps(sorted(held)).encode())
+            held.update(_hold(relay, run, version, held_versions))
         relay.remove_prefix(version_prefix(run, version, part))  # a re-publish: no stale bucket
         if streamed:
             relay.put(announce_key(run, version),
@@ -180,18 +179,19 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
                         held_versions=None if part else frozenset(held))
 
 
-def _prune(relay: Relay, run: str, version: int,
-           known: frozenset[int] | None = None) -> set[int]:
-    """Remove versions older than version - KEEP_PREVIOUS; the versions still held (`known`:
-    as the caller knows them, else as the relay says)."""
+def _hold(relay: Relay, run: str, version: int, known: frozenset[int] | None = None) -> set[int]:
+    """Remove versions older than version - KEEP_PREVIOUS and list the versions held, `version`
+    included, under the run's versions key; those versions (`known`: the held ones as the
+    caller knows them, else as the relay says)."""
     try:
         held = set(known) if known is not None else \
             {int(v) for v in json.loads(relay.get(_versions_key(run)))}
     except (RelayKeyMissing, ValueError, TypeError):  # none yet, or unreadable: start afresh
         held = set()
-    keep = {v for v in held if v >= version - KEEP_PREVIOUS}
+    keep = {v for v in held if v >= version - KEEP_PREVIOUS} | {version}
     for old in sorted(held - keep):
         relay.remove_prefix(version_prefix(run, old))
+    relay.put(_versions_key(run), json.dumps(sorted(keep)).encode())
     return keep
 
 
@@ -200,8 +200,7 @@ def commit_version(relay: Relay, run: str, version: int, manifest: Manifest) -> 
     others (storage/weights/sharded.py): prune and list the versions held, this one
     included, as publish_weights does, then the manifest, then `latest`, in the order a
     reader relies on."""
-    held = _prune(relay, run, version) | {version}
-    relay.put(_versions_key(run), json.dumps(sorted(held)).encode())
+    _hold(relay, run, version)
     relay.put(manifest_key(run, version), manifest.to_json())
     relay.put(latest_key(run), json.dumps({"version": version}).encode())
 
