@@ -150,6 +150,41 @@ def test_master_gone_after_connect_raises_relay_error(tmp_path):
         services.stop()
 
 
+def test_a_store_client_gone_under_its_dummy_clients_fails_each_op_at_once(tmp_path):
+    """The stack's store client dies (its values with it) while the master runs on: every op
+    of a client of it raises RelayError naming the store client, at once, instead of waiting
+    out a reconnect that cannot come (8 s per op) and then blaming the master."""
+    import time
+
+    skip_without_mooncake()
+    from rose.stack.mooncake import start_mooncake
+    from storage.relay.mooncake import PROBE_EVERY_S, MooncakeRelay
+
+    services = start_mooncake(tmp_path, store_mb=64)  # the store client is the last process
+    relay = None
+    try:
+        assert services.client_addr, services.client_error
+        relay = MooncakeRelay(services.master_addr, services.metadata_url, segment_bytes=0,
+                              local_buffer_bytes=8 << 20, client_addr=services.client_addr)
+        relay.put("t/k", b"v")
+        relay.put("t/big", os.urandom(2 << 20))
+        services.processes[-1].stop(grace=1)
+        time.sleep(PROBE_EVERY_S)  # an op within that of the last probe pays one RPC timeout
+        gone = f"store client at {services.client_addr} is gone"
+        for op in (lambda: relay.get("t/k"), lambda: relay.put("t/k2", b"v"),
+                   lambda: relay.put("t/k3", os.urandom(2 << 20)),
+                   lambda: relay.exists("t/k"), lambda: relay.get_many(["t/big"])):
+            t0 = time.monotonic()
+            with pytest.raises(RelayError, match=gone):
+                op()
+            assert time.monotonic() - t0 < 2.0
+        assert services.alive() is False and relay._master_answers()  # the master runs on
+    finally:
+        if relay is not None:
+            relay.close()
+        services.stop()
+
+
 class _PutUnderWay:
     """A Mooncake store stand-in for get_size alone: -703 (REPLICA_IS_NOT_READY, what a reader
     gets while the key's put is under way) `busy` times, then the value's size."""

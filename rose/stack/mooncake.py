@@ -160,7 +160,7 @@ def open_store(master_addr: str | None = None, metadata_url: str | None = None,
     if not port_answers(host, int(port), timeout=2.0):
         raise StackError(f"Mooncake master at {master_addr} does not answer (is the stack up?)")
     from storage.relay.base import RelayError
-    from storage.relay.mooncake import open_store as open_client
+    from storage.relay.mooncake_client import open_store as open_client
 
     try:  # as the relay opens it: a client of the stack's store client where there is one
         return open_client(master_addr, metadata_url, segment_bytes, buffer_bytes,

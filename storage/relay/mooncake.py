@@ -15,6 +15,9 @@ Mooncake pitfalls handled here:
 - With `client_addr` (the stack's store client, rose/stack/mooncake.py) it is a "dummy" client
   of it: objects live in its segment while it runs, and every transfer is copied through
   memory shared with it (storage/relay/mooncake_pool.py), not sent over TCP (bench/relay.py).
+  A store client that dies takes its values with it, and no reconnect mends its clients:
+  their ops fail at once saying so (a TCP probe of it), where each waited 8 s and blamed the
+  master.
 - Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
   zero-copy (register_buffer + upsert_from / get_into), about 2-3x faster for 64 MB buckets.
   Registering and unregistering a buffer costs ~0.6-0.8 ms whatever its size, so a batch
@@ -25,15 +28,14 @@ Mooncake pitfalls handled here:
 """
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared, reconnected
+from storage.relay.mooncake_client import answers as _answers, open_store, reconnected
+from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix, check_value
 
 _CODES = {-10: "BUFFER_OVERFLOW",
@@ -44,34 +46,6 @@ _MISSING, _NOT_READY = -704, -703  # REPLICA_IS_NOT_READY: a put of the key is u
 _NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
 _RPC_FAIL, _RECONNECT_WAIT_S = -900, 8.0  # a store client reconnects to a new master in ~2-4 s
 PROBE_EVERY_S = 0.05  # a master dead for less than this is told by the RPC (its ~4 s timeout)
-
-
-def open_store(master_addr: str, metadata_url: str, segment_bytes: int, local_buffer_bytes: int,
-               client_addr: str | None = None):
-    """A MooncakeDistributedStore client set up against the master over TCP on loopback, or as
-    a dummy client of the store client at `client_addr` (the one place a client is set up:
-    the relay and the stack's health check both use it)."""
-    # Before setup: bind the transfer engine to loopback, and fail setup fast (else ~90 s).
-    os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-    os.environ["MC_STORE_CLIENT_SETUP_RETRIES"] = "1"
-    os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
-    try:
-        from mooncake.store import MooncakeDistributedStore
-    except ImportError as e:  # typically the Debian package libibverbs1 is missing
-        raise RelayError(f"mooncake relay: cannot import mooncake.store ({e})") from None
-    store = MooncakeDistributedStore()
-    if client_addr:  # its segment holds the objects; ours is shared memory it maps
-        rc = store.setup_dummy(local_buffer_bytes, local_buffer_bytes, client_addr)
-        where = f"the store client at {client_addr}"
-    else:
-        rc = store.setup("127.0.0.1", metadata_url, segment_bytes, local_buffer_bytes, "tcp", "",
-                         master_addr)
-        where = f"master {master_addr} (metadata {metadata_url})"
-    # a dummy client answers health checks some ms after setup
-    if rc != 0 or not reconnected(store, _NOT_READY_WAIT_S if client_addr else 0.0):
-        raise RelayError(f"mooncake relay: client setup against {where} failed: "
-                         f"{f'code {rc}' if rc else 'no answer to its health checks'}")
-    return store
 
 
 def _addr(buf: np.ndarray | memoryview) -> int:
@@ -114,12 +88,21 @@ class MooncakeRelay(Relay):
 
     # -- helpers ------------------------------------------------------------------------
     def _master_answers(self) -> bool:
-        host, _, port = self.master_addr.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=2.0).close()
-            return True
-        except (OSError, ValueError):
-            return False
+        return _answers(self.master_addr)
+
+    def _check_store_client(self, op: str, key: str) -> None:
+        """RelayError at once where the stack's store client is gone: no wait mends that (each
+        op waited out _RECONNECT_WAIT_S, then blamed the master)."""
+        if self.client_addr and not _answers(self.client_addr):
+            raise RelayError(f"mooncake relay: {op} {key!r} failed: the store client at "
+                             f"{self.client_addr} is gone, and the values it held with it "
+                             "(`rose status`; `rose down` and `rose up` start a new one)")
+
+    def _worth_waiting(self, op: str, key: str) -> bool:
+        """A dummy client failing: whether its store client may be reconnecting to a master
+        that answers again."""
+        self._check_store_client(op, key)
+        return bool(self.client_addr) and self._master_answers()
 
     def _live(self, op: str, key: str, probe: bool = False):
         """The store, if open and its master answers. health_check is instant but lags a dead
@@ -128,25 +111,27 @@ class MooncakeRelay(Relay):
         A store client reconnecting to a master that answers again is waited for."""
         if (store := self._store) is None:
             raise RelayError(f"mooncake relay: {op} {key!r} on a closed relay")
-        healthy = store.health_check() == 0 or (self.client_addr and self._master_answers()
+        healthy = store.health_check() == 0 or (self._worth_waiting(op, key)
                                                  and reconnected(store, _RECONNECT_WAIT_S))
-        if not healthy or (probe and not self._probe()):
+        if not healthy or (probe and not self._probe(op, key)):
             raise RelayError(f"mooncake relay: {op} {key!r} failed: master at "
                              f"{self.master_addr} unreachable")
         return store
 
-    def _probe(self) -> bool:
-        """_master_answers, at most once per PROBE_EVERY_S: a receiver polling the relay every
-        millisecond would otherwise open a connection to the master on every poll."""
+    def _probe(self, op: str, key: str) -> bool:
+        """_master_answers (and the store client is there), at most once per PROBE_EVERY_S: a
+        receiver polling the relay every millisecond would otherwise connect on every poll."""
         now = time.monotonic()
         if now < self._probed_until:
             return True
+        self._check_store_client(op, key)
         answers = self._master_answers()
         self._probed_until = now + PROBE_EVERY_S if answers else 0.0
         return answers
 
     def _fail(self, op: str, key: str, rc: int) -> RelayError:
         if rc == _RPC_FAIL:
+            self._check_store_client(op, key)  # the RPC went to it, and may have found it gone
             return RelayError(f"mooncake relay: {op} {key!r} failed: master at {self.master_addr} "
                               "unreachable (-900 RPC_FAIL)")
         return RelayError(f"mooncake relay: {op} {key!r} failed with {rc} "
@@ -155,7 +140,7 @@ class MooncakeRelay(Relay):
     # -- Relay ----------------------------------------------------------------------------
     def put(self, key: str, data: Buffer) -> None:
         view = check_value(check_key(key), data)
-        store = self._live("put", key)
+        store = self._live("put", key, probe=True)
         if self._shared and view.nbytes >= self.zero_copy_min_bytes:
             with self._lock:
                 rc = put_shared(store, self._shared[0], key, view, self._config)
@@ -180,7 +165,7 @@ class MooncakeRelay(Relay):
         t0 = time.monotonic()
         size = store.get_size(check_key(key))
         while (size == _NOT_READY and time.monotonic() - t0 < _NOT_READY_WAIT_S) or (
-                size == _RPC_FAIL and self.client_addr and self._master_answers()
+                size == _RPC_FAIL and self._worth_waiting("get", key)
                 and time.monotonic() - t0 < _RECONNECT_WAIT_S):
             time.sleep(0.01)
             size = store.get_size(key)
@@ -245,7 +230,7 @@ class MooncakeRelay(Relay):
 
     def get(self, key: str) -> bytes:
         check_key(key)
-        store = self._live("get", key)
+        store = self._live("get", key, probe=True)
         value = store.get(key)  # one RPC; b'' means missing OR failed (values are never empty)
         if value:
             return value

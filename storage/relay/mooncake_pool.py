@@ -9,7 +9,6 @@ memory back, so a `PoolBuffer` grows only: to the largest transfer asked of it, 
 from __future__ import annotations
 
 import ctypes
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -79,15 +78,3 @@ def read_shared(store, pool: PoolBuffer, keys: Sequence[str], sizes: list[int],
         out[start:offsets[last]] = pool.at_least(0)[:offsets[last] - start]
         first = last
     return rcs
-
-
-def reconnected(store, within_s: float) -> bool:
-    """Whether a client answers health checks, now or within `within_s`: a dummy client does some
-    ms after its setup, and ~2-4 s after a master restart, once the store client has reconnected
-    (Mooncake 0.3.13)."""
-    deadline = time.monotonic() + within_s
-    while store.health_check() != 0:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.002)
-    return True
