@@ -189,6 +189,9 @@ FAULTS: list[Fault] = [
     Fault("5", "Mooncake master killed mid-publish", "publish, step 1",
           kill_service("mooncake-master", "publish-"),
           after=resume_if_failed(up_first=False)),
+    Fault("5b", "Mooncake store client killed mid-publish (the versions die with it)",
+          "publish, step 1", kill_service("mooncake-store-client", "publish-"),
+          after=resume_if_failed(up_first=False)),
     Fault("6", "a bucket corrupted in the relay", "publish, step 1: bucket 0 of v1 before "
           "the engines pull it", corrupt_bucket),
     Fault("4", "trainer killed mid-train (nanny restarts it)", "train, step 2",
