@@ -96,7 +96,8 @@ class MooncakeRelay(Relay):
         if self.client_addr and not _answers(self.client_addr):
             raise RelayError(f"mooncake relay: {op} {key!r} failed: the store client at "
                              f"{self.client_addr} is gone, and the values it held with it "
-                             "(`rose status`; `rose down` and `rose up` start a new one)")
+                             "(`rose status`; `rose up`, or `rose resume` of the run, starts "
+                             "a new stack)")
 
     def _worth_waiting(self, op: str, key: str) -> bool:
         """A dummy client failing: whether its store client may be reconnecting to a master
