@@ -159,6 +159,7 @@ def test_a_store_client_gone_under_its_dummy_clients_fails_each_op_at_once(tmp_p
     skip_without_mooncake()
     from rose.stack.mooncake import start_mooncake
     from storage.relay.mooncake import PROBE_EVERY_S, MooncakeRelay
+    from storage.relay.mooncake_client import answers
 
     services = start_mooncake(tmp_path, store_mb=64)  # the store client is the last process
     relay = None
@@ -178,7 +179,7 @@ def test_a_store_client_gone_under_its_dummy_clients_fails_each_op_at_once(tmp_p
             with pytest.raises(RelayError, match=gone):
                 op()
             assert time.monotonic() - t0 < 2.0
-        assert services.alive() is False and relay._master_answers()  # the master runs on
+        assert services.alive() is False and answers(services.master_addr)  # the master runs on
     finally:
         if relay is not None:
             relay.close()
