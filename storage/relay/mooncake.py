@@ -45,7 +45,7 @@ _CODES = {-10: "BUFFER_OVERFLOW",
 _MISSING, _NOT_READY = -704, -703  # REPLICA_IS_NOT_READY: a put of the key is under way
 _NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
 _RPC_FAIL, _RECONNECT_WAIT_S = -900, 8.0  # a store client reconnects to a new master in ~2-4 s
-PROBE_EVERY_S = 0.05  # a master dead for less than this is told by the RPC (its ~4 s timeout)
+PROBE_EVERY_S = 0.05  # a master or store client dead for less is told by the RPC (its ~4 s timeout)
 
 
 def _addr(buf: np.ndarray | memoryview) -> int:
