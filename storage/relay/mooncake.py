@@ -16,8 +16,7 @@ Mooncake pitfalls handled here:
   of it: objects live in its segment while it runs, and every transfer is copied through
   memory shared with it (storage/relay/mooncake_pool.py), not sent over TCP (bench/relay.py).
   A store client that dies takes its values with it, and no reconnect mends its clients:
-  their ops fail at once saying so (a TCP probe of it), where each waited 8 s and blamed the
-  master.
+  their ops fail at once saying so (a TCP probe of it), rather than wait for a reconnect.
 - Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
   zero-copy (register_buffer + upsert_from / get_into), about 2-3x faster for 64 MB buckets.
   Registering and unregistering a buffer costs ~0.6-0.8 ms whatever its size, so a batch
@@ -91,8 +90,8 @@ class MooncakeRelay(Relay):
         return _answers(self.master_addr)
 
     def _check_store_client(self, op: str, key: str) -> None:
-        """RelayError at once where the stack's store client is gone: no wait mends that (each
-        op waited out _RECONNECT_WAIT_S, then blamed the master)."""
+        """RelayError at once where the stack's store client is gone: no wait mends that, so
+        waiting out _RECONNECT_WAIT_S would only delay the error."""
         if self.client_addr and not _answers(self.client_addr):
             raise RelayError(f"mooncake relay: {op} {key!r} failed: the store client at "
                              f"{self.client_addr} is gone, and the values it held with it "
