@@ -170,3 +170,10 @@ def test_a_large_tensor_in_blocks_streams_and_applies_in_place(relays, ns, monke
     assert stat.encoding in ("ef", "ternary")  # what its blocks are coded as, for the model
     assert rx.tensors["model.embed_tokens.weight"] is held  # applied in place
     assert rx.version == 1 and same(rx.tensors, v1) and rx.digest == tensors_digest(v1)
+    # the tensors coded in blocks go out last (the embedding heads the model), so the
+    # buckets before them reach the receiver while their blocks are coded
+    order = [e.name for _, e in read_manifest(relays[1], run, 1).entries()]
+    in_blocks = [blocks.splits(v1[n].numel() * v1[n].element_size()) for n in order]
+    assert any(in_blocks) and not all(in_blocks)
+    assert in_blocks == sorted(in_blocks)  # never one in blocks before one that is not
+    assert order[in_blocks.index(True):][0] == "model.embed_tokens.weight"

@@ -139,6 +139,19 @@ def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     assert not all_raw(odd, odd, link)
 
 
+def test_streaming_order_puts_tensors_coded_in_blocks_last(monkeypatch):
+    from storage.delta import blocks
+    from storage.weights.tensor_form import streaming_order
+
+    monkeypatch.setattr(blocks, "SPLIT_BYTES", 1 << 10)
+    sizes = {"embed": 4096, "l0.q": 64, "l0.mlp": 1024, "l1.q": 64, "norm": 8}  # bf16 elements
+    tensors = {n: torch.zeros(k, dtype=torch.bfloat16) for n, k in sizes.items()}
+    out = streaming_order(tensors)
+    assert list(out) == ["l0.q", "l1.q", "norm", "embed", "l0.mlp"]  # each group in model order
+    assert all(out[n] is tensors[n] for n in tensors)  # the same tensors, not copies
+    assert list(streaming_order({})) == []
+
+
 def test_density_samples_are_evenly_spaced_windows():
     """bits.sample_rows: 16 windows spread over the whole tensor, read-only views; small
     tensors are counted whole; the estimate matches a hand count over those windows."""

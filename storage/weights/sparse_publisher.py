@@ -49,7 +49,8 @@ from storage.cores import available_cores
 from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
-from storage.weights.tensor_form import all_raw, raw_first, record_raw, record_tensor
+from storage.weights.tensor_form import (all_raw, raw_first, record_raw, record_tensor,
+                                         streaming_order)
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
 from storage.weights.snapshot_server import SnapshotServer
@@ -236,7 +237,9 @@ class SparsePublisher(SnapshotServer):
         known = None if part else self._relay_versions
         if not part:  # until this push is through: a failed one may have pruned some
             self._relay_versions = None
-        stats = publish_weights(self.relay, self.run, version, tensors, self.bucket_bytes,
+        stats = publish_weights(self.relay, self.run, version,
+                                tensors if kind == "full" or raw else streaming_order(tensors),
+                                self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=link.cores if link else self.workers,
                                 announce={"kind": kind, "base_version": base_version}

@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from storage.delta import bits, time_model
+from storage.delta import bits, blocks, time_model
 from storage.delta.bits import DTYPE_CODES
 from storage.shards.layout import layer_index
 from storage.weights.transfer_metrics import PublishReport, TensorStat
@@ -45,6 +45,16 @@ def _not_raw_unseen(sizes: tuple[tuple[int, int], ...], link: time_model.Link) -
     (numel -1: not a codec dtype)."""
     return tuple(i for i, (numel, itemsize) in enumerate(sizes)
                  if numel < 0 or not _raw_unseen(numel, itemsize, link))
+
+
+def streaming_order(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors in the order a coded delta goes out: those coded in blocks (an embedding,
+    a quarter of a small model) last, the rest in model order. Payloads leave the encoders in
+    order, so a large tensor at the head held every bucket behind it, and the streaming
+    receiver idle, until its blocks were done; at the tail its blocks still spread over every
+    core, while the buckets before them are applied."""
+    return dict(sorted(tensors.items(),
+                       key=lambda item: blocks.splits(item[1].numel() * item[1].element_size())))
 
 
 def record_tensor(report: PublishReport, compare: dict[str, torch.Tensor] | None, name: str,
