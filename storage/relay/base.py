@@ -67,6 +67,13 @@ class Relay(ABC):
         """Values of several keys (a pull batch), as writable views owned by the caller."""
         return [memoryview(bytearray(self.get(k))) for k in keys]
 
+    def get_batch(self, keys: Sequence[str]) -> list[memoryview | None] | None:
+        """Values of a few small keys in one round trip, as writable views owned by the
+        caller, None for each one absent (or too large for one such read); None when this
+        relay has no such read (read them one by one then). For a guess at what exists, e.g. a
+        version's manifest and first buckets."""
+        return None
+
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 

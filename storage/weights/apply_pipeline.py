@@ -58,9 +58,11 @@ class _Fetcher:
     buckets taken and not yet released by the consumer; `gets` times the relay gets alone."""
 
     def __init__(self, relay: Relay, keys: list[str], infos: list[BucketInfo], threads: int,
-                 depth: int, retries: int, gets: TransferClock) -> None:
+                 depth: int, retries: int, gets: TransferClock,
+                 read: dict[int, memoryview] | None = None) -> None:
         self.relay, self.keys, self.infos, self.retries = relay, keys, infos, retries
         self.gets = gets
+        self.read = dict(read or {})  # bucket index -> a copy read already (first_read.py)
         self.out: queue.Queue = queue.Queue()
         self.tokens = threading.Semaphore(depth)
         self.stop = threading.Event()
@@ -92,8 +94,11 @@ class _Fetcher:
         try:
             for attempt in range(self.retries + 1):
                 start = time.perf_counter()
-                blob = self.relay.get_many([self.keys[i]])[0]
-                self.gets.add(memoryview(blob).nbytes, start, time.perf_counter())
+                with self._lock:
+                    blob = self.read.pop(self.infos[i].index, None)
+                if blob is None:
+                    blob = self.relay.get_many([self.keys[i]])[0]
+                    self.gets.add(memoryview(blob).nbytes, start, time.perf_counter())
                 try:
                     return i, verify_bucket(self.infos[i], blob, self.keys[i])
                 except CorruptBucket as e:  # rejected whole; fetched again (a torn read heals)
@@ -176,7 +181,8 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
               dest: dict[str, torch.Tensor] | None, base: dict[str, torch.Tensor] | None = None,
               base_version: int | None = None, *, part: str = "", workers: int = 1,
               fetchers: int = 2, depth: int = 3, retries: int = 2, skip: int = 0,
-              stats: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
+              stats: dict[str, Any] | None = None,
+              read: dict[int, memoryview] | None = None) -> dict[str, torch.Tensor]:
     """The tensors of `version` (described by `manifest`): `dest` itself when given (it must
     `fit` the manifest; its tensors are replaced bucket by bucket), else a new dict (raw
     payloads as views on the buckets either way). `base` /
@@ -186,7 +192,8 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     (waiting for a bucket), rejected, applied (buckets), written (whether `dest` was touched
     at all), order (bucket indices as applied), hashes (per tensor applied, its
     tensor_hash: a delta's verified result checksum, for the digest) and gets (a
-    TransferClock of the relay gets alone: storage/weights/link_rate.py)."""
+    TransferClock of the relay gets alone: storage/weights/link_rate.py). `read`: buckets read
+    already, by index (storage/weights/first_read.py), each checked as a fetched one is."""
     if dest is not None and not fits(manifest, dest):
         raise CorruptBucket(f"v{version}: its tensors' names, shapes or dtypes differ from "
                             "the weights it would be applied into")
@@ -197,7 +204,7 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     st["buckets"] += len(rest)
     keys = [bucket_key(run, version, b.index, part) for b in rest]
     fetcher = _Fetcher(relay, keys, rest, fetchers, depth, retries,
-                       st.setdefault("gets", TransferClock()))
+                       st.setdefault("gets", TransferClock()), read)
     try:
         t = time.perf_counter()
         for i, view in fetcher.arrivals():

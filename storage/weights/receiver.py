@@ -31,6 +31,7 @@ import torch
 from storage.delta import kernels
 from storage.weights.apply_pipeline import fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
+from storage.weights.first_read import Layout, read_first
 from storage.cores import available_cores
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
@@ -89,6 +90,7 @@ class WeightReceiver:
         self.version: int | None = None
         self.digest: str = ""  # tensors_digest of `tensors`
         self.broken = ""  # why `tensors` are no version (a pipelined pull failed partway)
+        self._layout: Layout | None = None  # the buckets of the version held
 
     def pull(self, version: int | None = None, accept_newer: bool = False,
              await_s: float = 0.0) -> PullReport:
@@ -114,8 +116,11 @@ class WeightReceiver:
                 self._full(target, f"streamed {type(e).__name__}: {e}", report, accept_newer)
             report.seconds = time.perf_counter() - t0
             return report
+        read: dict[int, memoryview] = {}  # buckets read with the manifest, by index
         try:
-            manifest, reason = read_manifest(self.relay, self.run, target), ""
+            manifest, read = read_first(self.relay, self.run, target, self._layout
+                                        if held and self.version < target else None)
+            reason = ""
         except UNUSABLE as e:
             manifest, reason = None, f"manifest: {e}"
         if held and self.version == target:
@@ -126,14 +131,15 @@ class WeightReceiver:
             if manifest.meta.get("kind") != "full":
                 manifest = None
         if manifest is not None:
-            reason = self._try_published(target, manifest, report)
+            reason = self._try_published(target, manifest, report, read)
         if reason:
             self._full(target, reason, report, accept_newer)
         report.seconds = time.perf_counter() - t0
         return report
 
     # -- the version as published ------------------------------------------------------------
-    def _try_published(self, target: int, manifest: Manifest, report: PullReport) -> str:
+    def _try_published(self, target: int, manifest: Manifest, report: PullReport,
+                       read: dict[int, memoryview]) -> str:
         """Apply `target` as published if this receiver can; else the reason it cannot."""
         kind, base = manifest.meta.get("kind", "full"), manifest.meta.get("base_version")
         if kind == "delta":
@@ -144,13 +150,15 @@ class WeightReceiver:
             if base != self.version:
                 return f"delta onto v{base}, but v{self.version} held"
         try:
-            self._install(target, "", manifest, report, "delta" if kind == "delta" else "full")
+            self._install(target, "", manifest, report, "delta" if kind == "delta" else "full",
+                          read=read)
         except UNUSABLE as e:
             return f"{type(e).__name__}: {e}"
         return ""
 
     def _install(self, target: int, part: str, manifest: Manifest | None, report: PullReport,
-                 mode: str, announced: dict[str, Any] | None = None) -> None:
+                 mode: str, announced: dict[str, Any] | None = None,
+                 read: dict[int, memoryview] | None = None) -> None:
         """Fetch, verify and decode `target`, then make it the version held; streamed as
         `announced`, before its manifest, when given. Raises before any change, except a
         pipelined or streamed pull that failed after applying some buckets (then no
@@ -161,7 +169,7 @@ class WeightReceiver:
             if announced is not None:
                 manifest, tensors = self._pull_streamed(target, announced, stats)
             elif self.pipelined:
-                tensors = self._pull_pipelined(target, part, manifest, delta, stats)
+                tensors = self._pull_pipelined(target, part, manifest, delta, stats, read)
             else:
                 _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
                                           base=self.tensors if delta else None,
@@ -196,6 +204,7 @@ class WeightReceiver:
                                 f"{digest} differs from the publisher's {want}")
         # not pipelined: the only mutation, all or nothing (pipelined: `tensors` is the held dict)
         self.tensors, self.version, self.digest = tensors, target, digest
+        self._layout = Layout.of(manifest)  # the guess at the next version's
         report.version, report.mode = target, mode
 
     def _pull_streamed(self, target: int, announced: dict[str, Any], stats: dict[str, Any]
@@ -211,7 +220,8 @@ class WeightReceiver:
             raise
 
     def _pull_pipelined(self, target: int, part: str, manifest: Manifest, delta: bool,
-                       stats: dict[str, Any]) -> dict[str, torch.Tensor]:
+                        stats: dict[str, Any], read: dict[int, memoryview] | None = None
+                        ) -> dict[str, torch.Tensor]:
         """Pipelined pull into the held weights' dict (a delta; a full version that fits
         them), or into a new one (nothing held, other shapes)."""
         dest = self.tensors if delta or fits(manifest, self.tensors) else None
@@ -219,7 +229,7 @@ class WeightReceiver:
             return pull_into(self.relay, self.run, target, manifest, dest,
                              base=self.tensors if delta else None,
                              base_version=self.version if delta else None, part=part,
-                             workers=self.workers, stats=stats)
+                             workers=self.workers, stats=stats, read=read)
         except Exception as e:
             if stats.get("written"):  # some buckets went in, not all
                 self.version, self.digest = None, ""
