@@ -259,7 +259,7 @@ def test_truncated_or_padded_payload_is_rejected(force):
         with pytest.raises(CorruptPayload):
             apply_delta(payload[:cut], base, base_version=2)
     with pytest.raises(CorruptPayload, match="body is"):
-        apply_delta(payload + b"\0", base, base_version=2)
+        apply_delta(bytes(payload) + b"\0", base, base_version=2)
     with pytest.raises(CorruptPayload, match="magic"):
         apply_delta(b"XXXX" + payload[4:], base, base_version=2)
 

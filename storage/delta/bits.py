@@ -49,10 +49,12 @@ def to_bits(t: torch.Tensor) -> np.ndarray:
     """Flat unsigned view of a tensor's bits (shares memory when already contiguous on CPU)."""
     check_dtype(t.dtype)
     size = t.dtype.itemsize
-    if t.device.type != "cpu" or not t.is_contiguous():
+    if not t.is_cpu or not t.is_contiguous():
         t = t.to("cpu").contiguous()
+    if t.requires_grad:
+        t = t.detach()
     # one view chain, no copies: this runs per tensor per publish (and per density sample)
-    return t.detach().view(_TORCH_INT[size]).numpy().reshape(-1).view(_NP_UINT[size])
+    return t.view(_TORCH_INT[size]).numpy().reshape(-1).view(_NP_UINT[size])
 
 
 def from_bits(u: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 from storage.cores import available_cores
+from storage.delta import parts
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -67,8 +68,13 @@ def gather(futures: list[Future]) -> list:
 
 def pack(starts: list[int], payloads: list[bytes]) -> bytes:
     """The body: the block table, then the payloads."""
-    table = b"".join(_ENTRY.pack(s, len(p)) for s, p in zip(starts, payloads))
-    return _COUNT.pack(len(payloads)) + table + b"".join(payloads)
+    return b"".join(pack_parts(starts, [[p] for p in payloads]))
+
+
+def pack_parts(starts: list[int], payloads: list[list]) -> list:
+    """`pack`'s body as buffers, each block's payload given as its parts (parts.py)."""
+    table = b"".join(_ENTRY.pack(s, parts.nbytes(p)) for s, p in zip(starts, payloads))
+    return [_COUNT.pack(len(payloads)) + table, *(b for p in payloads for b in p)]
 
 
 def unpack(body: memoryview, n: int) -> list[tuple[int, int, memoryview]]:

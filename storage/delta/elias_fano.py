@@ -47,6 +47,11 @@ def encode(positions: np.ndarray, universe: int, *, check: bool = True) -> bytes
 
     `check=False` skips validating the positions (for callers that produced them sorted).
     """
+    return b"".join(encode_parts(positions, universe, check=check))
+
+
+def encode_parts(positions: np.ndarray, universe: int, *, check: bool = True) -> list:
+    """`encode`'s bytes as the buffers that make them up, in order (storage/delta/parts.py)."""
     pos = np.asarray(positions)
     if pos.ndim != 1:
         raise EliasFanoError(f"positions must be 1-d, got shape {pos.shape}")
@@ -67,7 +72,7 @@ def encode(positions: np.ndarray, universe: int, *, check: bool = True) -> bytes
         # Chunks of positions stay in cache; a multiple of 8 keeps each chunk's lows whole bytes.
         parts += kernels.ef_pack(pos, low, packed_size(count, low),
                                  _high_bits(count, universe, low))
-    return b"".join(parts)
+    return parts
 
 
 def split(data: bytes | memoryview) -> tuple[int, int, int, memoryview, memoryview]:

@@ -7,7 +7,8 @@
   ternary   a 2-bit symbol per element (-1 / same / +1 / escape) + zstd (ternary.py); beats
             Elias-Fano above ~15% density
   blocks    a large tensor's delta as element ranges, each a payload of its own (blocks.py)
-Encoders return the body bytes; decoders return a new array and raise ValueError when the body
+Encoders return the body bytes (or, where the body is made of pieces, the list of them:
+storage/delta/parts.py assembles the payload once); decoders return a new array and raise ValueError when the body
 is malformed. Decoders never write into `base`, except decode_ef when asked to (in place).
 """
 
@@ -17,7 +18,7 @@ import struct
 
 import numpy as np
 
-from storage.delta import elias_fano, kernels, ternary, values, zstd_io
+from storage.delta import elias_fano, kernels, parts, ternary, values, zstd_io
 
 _LEN = struct.Struct("<Q")
 DENSE_RAW, DENSE_ZSTD = 0, 1
@@ -38,13 +39,14 @@ def _unplanes(raw: bytes, n: int, udt: np.dtype) -> np.ndarray:
     return np.array(grid.T, order="C").view(udt).reshape(-1)
 
 
-def encode_dense(new: np.ndarray, level: int = 0) -> bytes:
-    """Raw bits (level 0), or byte planes + zstd at `level` (exponent bytes compress well)."""
+def encode_dense(new: np.ndarray, level: int = 0) -> list:
+    """Raw bits (level 0), or byte planes + zstd at `level` (exponent bytes compress well),
+    as parts: the raw bits are `new` itself, not a copy (parts.py assembles the payload)."""
     if level > 0:
         packed = zstd_io.compress(_planes(new), level)
         if len(packed) < new.nbytes:
-            return bytes([DENSE_ZSTD]) + packed
-    return bytes([DENSE_RAW]) + new.tobytes()
+            return [bytes([DENSE_ZSTD]), packed]
+    return [bytes([DENSE_RAW]), new]
 
 
 def decode_dense(body: memoryview, n: int, udt: np.dtype) -> np.ndarray:
@@ -93,15 +95,20 @@ def decode_coo(body: memoryview, base: np.ndarray) -> np.ndarray:
     return out
 
 
-def ef_size(count: int, n: int, value_blob: bytes) -> int:
-    """Exact body size of `encode_ef`."""
-    return _LEN.size + elias_fano.encoded_size(count, n) + len(value_blob)
+def ef_size(count: int, n: int, value_bytes: int) -> int:
+    """Exact body size of `encode_ef` with `value_bytes` of values.py's value block."""
+    return _LEN.size + elias_fano.encoded_size(count, n) + value_bytes
 
 
 def encode_ef(positions: np.ndarray, n: int, value_blob: bytes) -> bytes:
     """u64 len + Elias-Fano positions, then the value block of values.py."""
-    pos_blob = elias_fano.encode(positions, n, check=False)  # our own sorted scan
-    return b"".join([_LEN.pack(len(pos_blob)), pos_blob, value_blob])
+    return b"".join(ef_parts(positions, n, [value_blob]))
+
+
+def ef_parts(positions: np.ndarray, n: int, value_parts: list) -> list:
+    """`encode_ef`'s body as the buffers that make it up (storage/delta/parts.py)."""
+    pos_parts = elias_fano.encode_parts(positions, n, check=False)  # our own sorted scan
+    return [_LEN.pack(parts.nbytes(pos_parts)), *pos_parts, *value_parts]
 
 
 def decode_ef(body: memoryview, base: np.ndarray, in_place: bool = False) -> np.ndarray:

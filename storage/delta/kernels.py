@@ -145,14 +145,15 @@ def _ef_pack(positions: np.ndarray, low: int, lows: np.ndarray, unary: np.ndarra
         unary[bit >> six] |= one << (bit & np.uint64(63))
 
 
-def ef_pack(positions: np.ndarray, low: int, low_bytes: int, unary_bits: int) -> tuple[bytes, bytes]:
+def ef_pack(positions: np.ndarray, low: int, low_bytes: int, unary_bits: int
+            ) -> tuple[np.ndarray, np.ndarray]:
     """(packed low bits, unary high part) of sorted int64 `positions`, as elias_fano lays
-    them out: LSB-first bit streams of `low_bytes` bytes and `unary_bits` bits."""
+    them out: LSB-first bit streams of `low_bytes` bytes and `unary_bits` bits, as uint8
+    arrays (not copied to bytes: the payload is assembled once, storage/delta/parts.py)."""
     lows = np.zeros(low_bytes // 8 + 2, "<u8")
     unary = np.zeros(unary_bits // 64 + 1, "<u8")
     _ef_pack(_ro(np.asarray(positions, np.int64)), low, lows, unary)
-    return lows.view(np.uint8)[:low_bytes].tobytes(), \
-        unary.view(np.uint8)[:(unary_bits + 7) // 8].tobytes()
+    return lows.view(np.uint8)[:low_bytes], unary.view(np.uint8)[:(unary_bits + 7) // 8]
 
 
 # Error codes of the apply kernel (turned into messages by `ef_apply`).

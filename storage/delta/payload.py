@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import xxhash
 
-from storage.delta import (blocks, bits, elias_fano, encodings as enc, probe_kernels, values,
-                           zstd_io)
+from storage.delta import (blocks, bits, elias_fano, encodings as enc, parts, probe_kernels,
+                           values, zstd_io)
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
@@ -32,13 +32,14 @@ _GAP_SAMPLES, _GAP_RUN, _GAP_SLACK_BITS, _GAP_MIN = 16, 4096, 1.5, 256
 
 def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
                  base_version: int | None, target_version: int, force: str | None = None,
-                 dense_level: int = 0, density: float | None = None) -> bytes:
+                 dense_level: int = 0, density: float | None = None) -> memoryview:
     """Payload turning `base` (published as `base_version`) into `new` (`target_version`).
 
     With no base the payload is dense (a snapshot). `force` picks one encoding (tests, bench);
     `dense_level` > 0 zstd-compresses dense bodies (byte planes) at that level. `density`:
     bits.estimated_density of new against base when the caller already took it (it steers
-    the chooser; a large tensor's blocks each take their own).
+    the chooser; a large tensor's blocks each take their own). The payload is a byte view,
+    assembled once from the coders' pieces (parts.py).
     """
     bits.check_dtype(new.dtype)
     if force is not None and force not in ENCODINGS:
@@ -54,32 +55,35 @@ def encode_delta(new: torch.Tensor, base: torch.Tensor | None, *, name: str,
     new_u = bits.to_bits(new)
     base_u = None if base is None else bits.to_bits(base)
     if base_u is not None and (force == "blocks" or force is None and blocks.splits(new_u.nbytes)):
-        return _blocks_payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
-                               target_version, dense_level)
-    return _payload(new_u, base_u, new.dtype, tuple(new.shape), name, base_version,
-                    target_version, force, dense_level, density=density)
+        return parts.assemble(_blocks_payload(new_u, base_u, new.dtype, tuple(new.shape), name,
+                                              base_version, target_version, dense_level))
+    return parts.assemble(_payload(new_u, base_u, new.dtype, tuple(new.shape), name,
+                                   base_version, target_version, force, dense_level,
+                                   density=density))
 
 
 def _payload(new_u: np.ndarray, base_u: np.ndarray | None, dtype: torch.dtype,
              shape: tuple[int, ...], name: str, base_version: int | None, target_version: int,
              force: str | None = None, dense_level: int = 0,
-             coded: tuple[str, bytes] | None = None, result_checksum: int | None = None,
-             density: float | None = None) -> bytes:
-    """Header + body of one payload: the chooser's (or `coded`, an encoding and its body)."""
+             coded: tuple[str, list] | None = None, result_checksum: int | None = None,
+             density: float | None = None) -> list:
+    """Header + body of one payload, as parts: the chooser's (or `coded`, an encoding and its
+    body's parts)."""
     encoding, body = coded or _choose(new_u, base_u, force, dense_level, density)
+    body = body if isinstance(body, list) else [body]
     header = DeltaHeader(
         name=name, encoding=encoding, dtype=dtype, shape=shape, numel=new_u.size,
         base_version=None if encoding == "dense" else base_version,
         target_version=target_version,
         result_checksum=xxhash.xxh3_64_intdigest(new_u) if result_checksum is None
         else result_checksum,
-        body_checksum=xxhash.xxh3_64_intdigest(body), body_length=len(body))
-    return header.pack() + body
+        body_checksum=parts.checksum(body), body_length=parts.nbytes(body))
+    return [header.pack(), *body]
 
 
 def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
                     shape: tuple[int, ...], name: str, base_version: int | None,
-                    target_version: int, dense_level: int) -> bytes:
+                    target_version: int, dense_level: int) -> list:
     """A large tensor's delta as blocks (blocks.py), each chosen and coded on its own thread;
     the whole tensor's checksum is computed here meanwhile."""
     spans = blocks.ranges(new_u.size, new_u.itemsize)
@@ -87,13 +91,13 @@ def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
         new_u[span[0]:span[1]], base_u[span[0]:span[1]], dtype, (span[1] - span[0],),
         name, base_version, target_version, None, dense_level), spans)
     whole = xxhash.xxh3_64_intdigest(new_u)
-    body = blocks.pack([s for s, _ in spans], blocks.gather(futures))
+    body = blocks.pack_parts([s for s, _ in spans], blocks.gather(futures))
     return _payload(new_u, base_u, dtype, shape, name, base_version, target_version,
                     coded=("blocks", body), result_checksum=whole)
 
 
 def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
-            dense_level: int, density: float | None = None) -> tuple[str, bytes]:
+            dense_level: int, density: float | None = None) -> tuple[str, bytes | list]:
     if base is None or force == "dense":
         return "dense", enc.encode_dense(new, dense_level)
     if force == "xor_zstd":
@@ -116,16 +120,16 @@ def _choose(new: np.ndarray, base: np.ndarray | None, force: str | None,
         k = change.positions.size
         if force == "coo":
             return force, enc.encode_coo(change.positions, new)
-        value_blob = values.encode_values(change.diff)
+        value_parts = values.encode_values_parts(change.diff)
         if force == "ef":
-            return force, enc.encode_ef(change.positions, n, value_blob)
+            return force, enc.ef_parts(change.positions, n, value_parts)
         if k == 0:
-            return "ef", enc.encode_ef(change.positions, n, value_blob)
+            return "ef", enc.ef_parts(change.positions, n, value_parts)
         coo = enc.coo_size(k, n, new.itemsize)
         if coo is not None:
             candidates["coo"] = (coo, lambda: enc.encode_coo(change.positions, new))
-        candidates["ef"] = (enc.ef_size(k, n, value_blob),
-                            lambda: enc.encode_ef(change.positions, n, value_blob))
+        candidates["ef"] = (enc.ef_size(k, n, parts.nbytes(value_parts)),
+                            lambda: enc.ef_parts(change.positions, n, value_parts))
         # Structured change sets (rows, strides) are where Elias-Fano leaves bits on the table
         # and the zstd-based encodings find runs; only then pay a full pass for them.
         structured = _looks_structured(change.positions, n)

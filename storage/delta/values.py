@@ -23,16 +23,20 @@ _LEN = struct.Struct("<Q")
 
 def encode_values(diff: np.ndarray) -> bytes:
     """Bytes for the non-zero wrapped differences `diff` (unsigned dtype, one per change)."""
+    return b"".join(encode_values_parts(diff))
+
+
+def encode_values_parts(diff: np.ndarray) -> list:
+    """`encode_values`' bytes as the buffers that make them up (storage/delta/parts.py)."""
     count = diff.size
     if count == 0:
-        return b""
+        return []
     udt = diff.dtype
     signs, packed, escapes = value_kernels.value_symbols(diff)
     planes = np.ascontiguousarray(escapes.view(np.uint8).reshape(-1, udt.itemsize).T)
     z_classes = zstd_io.compress(packed, 1)
     z_escapes = zstd_io.compress(planes, 1)
-    return b"".join([signs.tobytes(),
-                     _LEN.pack(len(z_classes)), z_classes, _LEN.pack(len(z_escapes)), z_escapes])
+    return [signs, _LEN.pack(len(z_classes)), z_classes, _LEN.pack(len(z_escapes)), z_escapes]
 
 
 def decode_values(data: bytes | memoryview, count: int, udt: np.dtype) -> np.ndarray:

@@ -10,6 +10,8 @@ result checksum. If the pull then fails after something was written, the receive
 version (`version` None: the next pull takes a full snapshot, applied the same way). The
 engine never sees any of this: it runs its own copy until the loader hands it a complete,
 verified version.
+A small version (the one held was at most first_read.GUESS_BYTES) has its manifest and
+buckets read in one relay round trip where the relay can (storage/weights/first_read.py).
 With `pipelined=False` a version is fetched and verified whole, then decoded into new tensors
 swapped in at the end: a failed pull leaves what was held untouched, at twice the memory.
 
