@@ -1,5 +1,6 @@
 """Lossless sparse deltas of published weights (bf16 first; any dtype via its bit patterns).
-The per-element passes are numba kernels (kernels.py); everything else is numpy, zstd, xxhash."""
+The per-element passes are numba kernels (kernels.py); everything else is numpy, zstd, xxhash.
+A payload is built from its coders' pieces and assembled once (parts.py)."""
 
 from storage.delta.entropy import entropy_bound, entropy_bound_bits
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch, DeltaError

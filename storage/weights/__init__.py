@@ -1,7 +1,8 @@
 """Publishing and pulling policy weights over a relay: buckets, full snapshots and sparse deltas
 (publisher.py, sparse_publisher.py with its per-tensor choice in tensor_form.py, receiver.py,
 sharded_receiver.py, with the one full-snapshot wait both receivers share in snapshot_wait.py;
-stream_pull.py applies a delta's buckets while it is still being published),
+stream_pull.py applies a delta's buckets while it is still being published; first_read.py
+reads a small version's manifest and buckets in one round trip),
 the weights digest both sides check (digest.py), and per-step transfer metrics. May import the
 other storage packages (relay, delta, shards); nothing imports it from inside storage.
 """
