@@ -105,25 +105,35 @@ def test_a_sample_that_costs_more_than_coding_could_save_is_not_taken(monkeypatc
     assert sampled == [big.numel()]
 
 
+_N = 48 << 10  # elements: the demo policy's MLP matrices
+
+
+def _moved_everywhere(monkeypatch) -> tuple[dict, dict, list]:
+    """(base, a version whose every element moved, the sizes of the density samples taken)."""
+    from storage.delta import bits as delta_bits
+
+    old = {f"w{i}": torch.zeros(_N, dtype=torch.bfloat16) for i in range(40)}
+    moved = {k: torch.ones(_N, dtype=torch.bfloat16) for k in old}
+    sampled: list[int] = []
+    real = delta_bits.estimated_density
+    monkeypatch.setattr(delta_bits, "estimated_density",
+                        lambda a, b: sampled.append(a.size) or real(a, b))
+    return old, moved, sampled
+
+
 def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     """all_raw on a version whose every element moved, over a link where each tensor alone is
     worth a sample at even odds: it stops sampling once the odds, lowered by every sample
     that found raw, no longer pay for one; it still says raw. A version whose first tensor
     is codable is caught by the first sample."""
-    from storage.delta import bits as delta_bits
     from storage.weights.tensor_form import all_raw
 
-    n = 48 << 10  # elements: the demo policy's MLP matrices
+    n = _N
     link = tm.Link(2, 2)
     assert tm.raw_before_scan(2 * n, 2, 1.0, link)  # every element moved: raw is sooner
     assert tm.worth_sampling(2 * n, 2 * n, link)  # each alone: yes, at even odds
     assert not tm.worth_sampling(2 * n, 2 * n, link, odds=1 / 40)
-    old = {f"w{i}": torch.zeros(n, dtype=torch.bfloat16) for i in range(40)}
-    moved = {k: torch.ones(n, dtype=torch.bfloat16) for k in old}
-    sampled = []
-    real = delta_bits.estimated_density
-    monkeypatch.setattr(delta_bits, "estimated_density",
-                        lambda a, b: sampled.append(a.size) or real(a, b))
+    old, moved, sampled = _moved_everywhere(monkeypatch)
     assert all_raw(moved, old, link)
     assert len(sampled) > 1  # the first samples are taken at even odds, then fewer
     assert len(sampled) < len(old)  # not every tensor: the odds fell with each raw sample
@@ -137,6 +147,30 @@ def test_each_raw_sample_lowers_the_odds_of_sampling_the_next(monkeypatch):
     assert all_raw(tiny, {k: t - 1 for k, t in tiny.items()}, link) and sampled == []
     odd = {**tiny, "c": torch.zeros(4, dtype=torch.complex64)}
     assert not all_raw(odd, odd, link)
+
+
+def test_samples_that_found_raw_carry_over_to_the_next_publishes(monkeypatch):
+    """A publisher's judge keeps its samples that found raw (RawSamples): publish after
+    publish of a version whose every element moved it samples less, then not at all; a link
+    much slower than theirs resets them, and a sample that finds coding worth it too."""
+    from storage.weights.tensor_form import RawSamples, all_raw
+
+    link = tm.Link(2, 2)
+    old, moved, sampled = _moved_everywhere(monkeypatch)
+    history, counts = RawSamples(), []
+    for _ in range(4):
+        sampled.clear()
+        assert all_raw(moved, old, link, history)
+        counts.append(len(sampled))
+    assert counts[0] > 1 and counts[-1] == 0 and counts == sorted(counts, reverse=True)
+    assert history.found == sum(counts)
+    sampled.clear()
+    assert all_raw({k: t.clone() for k, t in old.items()}, old, link, history)  # not looked at
+    assert sampled == []
+    slow = tm.Link(1, 2)  # half the rate: the samples no longer say much
+    assert not all_raw({k: t.clone() for k, t in old.items()}, old, slow, history)
+    assert len(sampled) == 1 and history.found == 0
+    assert all_raw(moved, old, link, history) and history.found > 0  # sampled afresh
 
 
 def test_streaming_order_puts_tensors_coded_in_blocks_last(monkeypatch):

@@ -49,8 +49,8 @@ from storage.cores import available_cores
 from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
-from storage.weights.tensor_form import (all_raw, raw_first, record_raw, record_tensor,
-                                         streaming_order)
+from storage.weights.tensor_form import (RawSamples, all_raw, raw_first, record_raw,
+                                         record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.payloads import shape_bytes
 from storage.weights.snapshot_server import SnapshotServer
@@ -99,6 +99,7 @@ class SparsePublisher(SnapshotServer):
         # the run's versions in the relay as this publisher's last push left them: it is the
         # run's only publisher, so it need not ask the relay again (None: ask)
         self._relay_versions: frozenset[int] | None = None
+        self._raw_samples = RawSamples()  # the judge's samples that found raw, publish to publish
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
@@ -140,7 +141,7 @@ class SparsePublisher(SnapshotServer):
         if self._plan is None or self._plan[0] != version or self._plan[1] is not tensors:
             reason = self._full_reason(version, tensors)
             link = None if reason or self.link_gbps is None else self._link(tensors)
-            raw = link is not None and all_raw(tensors, self._held, link)
+            raw = link is not None and all_raw(tensors, self._held, link, self._raw_samples)
             self._plan = (version, tensors, reason, raw, link)
         return self._plan[2], self._plan[3], self._plan[4]
 

@@ -5,6 +5,7 @@ Plain functions over tensors and a link; storage/weights/sparse_publisher.py dri
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -14,8 +15,33 @@ from storage.shards.layout import layer_index
 from storage.weights.transfer_metrics import PublishReport, TensorStat
 
 
+@dataclass
+class RawSamples:
+    """Density samples that found raw sooner, over a run's publishes on about the same link:
+    the odds that the next finds coding worth it stay low from one version to the next (a
+    GRPO run's small policy moves most of its elements every step), so a publisher that
+    keeps them stops sampling once a sample costs more than coding could be expected to save.
+    Back to none when a sample finds coding worth it, or the link is much slower than when
+    they were taken (coding then pays more)."""
+
+    found: int = 0
+    gbps: float = 0.0  # the slowest link they were taken on
+
+    def odds(self, link: time_model.Link) -> int:
+        """How many to count for this link (resetting when it is much slower)."""
+        if link.gbps < SLOWER * self.gbps:
+            self.found = 0
+        if self.found == 0 or link.gbps < self.gbps:
+            self.gbps = link.gbps
+        return min(self.found, MAX_FOUND)
+
+
+SLOWER = 0.67  # a link this much slower than the samples' resets them
+MAX_FOUND = 62  # odds never below 1 in 64: a large tensor is still looked at now and then
+
+
 def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
-            link: time_model.Link) -> bool:
+            link: time_model.Link, history: RawSamples | None = None) -> bool:
     """True when the time model sends every tensor raw before any scan (a tiny model, a fast
     link, most elements moved): the version then goes out exactly as the dense path sends it,
     with no per-tensor encoding step at all, so choosing by time costs nothing over dense.
@@ -24,18 +50,24 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
     others are looked at. Each sample that finds raw lowers the odds that the next finds
     coding worth it (Laplace's rule of succession: 1 / (samples + 2)), so a version whose
     every element moved stops being sampled once what coding could still save is smaller
-    than a sample's cost."""
+    than a sample's cost. `history`: the samples of earlier publishes count too (updated)."""
     names = list(tensors)
     sizes = tuple((t.numel(), t.element_size()) if t.dtype in DTYPE_CODES else (-1, 0)
                   for t in tensors.values())
+    prior = history.odds(link) if history is not None else 0
     samples = 0
     for i in _not_raw_unseen(sizes, link):
         if sizes[i][0] < 0:
             return False  # a dtype the codec does not know: not the dense path's version
-        raw, density = _verdict(tensors[names[i]], base[names[i]], link, 1 / (samples + 2))
+        raw, density = _verdict(tensors[names[i]], base[names[i]], link,
+                                1 / (prior + samples + 2))
         if not raw:
+            if history is not None and density is not None:
+                history.found = 0
             return False
         samples += density is not None
+    if history is not None:
+        history.found += samples
     return True
 
 

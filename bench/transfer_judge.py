@@ -1,0 +1,91 @@
+"""What judging a small version costs, with and without the samples of earlier publishes.
+
+Before a delta goes out, the publisher judges whether every tensor goes raw (tensor_form
+.all_raw): tensors that sizes alone do not send raw get a sampled density. On a small policy
+whose elements mostly all move (a GRPO run's), each publish's samples find raw again; the
+publisher keeps them (RawSamples) and stops sampling once a sample costs more than coding
+could be expected to save. Here the demo policy's delta (and back) is published over a 1 Gbps
+link (emulated pacing, as bench/transfer.py, so tensors are worth a look) through the relay
+as `rose up` opens it, by two publishers turn about: one keeping its samples, one starting
+afresh every publish (as before). Median judge and publish times over `--publishes`, after
+five; prints a table and writes JSON.
+
+    .venv/bin/python bench/transfer_judge.py [--publishes 40] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.transfer_e2e import PacedRelay, start_relay  # noqa: E402
+from bench.transfer_workloads import demo_policy_model  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
+from storage.weights.link_rate import LinkRate  # noqa: E402
+from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
+from storage.weights.tensor_form import RawSamples  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--publishes", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--gbps", type=float, default=1.0)
+    p.add_argument("--out", type=Path, default=RESULTS / "transfer_judge.json")
+    args = p.parse_args()
+    old, new = demo_policy_model(5e-4, 1)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="rose-judge-") as tmp:
+        services, relay = start_relay(Path(tmp), 64 << 20)
+        try:
+            for r in range(args.rounds):
+                for keep in (True, False):
+                    pub = SparsePublisher(PacedRelay(relay, args.gbps), f"judge-{r}-{keep}",
+                                          link_gbps=args.gbps, link_rate=LinkRate(),
+                                          measure_cpu=True)
+                    pub.publish(0, old, copy=False)
+                    judge, total = [], []
+                    for v in range(1, args.publishes + 6):
+                        weights = new if v % 2 else old
+                        if not keep:
+                            pub._raw_samples = RawSamples()  # as every publish judged before
+                        t = time.perf_counter()
+                        pub.streams(v, weights)  # the judge, as tasks/publish.py asks it
+                        t1 = time.perf_counter()
+                        pub.publish(v, weights, copy=False)
+                        if v > 5:
+                            judge.append(t1 - t)
+                            total.append(time.perf_counter() - t)
+                    rows.append({"round": r, "samples kept": keep,
+                                 "judge_ms": statistics.median(judge) * 1e3,
+                                 "publish_ms": statistics.median(total) * 1e3})
+        finally:
+            relay.close()
+            services.stop()
+    table = Table(title=f"judging the demo policy's delta at {args.gbps:g} Gbps, median of "
+                        f"{args.publishes} publishes")
+    for col in ("round", "samples", "judge ms", "judge + publish ms"):
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(str(row["round"]), "kept" if row["samples kept"] else "afresh",
+                      f"{row['judge_ms']:.3f}", f"{row['publish_ms']:.2f}")
+    Console().print(table)
+    write_atomic(args.out, json.dumps({"bench": "transfer_judge", "machine": platform.platform(),
+                                       "args": {k: str(v) for k, v in vars(args).items()},
+                                       "rows": rows}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
