@@ -210,14 +210,14 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
 
 
 def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
-               bucket_bytes: int, want: str, link_gbps: float) -> dict:
+               bucket_bytes: int, want: str, link_gbps: float, raw_samples=None) -> dict:
     from storage.weights.link_rate import LinkRate
     from storage.weights.sparse_publisher import SparsePublisher
 
     # as `rose train`'s publisher: the link as its transfers measure it (`link_gbps` until
     # then), coding costed at this host's probed speed
     pub = SparsePublisher(_link(writer, rate), run, bucket_bytes, link_gbps=link_gbps,
-                          link_rate=LinkRate(), measure_cpu=True)
+                          link_rate=LinkRate(), measure_cpu=True, raw_samples=raw_samples)
     pub.publish(0, old, copy=False)  # the receiver's base, untimed: its puts measure the link
     conn.send(("sparse", run, 0))
     _, base_pull, _ = conn.recv()
@@ -286,6 +286,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     module docstring. `own_segments`: the relay's layout before the stack's store client
     (start_relay)."""
     from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.tensor_form import RawSamples
 
     kernels.warm_up()  # as a long-lived trainer has: not a cost of any one publish
     host_speed.measured()  # and its coding speed, probed at its first delta: not timed here
@@ -318,11 +319,13 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                 for rate in rates_gbps:
                     runs = []
                     gbps = rate or loopback_gbps
+                    # as rose train's one publisher keeps its judge's samples over the run
+                    samples = RawSamples()
                     for i in range(max(repeat, small_repeat) if small else repeat):
                         dense_run = (writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
                                      bucket_bytes, want)
                         ours_run = (writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
-                                    bucket_bytes, want, gbps)
+                                    bucket_bytes, want, gbps, samples)
                         # alternate which goes first: neither always follows the other's pull
                         if i % 2:
                             o = _ours_once(*ours_run)

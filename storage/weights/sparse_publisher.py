@@ -74,7 +74,8 @@ class SparsePublisher(SnapshotServer):
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  sparse: bool = True, link_gbps: float | None = None,
                  workers: int | None = None, part: str = "", stream: bool = True,
-                 link_rate: LinkRate | None = None, measure_cpu: bool = False) -> None:
+                 link_rate: LinkRate | None = None, measure_cpu: bool = False,
+                 raw_samples: RawSamples | None = None) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
         bytes alone), or by what `link_rate` measures once it has (it may be shared: the
         parts of a sharded version, storage/weights/sharded.py);
@@ -82,7 +83,9 @@ class SparsePublisher(SnapshotServer):
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
         part of a version another commits: storage/weights/sharded.py); `stream`: announce
         coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py);
-        `measure_cpu`: cost coding at this host's probed speed, not COSTS as fitted."""
+        `measure_cpu`: cost coding at this host's probed speed, not COSTS as fitted;
+        `raw_samples`: the judge's samples that found raw so far (it may be shared: the
+        publishers of one run over time), else a fresh record kept across this one's publishes."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part, self.stream = part, stream
         self.link_gbps = link_gbps
@@ -99,7 +102,7 @@ class SparsePublisher(SnapshotServer):
         # the run's versions in the relay as this publisher's last push left them: it is the
         # run's only publisher, so it need not ask the relay again (None: ask)
         self._relay_versions: frozenset[int] | None = None
-        self._raw_samples = RawSamples()  # the judge's samples that found raw, publish to publish
+        self._raw_samples = raw_samples or RawSamples()  # kept from publish to publish
         self._stop: threading.Event | None = None
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
