@@ -27,8 +27,8 @@ class RawSamples:
     found: int = 0
     gbps: float = 0.0  # the slowest link they were taken on
 
-    def odds(self, link: time_model.Link) -> int:
-        """How many to count for this link (resetting when it is much slower)."""
+    def prior(self, link: time_model.Link) -> int:
+        """How many of them count for a judge on this link (none once it is much slower)."""
         if link.gbps < SLOWER * self.gbps:
             self.found = 0
         if self.found == 0 or link.gbps < self.gbps:
@@ -54,7 +54,7 @@ def all_raw(tensors: dict[str, torch.Tensor], base: dict[str, torch.Tensor],
     names = list(tensors)
     sizes = tuple((t.numel(), t.element_size()) if t.dtype in DTYPE_CODES else (-1, 0)
                   for t in tensors.values())
-    prior = history.odds(link) if history is not None else 0
+    prior = history.prior(link) if history is not None else 0
     samples = 0
     for i in _not_raw_unseen(sizes, link):
         if sizes[i][0] < 0:
