@@ -51,15 +51,16 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 for keep in (True, False):
+                    samples = RawSamples()
                     pub = SparsePublisher(PacedRelay(relay, args.gbps), f"judge-{r}-{keep}",
                                           link_gbps=args.gbps, link_rate=LinkRate(),
-                                          measure_cpu=True)
+                                          measure_cpu=True, raw_samples=samples)
                     pub.publish(0, old, copy=False)
                     judge, total = [], []
                     for v in range(1, args.publishes + 6):
                         weights = new if v % 2 else old
                         if not keep:
-                            pub._raw_samples = RawSamples()  # as every publish judged before
+                            samples.found = 0  # as every publish judged before
                         t = time.perf_counter()
                         pub.streams(v, weights)  # the judge, as tasks/publish.py asks it
                         t1 = time.perf_counter()

@@ -20,9 +20,14 @@ Buffer = Any  # bytes, bytearray, memoryview, a contiguous ndarray: the buffer p
 _SMALL = 1 << 12  # bytes: a slice assignment beats numpy's call overhead below this
 
 
+def _size(part: Buffer) -> int:
+    """A piece's bytes, without exporting its buffer (this runs per piece per payload)."""
+    return len(part) if isinstance(part, (bytes, bytearray)) else part.nbytes
+
+
 def nbytes(parts: Sequence[Buffer]) -> int:
-    """Total size of `parts` (no buffer exported: this runs per piece per payload)."""
-    return sum(len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes for p in parts)
+    """Total size of `parts`."""
+    return sum(_size(p) for p in parts)
 
 
 def checksum(parts: Sequence[Buffer]) -> int:
@@ -40,7 +45,7 @@ def assemble(parts: Sequence[Buffer]) -> memoryview:
     out = np.empty(nbytes(parts), np.uint8)  # not zeroed: every byte is written
     at = 0
     for p in parts:
-        n = len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes
+        n = _size(p)
         if n >= _SMALL:
             out[at:at + n] = p.reshape(-1).view(np.uint8) if isinstance(p, np.ndarray) \
                 else np.frombuffer(p, np.uint8)

@@ -41,14 +41,13 @@ def read_first(relay: Relay, run: str, version: int, guess: Layout | None
     if guess is not None and 0 < guess.nbytes <= GUESS_BYTES:
         values = relay.get_batch([manifest_key(run, version)] +
                                  [bucket_key(run, version, i) for i in range(guess.buckets)]) or []
-    manifest = None
-    if values and values[0] is not None:
-        try:
-            manifest = Manifest.from_json(values[0])
-        except CorruptBucket:  # said, or healed, by the usual read below
-            manifest = None
-    if manifest is None or manifest.version != version or manifest.meta.get("run") != run:
-        manifest = read_manifest(relay, run, version)
+    batched = values[0] if values else None
+    try:
+        manifest = read_manifest(relay, run, version, value=batched)
+    except CorruptBucket:
+        if batched is None:
+            raise
+        manifest = read_manifest(relay, run, version)  # a torn or stale copy: read it alone
     # kept whatever the manifest's read: each bucket is checked against it before use
     return manifest, {i: blob for i, blob in enumerate(values[1:len(manifest.buckets) + 1])
                       if blob is not None}

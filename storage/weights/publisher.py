@@ -213,11 +213,12 @@ def latest_version(relay: Relay, run: str) -> int | None:
         return None
 
 
-def read_manifest(relay: Relay, run: str, version: int, part: str = "") -> Manifest:
-    """The verified manifest of `version` (or of its `part`); RelayKeyMissing if absent."""
+def read_manifest(relay: Relay, run: str, version: int, part: str = "",
+                  value: Buffer | None = None) -> Manifest:
+    """The verified manifest of `version` (or its part; `value`: its bytes if read already)."""
     key = manifest_key(run, version, part)
     try:
-        manifest = Manifest.from_json(relay.get(key))
+        manifest = Manifest.from_json(relay.get(key) if value is None else value)
     except RelayKeyMissing:
         what = f"{part} snapshot of weights" if part else "weights"
         raise RelayKeyMissing(f"{what} v{version} of run {run!r} are not in the {relay.name} "
