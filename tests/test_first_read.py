@@ -19,8 +19,8 @@ def _reads(relay, monkeypatch) -> list[str]:
     calls: list[str] = []
     for name in ("get", "get_many", "get_batch"):
         real = getattr(relay, name)
-        monkeypatch.setattr(relay, name, lambda arg, _real=real, _name=name:
-                            (calls.append(_name), _real(arg))[1])
+        monkeypatch.setattr(relay, name, lambda *args, _real=real, _name=name:
+                            (calls.append(_name), _real(*args))[1])
     return calls
 
 
@@ -56,8 +56,8 @@ def test_a_guessed_bucket_that_fails_its_checksum_is_fetched_again(mooncake_pair
     reader = mooncake_pair[1]
     real = reader.get_batch
 
-    def torn(keys):
-        values = real(keys)
+    def torn(keys, limits):
+        values = real(keys, limits)
         values[1][len(values[1]) // 2] ^= 0xFF  # a writable copy: the relay's is intact
         return values
     monkeypatch.setattr(reader, "get_batch", torn)
@@ -71,7 +71,8 @@ def test_a_garbled_manifest_in_the_batch_is_read_again(mooncake_pair, ns, monkey
     reader = mooncake_pair[1]
     real = reader.get_batch
     monkeypatch.setattr(reader, "get_batch",
-                        lambda keys: [memoryview(bytearray(b"{not json"))] + real(keys)[1:])
+                        lambda keys, limits: [memoryview(bytearray(b"{not json"))]
+                        + real(keys, limits)[1:])
     reads = _reads(reader, monkeypatch)
     assert rx.pull(1).mode == "delta"
     assert same(rx.tensors, v1)
@@ -92,6 +93,33 @@ def test_a_guess_of_more_or_fewer_buckets_than_published(mooncake_pair, ns, monk
     assert reads == ["get_batch"] + ["get_many"] * (buckets - 1)
 
 
+def test_a_bucket_larger_than_guessed_is_fetched_on_its_own(mooncake_pair, ns, monkeypatch):
+    run, rx, v1 = _two_versions(mooncake_pair, ns)
+    monkeypatch.setattr(first_read.Layout, "limits",
+                        lambda self: [64 << 10] + [64] * len(self.buckets))  # no bucket fits
+    reads = _reads(mooncake_pair[1], monkeypatch)
+    report = rx.pull(1)
+    assert report.mode == "delta" and report.rejected == 0 and same(rx.tensors, v1)
+    assert reads == ["get_batch", "get_many"]  # the manifest came with the batch
+
+
+def test_batched_reads_give_each_value_or_none(mooncake_pair, ns):
+    writer, reader = mooncake_pair
+    small, large = bytes(range(256)) * 3 + b"x", bytes(range(256)) * 4096
+    writer.put(f"{ns}/small", small)
+    writer.put(f"{ns}/large", large)
+    keys = [f"{ns}/small", f"{ns}/absent", f"{ns}/large", f"{ns}/large"]
+    values = reader.get_batch(keys, [4096, 4096, len(large), len(large) - 1])
+    assert bytes(values[0]) == small and bytes(values[2]) == large
+    assert values[1] is None and values[3] is None  # absent; larger than its limit
+    values[2][0] ^= 0xFF  # the caller's own copy, aligned as an allocation of its own
+    assert reader.get(f"{ns}/large") == large
+    assert all(__import__("numpy").frombuffer(v, "u1").ctypes.data % 64 == 0
+               for v in values if v is not None)
+    with pytest.raises(ValueError, match="one limit > 0 per key"):
+        reader.get_batch(keys, [4096])
+
+
 def test_no_guess_where_the_version_held_was_large(mooncake_pair, ns, monkeypatch):
     run, rx, v1 = _two_versions(mooncake_pair, ns)
     monkeypatch.setattr(first_read, "GUESS_BYTES", 1)
@@ -105,7 +133,7 @@ def test_a_relay_without_batched_reads_reads_the_manifest_alone(tmp_path):
     pub = SparsePublisher(relay, "fs", link_gbps=100.0)
     train = Training(3)
     pub.publish(0, train.weights())
-    manifest, read = read_first(relay, "fs", 0, Layout(1, 1 << 10))
+    manifest, read = read_first(relay, "fs", 0, Layout((1 << 10,), 1))
     assert manifest.version == 0 and read == {}
     with pytest.raises(Exception, match="v1 of run 'fs' are not in"):  # as read_manifest says
-        read_first(relay, "fs", 1, Layout(1, 1 << 10))
+        read_first(relay, "fs", 1, Layout((1 << 10,), 1))

@@ -35,7 +35,7 @@ class Wrapped:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def get_batch(self, keys):
+    def get_batch(self, keys, limits):
         return None  # every read through get_many, where a test delays or damages it
 
 

@@ -67,11 +67,12 @@ class Relay(ABC):
         """Values of several keys (a pull batch), as writable views owned by the caller."""
         return [memoryview(bytearray(self.get(k))) for k in keys]
 
-    def get_batch(self, keys: Sequence[str]) -> list[memoryview | None] | None:
-        """Values of a few small keys in one round trip, as writable views owned by the
-        caller, None for each one absent (or too large for one such read); None when this
-        relay has no such read (read them one by one then). For a guess at what exists, e.g. a
-        version's manifest and first buckets."""
+    def get_batch(self, keys: Sequence[str], limits: Sequence[int]
+                  ) -> list[memoryview | None] | None:
+        """Values of a few keys in one round trip, each expected to be at most `limits[i]`
+        bytes, as writable views owned by the caller: None for each one absent or larger
+        than its limit; None when this relay has no such read (read them one by one then).
+        For a guess at what exists, e.g. a version's manifest and first buckets."""
         return None
 
     @abstractmethod

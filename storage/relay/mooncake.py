@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from storage.relay.mooncake_client import answers as _answers, open_store, reconnected
-from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared
+from storage.relay.mooncake_pool import PoolBuffer, put_shared, read_shared, read_slots
 from storage.relay.base import Buffer, Relay, RelayError, RelayKeyMissing, check_key, check_prefix, check_value
 
 _CODES = {-10: "BUFFER_OVERFLOW",
@@ -238,12 +238,21 @@ class MooncakeRelay(Relay):
         self._size(store, key)  # missing, being written, or failed: raises saying which
         return self.get_many([key])[0].tobytes()  # too large for the local buffer
 
-    def get_batch(self, keys: Sequence[str]) -> list[memoryview | None]:
-        store = self._live("get", keys[0], probe=True) if keys else None
-        # one RPC; b'' is missing, failed or over the local buffer: the caller reads it again.
-        # Copied out of the immutable bytes: a bucket's raw payloads become held tensors
-        return [memoryview(bytearray(v)) if v else None
-                for v in (store.get_batch([check_key(k) for k in keys]) if keys else [])]
+    def get_batch(self, keys: Sequence[str], limits: Sequence[int]
+                  ) -> list[memoryview | None] | None:
+        if not keys or len(keys) != len(limits) or min(limits) <= 0:
+            raise ValueError(f"get_batch: one limit > 0 per key, got {list(limits)[:4]} for "
+                             f"{len(keys)} keys")
+        store = self._live("get", keys[0], probe=True)
+        total = sum(limits)
+        with self._lock:  # one RPC into registered memory, as get_many's (no bytes object)
+            if self._shared:
+                area = self._shared[1].at_least(total)
+                return read_slots(store, self._shared[1].address, area, keys, limits)
+            if total > self.staging_bytes:
+                return None
+            staging = self._staging_buffer(store)
+            return read_slots(store, staging.ctypes.data, staging, keys, limits)
 
     def exists(self, key: str) -> bool:
         return self.exists_many([key])[0]

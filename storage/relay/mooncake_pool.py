@@ -78,3 +78,31 @@ def read_shared(store, pool: PoolBuffer, keys: Sequence[str], sizes: list[int],
         out[start:offsets[last]] = pool.at_least(0)[:offsets[last] - start]
         first = last
     return rcs
+
+
+def read_slots(store, address: int, area: np.ndarray, keys: Sequence[str],
+               limits: Sequence[int]) -> list[memoryview | None]:
+    """The values of `keys` read in one batch into slots of `limits` bytes laid end to end
+    in `area` (registered memory at `address`, at least sum(limits) long), then copied out of
+    it (the area is reused) into one array of their actual sizes: writable views the caller
+    owns, None for a key absent, larger than its slot, or failed (the caller reads it again
+    the usual way, which says why)."""
+    offsets = np.concatenate([[0], np.cumsum(limits)]).tolist()
+    rcs = store.batch_get_into(list(keys), [address + o for o in offsets[:-1]], list(limits))
+    size = sum(_aligned(rc) for rc in rcs if rc > 0)
+    out = np.empty(size + 64, dtype=np.uint8)
+    out = out[-out.ctypes.data % 64:][:size]  # starting on a 64-byte boundary
+    values: list[memoryview | None] = []
+    at = 0
+    for rc, start in zip(rcs, offsets):
+        if rc <= 0:
+            values.append(None)
+            continue
+        out[at:at + rc] = area[start:start + rc]
+        values.append(memoryview(out[at:at + rc]))
+        at += _aligned(rc)  # each value 64-byte aligned, as its own allocation would be
+    return values
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 64) * 64
