@@ -49,8 +49,8 @@ def read_first(relay: Relay, run: str, version: int, guess: Layout | None
     without a guess, a guess over GUESS_BYTES, or a relay without batched reads). Errors as
     publisher.read_manifest's: a manifest missing or unreadable is read again that way."""
     values: list[memoryview | None] = []
-    limits = guess.limits() if guess is not None else []
-    if guess is not None and guess.buckets and sum(limits) <= GUESS_BYTES:
+    limits = guess.limits() if guess is not None and guess.buckets else []
+    if limits and sum(limits) <= GUESS_BYTES:
         values = relay.get_batch([manifest_key(run, version)] +
                                  [bucket_key(run, version, i) for i in range(len(guess.buckets))],
                                  limits) or []
