@@ -150,5 +150,22 @@ def test_buckets_close_by_the_work_they_carry():
     items = [(f"t{i}", b"p" * 10, {"dense": 200}) for i in range(6)]
     by_bytes, _ = pack(items, bucket_bytes=512)  # 6 aligned payloads: 384 bytes
     assert len(by_bytes.buckets) == 1
-    infos = [info for info, _ in pack_buckets(items, 512, work=lambda m: m["dense"])]
+    infos = [info for info, _ in pack_buckets(items, 512, work=[m["dense"] for *_, m in items])]
     assert [len(b.entries) for b in infos] == [2, 2, 2]
+
+
+def test_a_bucket_full_of_work_goes_before_the_next_payload_is_encoded():
+    """The next payload's work is known before it is encoded: the bucket it would overflow is
+    yielded as soon as its own last payload is packed (a large tensor coded next, for a
+    long while, does not hold back the bucket before it)."""
+    encoded: list[str] = []
+
+    def items():
+        for i in range(4):
+            encoded.append(f"t{i}")
+            yield f"t{i}", b"p" * 10, {}
+    buckets = []
+    for info, _ in pack_buckets(items(), 512, work=[200, 200, 500, 100]):
+        buckets.append([e.name for e in info.entries])
+        assert encoded[-1] == buckets[-1][-1]  # nothing after this bucket was encoded yet
+    assert buckets == [["t0", "t1"], ["t2"], ["t3"]]

@@ -349,6 +349,25 @@ def test_ordered_map_keeps_threads_busy_behind_a_slow_head():
     assert run(ahead_bytes=0) <= 4      # bounded by the task window alone
 
 
+def test_small_items_before_a_large_one_are_not_held_back_by_it():
+    """A large item (cost >= chunk_bytes) is a task of its own: the small ones before it come
+    out while it is still being worked on (a bucket of them can go on the link meanwhile)."""
+    import threading
+
+    consumed_small = threading.Event()
+
+    def fn(x: int) -> int:
+        if x == 2:  # the large one: finishes only once the consumer has the small ones
+            assert consumed_small.wait(5), "the small items waited for the large one"
+        return x
+    out = []
+    for y in ordered_map(fn, range(4), 2, cost=lambda x: 10 if x == 2 else 1, chunk_bytes=5):
+        out.append(y)
+        if y == 1:
+            consumed_small.set()
+    assert out == [0, 1, 2, 3]
+
+
 def test_a_model_in_one_pool_task_is_judged_on_one_core(tmp_path):
     """The pool codes a model that fits in one task inline, so the time model is given one
     core for it, not every core: with two, it would expect coding to cost half what it does."""

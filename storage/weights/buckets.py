@@ -11,7 +11,7 @@ is returned partially.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,19 +134,20 @@ def _close(index: int, pending: Pending) -> tuple[BucketInfo, memoryview]:
 
 
 def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 work: Callable[[dict[str, Any]], int] | None = None
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, work: Sequence[int] | None = None
                  ) -> Iterator[tuple[BucketInfo, memoryview]]:
     """Yield (info, bucket bytes) as each bucket fills, so a caller can push while packing.
-    `work(meta)`, if given, is what a payload costs the receiver (e.g. the dense bytes a delta
-    rewrites): a bucket also closes once its payloads' work reaches `bucket_bytes`, so a
-    sparse version still comes in several buckets a receiver can apply one by one."""
+    `work`, if given, is what each payload in turn costs the receiver (e.g. the dense bytes a
+    delta rewrites), known before it is encoded: a bucket also closes once its payloads' work
+    would pass `bucket_bytes` with the next one's, so a sparse version still comes in several
+    buckets a receiver can apply one by one; it goes as soon as its last payload is packed,
+    not once the next one (perhaps a large tensor, slow to code) is encoded."""
     if bucket_bytes < ALIGN:
         raise ValueError(f"bucket_bytes must be >= {ALIGN}, got {bucket_bytes}")
     seen: set[str] = set()
     pending: Pending = []
     end, index, done = 0, 0, 0
-    for name, data, meta in items:
+    for i, (name, data, meta) in enumerate(items):
         if name in seen:
             raise ValueError(f"payload {name!r} appears twice")
         seen.add(name)
@@ -157,13 +158,15 @@ def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
         view = memoryview(data)
         view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
         offset = _align(end)
-        cost = work(meta) if work else 0
-        if pending and ((view.nbytes and offset + view.nbytes > bucket_bytes) or
-                        (cost and done + cost > bucket_bytes)):
+        if pending and view.nbytes and offset + view.nbytes > bucket_bytes:
             yield _close(index, pending)
             pending, offset, index, done = [], 0, index + 1, 0
         pending.append((name, view, dict(meta), offset))
-        end, done = offset + view.nbytes, done + cost
+        end, done = offset + view.nbytes, done + (work[i] if work else 0)
+        following = work[i + 1] if work and i + 1 < len(work) else 0
+        if following and done + following > bucket_bytes:
+            yield _close(index, pending)
+            pending, end, index, done = [], 0, index + 1, 0
     if pending:
         yield _close(index, pending)
 
@@ -177,6 +180,20 @@ def pack(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
         infos.append(info)
         blobs.append(blob)
     return Manifest(version, infos, dict(meta or {})), blobs
+
+
+def batches(manifest: Manifest, batch_bytes: int) -> Iterator[list[int]]:
+    """The manifest's bucket indices in runs of at most `batch_bytes` (one bucket at least):
+    what a receiver fetches in one read."""
+    batch, size = [], 0
+    for b in manifest.buckets:
+        if batch and size + b.nbytes > batch_bytes:
+            yield batch
+            batch, size = [], 0
+        batch.append(b.index)
+        size += b.nbytes
+    if batch:
+        yield batch
 
 
 def verify_bucket(info: BucketInfo, data: Buffer, label: str | None = None) -> memoryview:

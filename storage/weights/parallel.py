@@ -47,8 +47,12 @@ def _chunks(items: Iterable[T], cost: Callable[[T], int],
             chunk_bytes: int) -> Iterator[tuple[list[T], int]]:
     chunk, size = [], 0
     for item in items:
+        item_cost = cost(item)
+        if chunk and item_cost >= chunk_bytes:  # a large item is a task of its own: the small
+            yield chunk, size                   # ones before it are not held back by it
+            chunk, size = [], 0
         chunk.append(item)
-        size += cost(item)
+        size += item_cost
         if size >= chunk_bytes:
             yield chunk, size
             chunk, size = [], 0

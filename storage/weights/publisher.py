@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, CorruptBucket, Manifest,
-                                     pack_buckets, verify_bucket)
+                                     batches, pack_buckets, verify_bucket)
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
 from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
@@ -93,7 +93,7 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
                     | None = None,
                     part: str = "", workers: int = 1, pipelined: bool = True,
                     announce: dict[str, Any] | None = None,
-                    work: Callable[[dict[str, Any]], int] | None = None,
+                    work: bool = False,
                     held_versions: frozenset[int] | None = None) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
@@ -108,8 +108,9 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     (storage/weights/push_pipeline.py); the manifest still goes out only after every bucket.
     `announce` (streamed, not with `part`): written first with this attempt's stamp, and each
     bucket's info right after the bucket, so a receiver may apply buckets before the manifest
-    (storage/weights/stream_pull.py); `work(meta)` closes buckets by what they cost a receiver
-    (storage/weights/buckets.pack_buckets). The manifest carries the attempt's stamp.
+    (storage/weights/stream_pull.py); `work`: buckets also close by the dense bytes their
+    tensors rewrite, before the next one is encoded (storage/weights/buckets.pack_buckets).
+    The manifest carries the attempt's stamp.
     `held_versions`: the run's versions as its only publisher's last publish left them
     (PublishStats.held_versions): not read from the relay (a round trip, a WAN RTT, saved).
     """
@@ -144,7 +145,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         before_first_bucket()
     t = time.perf_counter()
     try:
-        for info, blob in pack_buckets(items(), bucket_bytes, work):
+        costs = [_nbytes(item) for item in tensors.items()] if work else None
+        for info, blob in pack_buckets(items(), bucket_bytes, costs):
             serialize_s += time.perf_counter() - t
             key = bucket_key(run, version, info.index, part)
             after = None if not streamed else (bucket_info_key(run, version, info.index),
@@ -254,7 +256,7 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
         manifest = read_manifest(relay, run, version, part)
     views: list[memoryview] = []
     gets = TransferClock() if stats is None else stats.setdefault("gets", TransferClock())
-    for batch in _batches(manifest, batch_bytes):
+    for batch in batches(manifest, batch_bytes):
         keys = [bucket_key(run, version, i, part) for i in batch]
         t = time.perf_counter()
         try:
@@ -287,14 +289,3 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
 def _nbytes(item: tuple[str, torch.Tensor]) -> int:
     return item[1].numel() * item[1].element_size()
 
-
-def _batches(manifest: Manifest, batch_bytes: int) -> Iterator[list[int]]:
-    batch, size = [], 0
-    for b in manifest.buckets:
-        if batch and size + b.nbytes > batch_bytes:
-            yield batch
-            batch, size = [], 0
-        batch.append(b.index)
-        size += b.nbytes
-    if batch:
-        yield batch

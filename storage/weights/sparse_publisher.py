@@ -52,7 +52,6 @@ from storage.weights.link_rate import LinkRate
 from storage.weights.tensor_form import (RawSamples, all_raw, raw_first, record_raw,
                                          record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
-from storage.weights.payloads import shape_bytes
 from storage.weights.snapshot_server import SnapshotServer
 from storage.weights.publisher import publish_weights, raw_encoder
 
@@ -247,7 +246,7 @@ class SparsePublisher(SnapshotServer):
                                 raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=link.cores if link else self.workers,
                                 announce={"kind": kind, "base_version": base_version}
-                                if streamed else None, work=shape_bytes if streamed else None,
+                                if streamed else None, work=streamed,
                                 held_versions=known)
         if not part:
             self._relay_versions = stats.held_versions
