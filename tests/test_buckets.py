@@ -169,3 +169,5 @@ def test_a_bucket_full_of_work_goes_before_the_next_payload_is_encoded():
         buckets.append([e.name for e in info.entries])
         assert encoded[-1] == buckets[-1][-1]  # nothing after this bucket was encoded yet
     assert buckets == [["t0", "t1"], ["t2"], ["t3"]]
+    with pytest.raises(ValueError, match="costs of 3 payloads; 't3' is one more"):
+        list(pack_buckets(items(), 512, work=[1, 1, 1]))

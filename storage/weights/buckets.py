@@ -150,6 +150,8 @@ def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
     for i, (name, data, meta) in enumerate(items):
         if name in seen:
             raise ValueError(f"payload {name!r} appears twice")
+        if work is not None and i >= len(work):
+            raise ValueError(f"work gives the costs of {len(work)} payloads; {name!r} is one more")
         seen.add(name)
         try:
             json.dumps(meta)
