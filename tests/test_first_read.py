@@ -118,6 +118,8 @@ def test_batched_reads_give_each_value_or_none(mooncake_pair, ns):
                for v in values if v is not None)
     with pytest.raises(ValueError, match="one limit > 0 per key"):
         reader.get_batch(keys, [4096])
+    with pytest.raises(ValueError, match="relay key"):
+        reader.get_batch([f"{ns}/../small"], [4096])
 
 
 def test_no_guess_where_the_version_held_was_large(mooncake_pair, ns, monkeypatch):

@@ -96,17 +96,13 @@ def decode_coo(body: memoryview, base: np.ndarray) -> np.ndarray:
 
 
 def ef_size(count: int, n: int, value_bytes: int) -> int:
-    """Exact body size of `encode_ef` with `value_bytes` of values.py's value block."""
+    """Exact size of the "ef" body (ef_parts) with `value_bytes` of values.py's value block."""
     return _LEN.size + elias_fano.encoded_size(count, n) + value_bytes
 
 
-def encode_ef(positions: np.ndarray, n: int, value_blob: bytes) -> bytes:
-    """u64 len + Elias-Fano positions, then the value block of values.py."""
-    return b"".join(ef_parts(positions, n, [value_blob]))
-
-
 def ef_parts(positions: np.ndarray, n: int, value_parts: list) -> list:
-    """`encode_ef`'s body as the buffers that make it up (storage/delta/parts.py)."""
+    """The "ef" body, u64 len + Elias-Fano positions then the value block of values.py, as
+    the buffers that make it up (storage/delta/parts.py)."""
     pos_parts = elias_fano.encode_parts(positions, n, check=False)  # our own sorted scan
     return [_LEN.pack(parts.nbytes(pos_parts)), *pos_parts, *value_parts]
 

@@ -243,6 +243,7 @@ class MooncakeRelay(Relay):
         if not keys or len(keys) != len(limits) or min(limits) <= 0:
             raise ValueError(f"get_batch: one limit > 0 per key, got {list(limits)[:4]} for "
                              f"{len(keys)} keys")
+        keys = [check_key(key) for key in keys]
         store = self._live("get", keys[0], probe=True)
         total = sum(limits)
         with self._lock:  # one RPC into registered memory, as get_many's (no bytes object)

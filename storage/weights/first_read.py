@@ -38,8 +38,7 @@ class Layout:
         took and an eighth more (a delta's coded sizes move a little from step to step), the
         first bucket room for the whole version (one that packs into fewer buckets fills
         it); one larger is read again on its own."""
-        room = [n + n // 8 + 4096 for n in self.buckets]
-        room[0] = max(room[0], sum(self.buckets) + sum(self.buckets) // 8 + 4096)
+        room = [n + n // 8 + 4096 for n in (sum(self.buckets), *self.buckets[1:])]
         return [MANIFEST_SLOT[0] + MANIFEST_SLOT[1] * self.entries] + room
 
 
