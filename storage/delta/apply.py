@@ -11,6 +11,7 @@ import torch
 import xxhash
 
 from storage.delta import bits, blocks, encodings as enc
+from storage.delta.content_hash import content_hash
 from storage.delta.errors import CorruptPayload, DeltaBaseMismatch
 from storage.delta.header import DeltaHeader, unpack_header
 
@@ -37,7 +38,7 @@ def apply_delta(payload: bytes | memoryview, base: torch.Tensor | None, *,
         out = _apply_blocks(head, body, base_u, into, where)
     else:
         out = _decode(head, body, base_u, into, where)
-        if xxhash.xxh3_64_intdigest(out) != head.result_checksum:
+        if content_hash(out) != head.result_checksum:
             raise _mismatch(where)
     return base if into is not None else bits.from_bits(out, head.dtype, head.shape)
 
@@ -109,7 +110,7 @@ def _apply_blocks(head: DeltaHeader, body: memoryview, base_u: np.ndarray,
         if into is None:
             np.copyto(dest, base_u[start:end])
         _decode(sub, _checked_body(payload, sub, at), dest, dest, at)
-        if xxhash.xxh3_64_intdigest(dest) != sub.result_checksum:
+        if content_hash(dest) != sub.result_checksum:
             raise _mismatch(at)
     blocks.gather(blocks.submit(one, spans))
     return out

@@ -14,7 +14,8 @@ Body: u32 block count, then per block u64 first element and u64 payload length, 
 payloads in that order. The blocks cover the tensor exactly and in order. Each block's result
 is checked against its own checksum when applied, and the table and every block's checksums
 are covered by the body checksum: the whole tensor's checksum (the outer header's, which the
-weights digest uses) is not computed again by the receiver.
+weights digest uses) is not computed again by the receiver, and the sender makes it from the
+blocks' checksums (content_hash.py), so neither side reads the tensor twice.
 """
 from __future__ import annotations
 

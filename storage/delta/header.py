@@ -1,8 +1,9 @@
 """The self-describing header in front of every encoded tensor.
 
 Layout (little-endian): magic "RSDT", format, encoding, dtype code, ndim, base version (-1 =
-none), target version, element count, body length, xxh3-64 of the RESULT tensor's bytes, xxh3-64
-of the body, name length, shape (ndim u64), name (utf-8), then xxh32 of all header bytes before it.
+none), target version, element count, body length, the content hash of the RESULT tensor's
+bytes (content_hash.py), xxh3-64 of the body, name length, shape (ndim u64), name (utf-8), then
+xxh32 of all header bytes before it.
 The header checksum makes any flipped header bit a CorruptPayload rather than a misread field.
 """
 

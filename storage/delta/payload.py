@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import xxhash
 
 from storage.delta import (blocks, bits, elias_fano, encodings as enc, parts, probe_kernels,
                            values, zstd_io)
+from storage.delta.content_hash import blocked, combine, composes, content_hash
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
@@ -75,8 +75,7 @@ def _payload(new_u: np.ndarray, base_u: np.ndarray | None, dtype: torch.dtype,
         name=name, encoding=encoding, dtype=dtype, shape=shape, numel=new_u.size,
         base_version=None if encoding == "dense" else base_version,
         target_version=target_version,
-        result_checksum=xxhash.xxh3_64_intdigest(new_u) if result_checksum is None
-        else result_checksum,
+        result_checksum=content_hash(new_u) if result_checksum is None else result_checksum,
         body_checksum=parts.checksum(body), body_length=parts.nbytes(body))
     return [header.pack(), *body]
 
@@ -84,14 +83,21 @@ def _payload(new_u: np.ndarray, base_u: np.ndarray | None, dtype: torch.dtype,
 def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
                     shape: tuple[int, ...], name: str, base_version: int | None,
                     target_version: int, dense_level: int) -> list:
-    """A large tensor's delta as blocks (blocks.py), each chosen and coded on its own thread;
-    the whole tensor's checksum is computed here meanwhile."""
+    """A large tensor's delta as blocks (blocks.py), each chosen and coded on its own thread.
+    The whole tensor's checksum is its content hash, made of its blocks' result checksums
+    (content_hash.py): its bits are hashed once, block by block."""
     spans = blocks.ranges(new_u.size, new_u.itemsize)
-    futures = blocks.submit(lambda span: _payload(
-        new_u[span[0]:span[1]], base_u[span[0]:span[1]], dtype, (span[1] - span[0],),
-        name, base_version, target_version, None, dense_level), spans)
-    whole = xxhash.xxh3_64_intdigest(new_u)
-    body = blocks.pack_parts([s for s, _ in spans], blocks.gather(futures))
+
+    def block(span: tuple[int, int]) -> tuple[int, list]:
+        bits_ = new_u[span[0]:span[1]]
+        checksum = content_hash(bits_)
+        return checksum, _payload(bits_, base_u[span[0]:span[1]], dtype, (span[1] - span[0],),
+                                  name, base_version, target_version, None, dense_level,
+                                  result_checksum=checksum)
+    coded = blocks.gather(blocks.submit(block, spans))
+    whole = combine([c for c, _ in coded]) if blocked(new_u.nbytes) and \
+        composes(new_u.itemsize) else content_hash(new_u)  # (forced blocks: tests)
+    body = blocks.pack_parts([s for s, _ in spans], [p for _, p in coded])
     return _payload(new_u, base_u, dtype, shape, name, base_version, target_version,
                     coded=("blocks", body), result_checksum=whole)
 

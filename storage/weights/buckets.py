@@ -4,7 +4,9 @@ A bucket is the unit pushed to and pulled from the relay (default 64 MB: few eno
 keep per-object overhead small, small enough to pipeline). Payloads are packed in order, each
 at an offset aligned to 64 bytes (so typed views need no copy); a payload larger than a bucket
 gets a bucket of its own. The manifest (JSON) lists every bucket's size and xxh3-64 checksum and
-every entry's name, offset, length, checksum and metadata. Unpacking verifies all buckets first:
+every entry's name, offset, length, checksum and metadata; an entry's checksum is the content
+hash of its bytes (storage/delta/content_hash.py), so a raw tensor's is its tensor's hash, which
+the weights digest takes from it. Unpacking verifies all buckets first:
 a corrupted or truncated bucket raises CorruptBucket naming the bucket and the entry, and nothing
 is returned partially.
 """
@@ -18,10 +20,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from storage.delta.content_hash import content_hash
 from storage.relay.base import Buffer
 
 FORMAT = 1
-HASH = "xxh3_64"
+HASH = "xxh3_64/content"  # buckets: xxh3-64; entries: content hash
 ALIGN = 64
 DEFAULT_BUCKET_BYTES = 64 << 20
 
@@ -36,6 +39,10 @@ class CorruptManifest(CorruptBucket):
 
 def _digest(data: Buffer) -> str:
     return xxhash.xxh3_64(data).hexdigest()
+
+
+def _entry_digest(data: Buffer) -> str:
+    return f"{content_hash(data):016x}"
 
 
 def _align(n: int) -> int:
@@ -129,7 +136,7 @@ def _close(index: int, pending: Pending) -> tuple[BucketInfo, memoryview]:
     entries = []
     for name, view, meta, off in pending:
         buf[off:off + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
-        entries.append(Entry(name, off, view.nbytes, _digest(view), meta))
+        entries.append(Entry(name, off, view.nbytes, _entry_digest(view), meta))
     return BucketInfo(index, buf.nbytes, _digest(buf), tuple(entries)), memoryview(buf)
 
 
@@ -208,7 +215,7 @@ def verify_bucket(info: BucketInfo, data: Buffer, label: str | None = None) -> m
         raise CorruptBucket(f"{label}: {view.nbytes} bytes, expected {info.nbytes}{where}")
     if _digest(view) != info.checksum:
         for e in info.entries:
-            if _digest(view[e.offset:e.offset + e.length]) != e.checksum:
+            if _entry_digest(view[e.offset:e.offset + e.length]) != e.checksum:
                 raise CorruptBucket(f"{label}: entry {e.name!r} checksum mismatch")
         raise CorruptBucket(f"{label}: checksum mismatch in padding between entries")
     return view

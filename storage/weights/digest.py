@@ -1,11 +1,12 @@
 """The digest of a set of weights: equal digests = bit-identical weights, whoever computed it.
 
-xxh3-64 over the names in sorted order, each followed by its tensor's own xxh3-64 (of the raw
-bits, little-endian, 8 bytes). Per tensor, that hash is exactly the result checksum a delta
+xxh3-64 over the names in sorted order, each followed by its tensor's content hash (8 bytes,
+little-endian): xxh3-64 of its bits, taken over 8 MB blocks for a tensor of 32 MB or more
+(storage/delta/content_hash.py). Per tensor, that hash is exactly the result checksum a delta
 payload carries (storage/delta/header.py), so a publisher that just encoded a tensor, or a
 receiver that just verified a decoded one, passes it in `known` and the tensor is not read a
 second time. A payload sent raw is the tensor's bits as they are, so its bucket entry's
-checksum (xxh3-64, storage/weights/buckets.py) is that hash too (`raw_entry_hashes`): the
+checksum (the same content hash, storage/weights/buckets.py) is that hash too (`raw_entry_hashes`): the
 publisher has it from packing, the receiver from the bucket it verified. The whole-model
 pass the digest used to cost on each side is gone; what is left is hashed on every core.
 """
@@ -16,15 +17,17 @@ from collections.abc import Iterable, Mapping
 import torch
 import xxhash
 
+from storage.delta.content_hash import content_hash
 from storage.weights.buckets import BucketInfo
 from storage.cores import available_cores
 from storage.weights.parallel import ordered_map
 
 
 def tensor_hash(tensor: torch.Tensor) -> int:
-    """xxh3-64 of a tensor's bits (what storage.delta's result checksum is for its payload)."""
+    """The content hash of a tensor's bits (storage/delta/content_hash.py: xxh3-64, over blocks
+    for a large tensor), what storage.delta's result checksum is for its payload."""
     t = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return xxhash.xxh3_64_intdigest(t.view(torch.uint8).numpy() if t.numel() else b"")
+    return content_hash(t.view(torch.uint8).numpy() if t.numel() else b"")
 
 
 def raw_entry_hashes(infos: Iterable[BucketInfo]) -> dict[str, int]:
