@@ -1,6 +1,7 @@
 """Buckets: packing layout, bit-exact round trips, corrupted/truncated buckets rejected."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -12,6 +13,7 @@ from storage.weights.buckets import (ALIGN, CorruptBucket, CorruptManifest, Mani
                                      pack_buckets, unpack,
                              verify_bucket)
 from storage.weights.payloads import _decode_raw, raw_encoder
+from weight_fixtures import count_hashed
 
 
 def raw_bytes(t: torch.Tensor) -> bytes:
@@ -36,12 +38,31 @@ def test_packing_layout_by_hand():
     assert all(e.offset % ALIGN == 0 for _, e in manifest.entries())
 
 
-def test_checksums_are_xxh3_of_the_bytes():
+def test_checksums_are_xxh3_of_the_entries_and_of_their_checksums():
     items = payloads([300, 5])
     manifest, blobs = pack(items, bucket_bytes=1 << 20)
     (bucket,) = manifest.buckets
-    assert bucket.checksum == xxhash.xxh3_64(bytes(blobs[0])).hexdigest()
-    assert bucket.entries[0].checksum == xxhash.xxh3_64(items[0][1]).hexdigest()
+    assert [e.checksum for e in bucket.entries] == [xxhash.xxh3_64(p).hexdigest()
+                                                    for _, p, _ in items]
+    sums = b"".join(int(e.checksum, 16).to_bytes(8, "little") for e in bucket.entries)
+    assert bucket.checksum == xxhash.xxh3_64(sums).hexdigest()
+
+
+def test_packing_hashes_each_byte_once(monkeypatch):
+    """It used to hash every entry and then the whole bucket again."""
+    hashed = count_hashed(monkeypatch)
+    items = payloads([3000, 500, 70000])
+    manifest, _ = pack(items, bucket_bytes=1 << 20)
+    entries = len(items)
+    assert sum(hashed) == sum(len(p) for _, p, _ in items) + 8 * entries  # + the checksums
+
+
+def test_a_bucket_checksum_that_its_entries_do_not_make_is_refused():
+    manifest, blobs = pack(payloads([100, 100]), bucket_bytes=512)
+    info = dataclasses.replace(manifest.buckets[0], checksum="0" * 16)
+    verify_bucket(manifest.buckets[0], blobs[0])  # as packed: fine
+    with pytest.raises(CorruptBucket, match="entries' checksums do not make the bucket's"):
+        verify_bucket(info, blobs[0])
 
 
 def test_empty_payload_never_opens_a_bucket():
@@ -108,6 +129,10 @@ def test_corrupt_padding_is_still_caught():
     blob[20] = 1  # between p0 [0,10) and p1 at 64
     with pytest.raises(CorruptBucket, match="padding"):
         verify_bucket(manifest.buckets[0], blob)
+    tail = bytearray(blobs[0])
+    tail[-1] = 1  # after the last entry, up to the bucket's aligned end
+    with pytest.raises(CorruptBucket, match="padding"):
+        verify_bucket(manifest.buckets[0], tail)
 
 
 def test_manifest_tampering_is_detected():

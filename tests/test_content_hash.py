@@ -13,6 +13,7 @@ from storage.delta import DeltaBaseMismatch, apply_delta, blocks, encode_delta, 
 from storage.weights.buckets import pack, verify_bucket, CorruptBucket
 from storage.weights.digest import raw_entry_hashes, tensor_hash, tensors_digest
 from storage.weights.publisher import raw_encoder
+from weight_fixtures import count_hashed
 
 
 @pytest.fixture
@@ -70,14 +71,7 @@ def test_a_blocked_delta_carries_the_tensors_hash_and_applies(small_blocks):
 
 def test_the_publisher_hashes_a_blocked_tensors_bits_once(small_blocks, monkeypatch):
     """It used to hash the whole tensor besides each block: twice its bits per publish."""
-    hashed = []
-
-    class Counting:
-        @staticmethod
-        def xxh3_64_intdigest(data):
-            hashed.append(memoryview(data).nbytes)
-            return xxhash.xxh3_64_intdigest(data)
-    monkeypatch.setattr(ch, "xxhash", Counting)
+    hashed = count_hashed(monkeypatch)
     old, new = _pair(rows=2000)
     encode_delta(new, old, name="w", base_version=3, target_version=4)
     blocks_n = len(blocks.ranges(new.numel(), 2))

@@ -57,3 +57,21 @@ def served():
     yield publishers
     for p in publishers:
         p.stop_server()
+
+
+def count_hashed(monkeypatch) -> list[int]:
+    """The sizes of the buffers content hashes are taken of from here on (appended as taken):
+    storage/delta/content_hash.py's xxh3 calls, counted."""
+    import xxhash
+
+    import storage.delta.content_hash as ch
+
+    hashed: list[int] = []
+
+    class Counting:
+        @staticmethod
+        def xxh3_64_intdigest(data) -> int:
+            hashed.append(memoryview(data).nbytes)
+            return xxhash.xxh3_64_intdigest(data)
+    monkeypatch.setattr(ch, "xxhash", Counting)
+    return hashed

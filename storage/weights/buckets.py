@@ -3,10 +3,12 @@
 A bucket is the unit pushed to and pulled from the relay (default 64 MB: few enough objects to
 keep per-object overhead small, small enough to pipeline). Payloads are packed in order, each
 at an offset aligned to 64 bytes (so typed views need no copy); a payload larger than a bucket
-gets a bucket of its own. The manifest (JSON) lists every bucket's size and xxh3-64 checksum and
-every entry's name, offset, length, checksum and metadata; an entry's checksum is the content
-hash of its bytes (storage/delta/content_hash.py), so a raw tensor's is its tensor's hash, which
-the weights digest takes from it. Unpacking verifies all buckets first:
+gets a bucket of its own. The manifest (JSON) lists every bucket's size and checksum and every
+entry's name, offset, length, checksum and metadata. An entry's checksum is the content hash of
+its bytes (storage/delta/content_hash.py), so a raw tensor's is its tensor's hash, which the
+weights digest takes from it; a bucket's is xxh3-64 of its entries' checksums, and the padding
+between them must be zeros: a packer hashes each byte once, not once per entry and again for
+the bucket (a dense 0.5B publish hashed its 1 GB twice). Unpacking verifies all buckets first:
 a corrupted or truncated bucket raises CorruptBucket naming the bucket and the entry, and nothing
 is returned partially.
 """
@@ -20,11 +22,11 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from storage.delta.content_hash import content_hash
+from storage.delta.content_hash import combine, content_hash
 from storage.relay.base import Buffer
 
 FORMAT = 1
-HASH = "xxh3_64/content"  # buckets: xxh3-64; entries: content hash
+HASH = "content/entries"  # entries: content hash; buckets: xxh3-64 of their entries'
 ALIGN = 64
 DEFAULT_BUCKET_BYTES = 64 << 20
 
@@ -43,6 +45,20 @@ def _digest(data: Buffer) -> str:
 
 def _entry_digest(data: Buffer) -> str:
     return f"{content_hash(data):016x}"
+
+
+def _bucket_digest(entry_checksums: Iterable[str]) -> str:
+    return f"{combine([int(c, 16) for c in entry_checksums]):016x}"
+
+
+def _padding_is_zero(view: memoryview, entries: Sequence[Entry]) -> bool:
+    """Whether every byte of the bucket outside its entries is zero (as packing leaves it)."""
+    at, gaps = 0, []
+    for e in sorted(entries, key=lambda e: e.offset):
+        gaps.append((at, e.offset))
+        at = max(at, e.offset + e.length)
+    gaps.append((at, view.nbytes))
+    return not any(np.frombuffer(view[a:b], np.uint8).any() for a, b in gaps if b > a)
 
 
 def _align(n: int) -> int:
@@ -137,7 +153,8 @@ def _close(index: int, pending: Pending) -> tuple[BucketInfo, memoryview]:
     for name, view, meta, off in pending:
         buf[off:off + view.nbytes] = np.frombuffer(view, dtype=np.uint8)
         entries.append(Entry(name, off, view.nbytes, _entry_digest(view), meta))
-    return BucketInfo(index, buf.nbytes, _digest(buf), tuple(entries)), memoryview(buf)
+    return BucketInfo(index, buf.nbytes, _bucket_digest(e.checksum for e in entries),
+                      tuple(entries)), memoryview(buf)
 
 
 def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
@@ -213,11 +230,14 @@ def verify_bucket(info: BucketInfo, data: Buffer, label: str | None = None) -> m
         cut = next((e.name for e in info.entries if e.offset + e.length > view.nbytes), None)
         where = f", entry {cut!r} cut short" if cut else ""
         raise CorruptBucket(f"{label}: {view.nbytes} bytes, expected {info.nbytes}{where}")
-    if _digest(view) != info.checksum:
-        for e in info.entries:
-            if _entry_digest(view[e.offset:e.offset + e.length]) != e.checksum:
-                raise CorruptBucket(f"{label}: entry {e.name!r} checksum mismatch")
+    for e in info.entries:
+        if _entry_digest(view[e.offset:e.offset + e.length]) != e.checksum:
+            raise CorruptBucket(f"{label}: entry {e.name!r} checksum mismatch")
+    if not _padding_is_zero(view, info.entries):
         raise CorruptBucket(f"{label}: checksum mismatch in padding between entries")
+    if _bucket_digest(e.checksum for e in info.entries) != info.checksum:
+        raise CorruptBucket(f"{label}: checksum mismatch: its entries' checksums do not make "
+                            "the bucket's")
     return view
 
 
