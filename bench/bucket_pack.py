@@ -13,16 +13,13 @@ seconds, CPU seconds and GB per CPU second.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storage.atomic import write_atomic  # noqa: E402
-from storage.cores import available_cores  # noqa: E402
+from bench.result_file import print_table, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -37,9 +34,6 @@ def main() -> None:
         sys.exit("--params and --repeat must be >= 1")
     import numpy as np
     import torch
-    from rich.console import Console
-    from rich.table import Table
-
     from bench.transfer_workloads import qwen_shapes
     from storage.weights.buckets import pack_buckets, verify_bucket
     from storage.weights.payloads import raw_encoder
@@ -67,20 +61,11 @@ def main() -> None:
     med = {k: statistics.median(r[k] for r in runs[1:]) for k in runs[0]}
     row = {**med, "dense_gb": dense / 1e9, "pack_gb_per_cpu_s": dense / 1e9 / med["pack_cpu_s"],
            "verify_gb_per_cpu_s": dense / 1e9 / med["verify_cpu_s"]}
-    table = Table(title=f"{dense / 1e6:.0f} MB dense in {med['buckets']:.0f} buckets "
-                        f"(medians of {args.repeat}, one thread)")
-    for col in ("side", "s", "CPU s", "GB / CPU s"):
-        table.add_column(col, justify="right")
-    for side in ("pack", "verify"):
-        table.add_row(side, f"{med[side + '_s']:.3f}", f"{med[side + '_cpu_s']:.3f}",
-                      f"{row[side + '_gb_per_cpu_s']:.2f}")
-    console = Console()
-    console.print(table)
-    write_atomic(args.out, json.dumps({
-        "bench": "bucket_pack", "machine": platform.platform(), "cpus": available_cores(),
-        "seconds": time.perf_counter() - t0, "args": {k: str(v) for k, v in vars(args).items()},
-        "result": row, "runs": runs}, indent=1))
-    console.print(f"wrote {args.out}")
+    print_table(f"{dense / 1e6:.0f} MB dense in {med['buckets']:.0f} buckets (medians of "
+                f"{args.repeat}, one thread)", ("side", "s", "CPU s", "GB / CPU s"),
+                [(side, f"{med[side + '_s']:.3f}", f"{med[side + '_cpu_s']:.3f}",
+                  f"{row[side + '_gb_per_cpu_s']:.2f}") for side in ("pack", "verify")])
+    write_result(args.out, "bucket_pack", args, t0, result=row, runs=runs)
 
 
 if __name__ == "__main__":

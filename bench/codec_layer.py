@@ -14,15 +14,13 @@ and the dense GB per CPU second.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storage.atomic import write_atomic  # noqa: E402
+from bench.result_file import print_table, write_result  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,9 +50,6 @@ def main() -> None:
     args = p.parse_args()
     if min(args.hidden, args.intermediate, args.kv, args.repeat) < 1:
         sys.exit("--hidden, --intermediate, --kv and --repeat must be >= 1")
-    from rich.console import Console
-    from rich.table import Table
-
     from bench.transfer_workloads import adamw_versions
     from storage.delta import apply_delta, encode_delta, kernels
 
@@ -90,21 +85,13 @@ def main() -> None:
     row = {**med, "dense_gb": dense / 1e9, "coded_mb": coded / 1e6,
            "encode_gb_per_cpu_s": dense / 1e9 / med["encode_cpu_s"],
            "apply_gb_per_cpu_s": dense / 1e9 / med["apply_cpu_s"]}
-    table = Table(title=f"one layer, hidden {args.hidden}, intermediate {args.intermediate}, "
-                        f"lr {args.lr:g}: {dense / 1e6:.0f} MB dense, {coded / 1e6:.1f} MB coded "
-                        f"(medians of {args.repeat}, {available_cores()} cores)")
-    for col in ("side", "s", "CPU s", "dense GB / CPU s"):
-        table.add_column(col, justify="right")
-    for side in ("encode", "apply"):
-        table.add_row(side, f"{med[side + '_s']:.3f}", f"{med[side + '_cpu_s']:.3f}",
-                      f"{row[side + '_gb_per_cpu_s']:.2f}")
-    console = Console()
-    console.print(table)
-    write_atomic(args.out, json.dumps({
-        "bench": "codec_layer", "machine": platform.platform(), "cpus": available_cores(),
-        "seconds": time.perf_counter() - t0, "args": {k: str(v) for k, v in vars(args).items()},
-        "result": row, "runs": runs}, indent=1))
-    console.print(f"wrote {args.out}")
+    print_table(f"one layer, hidden {args.hidden}, intermediate {args.intermediate}, lr "
+                f"{args.lr:g}: {dense / 1e6:.0f} MB dense, {coded / 1e6:.1f} MB coded (medians "
+                f"of {args.repeat}, {available_cores()} cores)",
+                ("side", "s", "CPU s", "dense GB / CPU s"),
+                [(side, f"{med[side + '_s']:.3f}", f"{med[side + '_cpu_s']:.3f}",
+                  f"{row[side + '_gb_per_cpu_s']:.2f}") for side in ("encode", "apply")])
+    write_result(args.out, "codec_layer", args, t0, result=row, runs=runs)
 
 
 if __name__ == "__main__":

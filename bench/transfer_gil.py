@@ -18,9 +18,7 @@ root, or kernel.yama.ptrace_scope = 0.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storage.atomic import write_atomic  # noqa: E402
+from bench.result_file import print_table, write_result  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -131,8 +129,6 @@ def main() -> None:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         sys.exit("bench/transfer_gil.py needs py-spy: .venv/bin/pip install py-spy (dev extra)")
-    from rich.console import Console
-    from rich.table import Table
 
     t0 = time.perf_counter()
     parent, child = mp.get_context("spawn").Pipe()
@@ -147,26 +143,18 @@ def main() -> None:
     finally:
         parent.send(None)
         proc.join(timeout=60)
-    table = Table(title=f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr "
-                        f"{args.lr:g}, chosen for {args.gbps:g} Gbps (sender only, loopback Mooncake)")
-    for col in ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish",
-                "MB coded", "coded / tensors"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r["workers"]), str(r["publishes"]), f"{r['wall_s']:.3f}",
-                      f"{r['cpu_s']:.3f}", f"{r['gil_fraction']:.1%}",
-                      f"{r['gil_ms_per_publish']:.0f}", f"{r['pushed_mb']:.1f}",
-                      f"{r['coded_tensors']}/{r['tensors']}")
-    console = Console()
-    console.print(table)
+    console = print_table(
+        f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr {args.lr:g}, chosen for "
+        f"{args.gbps:g} Gbps (sender only, loopback Mooncake)",
+        ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish", "MB coded",
+         "coded / tensors"),
+        [(str(r["workers"]), str(r["publishes"]), f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}",
+          f"{r['gil_fraction']:.1%}", f"{r['gil_ms_per_publish']:.0f}", f"{r['pushed_mb']:.1f}",
+          f"{r['coded_tensors']}/{r['tensors']}") for r in rows])
     top = rows[-1]["top_lines_ms"]
     console.print(f"where the GIL was held at {rows[-1]['workers']} workers (ms per publish): "
                   + "; ".join(f"{k} {v:.1f}" for k, v in list(top.items())[:12]))
-    write_atomic(args.out, json.dumps({
-        "bench": "transfer_gil", "machine": platform.platform(), "cpus": available_cores(),
-        "seconds": time.perf_counter() - t0, "args": {k: str(v) for k, v in vars(args).items()},
-        "rows": rows}, indent=1))
-    console.print(f"wrote {args.out}")
+    write_result(args.out, "transfer_gil", args, t0, rows=rows)
 
 
 if __name__ == "__main__":

@@ -30,9 +30,7 @@ keeps the probe's factors (`host_speed`).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
-import platform
 import statistics
 import sys
 import tempfile
@@ -42,8 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
 from bench.transfer_workloads import synthetic_model  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
-from storage.cores import available_cores  # noqa: E402
+from bench.result_file import write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 POLICIES = ("fixed", "link", "measured", "oracle")
@@ -169,14 +166,10 @@ def main() -> None:
                           f"{statistics.median(r['raw_tensors'] for r in its):.0f}/"
                           f"{its[0]['tensors']}", f"{med:.3f}", f"{fixed / med:.2f}x")
     console.print(table)
-    write_atomic(args.out, json.dumps({
-        "bench": "transfer_link", "machine": platform.platform(), "cpus": available_cores(),
-        "seconds": time.perf_counter() - t_start,
-        "args": {k: str(v) for k, v in vars(args).items()}, "dense_bytes": dense,
-        "host_speed": [{"method": m, "encode": e, "apply": a}
-                       for m, e, a in host_speed.measured().factors],
-        "summary": summary, "rows": rows}, indent=1))
-    console.print(f"wrote {args.out}")
+    write_result(args.out, "transfer_link", args, t_start, dense_bytes=dense,
+                 host_speed=[{"method": m, "encode": e, "apply": a}
+                             for m, e, a in host_speed.measured().factors],
+                 summary=summary, rows=rows)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,6 @@ link sat idle between the first and the last bucket, and publish / link.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -23,8 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from storage.atomic import write_atomic  # noqa: E402
-from storage.cores import available_cores  # noqa: E402
+from bench.result_file import print_table, write_result  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -74,8 +71,6 @@ def main() -> None:
     if min(args.gbps) <= 0 or args.repeat < 1:
         sys.exit("--gbps must be > 0 (a paced link) and --repeat >= 1")
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from bench.transfer_e2e import start_relay
     from bench.transfer_workloads import synthetic_model
@@ -99,22 +94,14 @@ def main() -> None:
         finally:
             relay.close()
             services.stop()
-    table = Table(title=f"bucket puts of one publish, {args.params / 1e6:.0f}M params, lr "
-                        f"{args.lr:g} (sender only; medians of {args.repeat})")
-    for col in ("Gbps", "MB", "buckets", "link s", "publish s", "first put at s",
-                "idle between puts s", "publish / link"):
-        table.add_column(col, justify="right")
-    for r in out:
-        table.add_row(f"{r['gbps']:g}", f"{r['mb']:.1f}", f"{r['buckets']:.0f}",
-                      f"{r['link_s']:.3f}", f"{r['publish_s']:.3f}", f"{r['first_put_s']:.3f}",
-                      f"{r['idle_s']:.3f}", f"{r['over_link']:.2f}x")
-    console = Console()
-    console.print(table)
-    write_atomic(args.out, json.dumps({
-        "bench": "transfer_timeline", "machine": platform.platform(), "cpus": available_cores(),
-        "seconds": time.perf_counter() - t0, "args": {k: str(v) for k, v in vars(args).items()},
-        "rates": out}, indent=1))
-    console.print(f"wrote {args.out}")
+    print_table(f"bucket puts of one publish, {args.params / 1e6:.0f}M params, lr {args.lr:g} "
+                f"(sender only; medians of {args.repeat})",
+                ("Gbps", "MB", "buckets", "link s", "publish s", "first put at s",
+                 "idle between puts s", "publish / link"),
+                [(f"{r['gbps']:g}", f"{r['mb']:.1f}", f"{r['buckets']:.0f}", f"{r['link_s']:.3f}",
+                  f"{r['publish_s']:.3f}", f"{r['first_put_s']:.3f}", f"{r['idle_s']:.3f}",
+                  f"{r['over_link']:.2f}x") for r in out])
+    write_result(args.out, "transfer_timeline", args, t0, rates=out)
 
 
 if __name__ == "__main__":

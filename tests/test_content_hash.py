@@ -40,7 +40,7 @@ def test_small_buffers_hash_as_xxh3_of_their_bytes_in_any_form():
 
 def test_a_large_buffer_hashes_over_blocks_and_any_bit_shows(small_blocks):
     data = np.random.default_rng(1).integers(0, 255, 300 << 10, dtype=np.uint8)
-    assert ch.blocked(data.nbytes)
+    assert blocks.splits(data.nbytes)
     h = ch.content_hash(data)
     assert h != xxhash.xxh3_64_intdigest(data)  # not the plain hash: the blocked one
     for at in (0, (64 << 10) - 1, 64 << 10, data.nbytes - 1):  # each block, its edges

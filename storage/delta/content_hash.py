@@ -24,11 +24,6 @@ def _byte_view(data: Buffer) -> memoryview:
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def blocked(nbytes: int) -> bool:
-    """Whether the content hash of `nbytes` bytes is taken over blocks."""
-    return blocks.splits(nbytes)
-
-
 def combine(block_hashes: Sequence[int]) -> int:
     """The content hash of a blocked buffer from its blocks' xxh3-64s, in order."""
     return xxhash.xxh3_64_intdigest(np.asarray(block_hashes, "<u8").tobytes())
@@ -38,14 +33,13 @@ def composes(itemsize: int) -> bool:
     """Whether the result checksums of a blocked payload's blocks (blocks.ranges over elements
     of `itemsize`) make its content hash: they fall on the hash's byte blocks and each is hashed
     plainly (always with the real sizes; a test's odd sizes may not)."""
-    return blocks.BLOCK_BYTES % itemsize == 0 and not blocked(blocks.BLOCK_BYTES)
+    return blocks.BLOCK_BYTES % itemsize == 0 and not blocks.splits(blocks.BLOCK_BYTES)
 
 
 def content_hash(data: Buffer) -> int:
     """The content hash of a contiguous buffer (a tensor's bits, or a raw payload's bytes)."""
     view = _byte_view(data)
-    if not blocked(view.nbytes):
+    if not blocks.splits(view.nbytes):  # the coder's split, so a delta's blocks compose it
         return xxhash.xxh3_64_intdigest(view)
-    step = blocks.BLOCK_BYTES
-    return combine([xxhash.xxh3_64_intdigest(view[s:s + step])
-                    for s in range(0, view.nbytes, step)])
+    return combine([xxhash.xxh3_64_intdigest(view[a:b])
+                    for a, b in blocks.ranges(view.nbytes, 1)])

@@ -16,7 +16,7 @@ import torch
 
 from storage.delta import (blocks, bits, elias_fano, encodings as enc, parts, probe_kernels,
                            values, zstd_io)
-from storage.delta.content_hash import blocked, combine, composes, content_hash
+from storage.delta.content_hash import combine, composes, content_hash
 from storage.delta.header import DeltaHeader, unpack_header
 
 ENCODINGS = tuple(enc.ENCODING_IDS)
@@ -89,13 +89,13 @@ def _blocks_payload(new_u: np.ndarray, base_u: np.ndarray, dtype: torch.dtype,
     spans = blocks.ranges(new_u.size, new_u.itemsize)
 
     def block(span: tuple[int, int]) -> tuple[int, list]:
-        bits_ = new_u[span[0]:span[1]]
-        checksum = content_hash(bits_)
-        return checksum, _payload(bits_, base_u[span[0]:span[1]], dtype, (span[1] - span[0],),
-                                  name, base_version, target_version, None, dense_level,
-                                  result_checksum=checksum)
+        block_bits = new_u[span[0]:span[1]]
+        checksum = content_hash(block_bits)
+        return checksum, _payload(block_bits, base_u[span[0]:span[1]], dtype,
+                                  (span[1] - span[0],), name, base_version, target_version,
+                                  None, dense_level, result_checksum=checksum)
     coded = blocks.gather(blocks.submit(block, spans))
-    whole = combine([c for c, _ in coded]) if blocked(new_u.nbytes) and \
+    whole = combine([c for c, _ in coded]) if blocks.splits(new_u.nbytes) and \
         composes(new_u.itemsize) else content_hash(new_u)  # (forced blocks: tests)
     body = blocks.pack_parts([s for s, _ in spans], [p for _, p in coded])
     return _payload(new_u, base_u, dtype, shape, name, base_version, target_version,
