@@ -12,7 +12,6 @@ live in this process; their reads still cross the transfer engine's loopback TCP
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -20,10 +19,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.result_file import print_table, write_result  # noqa: E402
 from rose.stack.mooncake import start_mooncake  # noqa: E402
 from storage.relay.mooncake import MooncakeRelay  # noqa: E402
 
@@ -36,6 +34,7 @@ def main() -> None:
     p.add_argument("--out", type=Path,
                    default=Path(__file__).parent / "results" / "relay_small_reads.json")
     args = p.parse_args()
+    t0 = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory(prefix="rose-bench-small-reads-") as tmp:
         services = start_mooncake(Path(tmp))
@@ -67,19 +66,13 @@ def main() -> None:
             for client in clients:
                 client.close()
             services.stop()
-    table = Table(title=f"Mooncake get_many of one key, median of {args.repeat} alternating reads "
-                        f"(staging up to {staged.staging_bytes >> 20} MB)")
-    for col in ("bytes", "staged ms", "registered per read ms", "fresh / staged"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(f"{r['bytes']:,}", f"{r['staged_ms']:.2f}", f"{r['fresh_ms']:.2f}",
-                      f"{r['speedup']:.2f}x")
-    Console().print(table)
-    args.out.write_text(json.dumps({"bench": "relay_small_reads", "repeat": args.repeat,
-                                    "staging_bytes": staged.staging_bytes, "rows": rows},
-                                   indent=1))
-    print(f"wrote {args.out}")
-
+    print_table(f"Mooncake get_many of one key, median of {args.repeat} alternating reads "
+                f"(staging up to {staged.staging_bytes >> 20} MB)",
+                ("bytes", "staged ms", "registered per read ms", "fresh / staged"),
+                [(f"{r['bytes']:,}", f"{r['staged_ms']:.2f}", f"{r['fresh_ms']:.2f}",
+                  f"{r['speedup']:.2f}x") for r in rows])
+    write_result(args.out, "relay_small_reads", args, t0, repeat=args.repeat,
+                 staging_bytes=staged.staging_bytes, rows=rows)
 
 if __name__ == "__main__":
     main()

@@ -15,21 +15,16 @@ five; prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.result_file import print_table, write_result  # noqa: E402
 from bench.transfer_e2e import PacedRelay, start_relay  # noqa: E402
 from bench.transfer_workloads import demo_policy_model  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
 from storage.weights.link_rate import LinkRate  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
 from storage.weights.tensor_form import RawSamples  # noqa: E402
@@ -44,6 +39,7 @@ def main() -> None:
     p.add_argument("--gbps", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=RESULTS / "transfer_judge.json")
     args = p.parse_args()
+    t0 = time.perf_counter()
     old, new = demo_policy_model(5e-4, 1)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rose-judge-") as tmp:
@@ -74,19 +70,12 @@ def main() -> None:
         finally:
             relay.close()
             services.stop()
-    table = Table(title=f"judging the demo policy's delta at {args.gbps:g} Gbps, median of "
-                        f"{args.publishes} publishes")
-    for col in ("round", "samples", "judge ms", "judge + publish ms"):
-        table.add_column(col, justify="right")
-    for row in rows:
-        table.add_row(str(row["round"]), "kept" if row["samples kept"] else "afresh",
-                      f"{row['judge_ms']:.3f}", f"{row['publish_ms']:.2f}")
-    Console().print(table)
-    write_atomic(args.out, json.dumps({"bench": "transfer_judge", "machine": platform.platform(),
-                                       "args": {k: str(v) for k, v in vars(args).items()},
-                                       "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
-
+    print_table(f"judging the demo policy's delta at {args.gbps:g} Gbps, median of "
+                f"{args.publishes} publishes",
+                ("round", "samples", "judge ms", "judge + publish ms"),
+                [(str(row["round"]), "kept" if row["samples kept"] else "afresh",
+                  f"{row['judge_ms']:.3f}", f"{row['publish_ms']:.2f}") for row in rows])
+    write_result(args.out, "transfer_judge", args, t0, rows=rows)
 
 if __name__ == "__main__":
     main()
