@@ -9,11 +9,15 @@ relay on loopback (the sender alone: no receiver pulls), in a child process, whi
 samples it with --gil (only the thread holding the GIL is sampled, without pausing it) for
 each encoding-thread count in --workers. Per count: publish wall seconds, the fraction of
 wall time some thread held the GIL, GIL-held ms per publish, and the functions holding it.
+py-spy counts the time a GIL holder sits preempted as held, so cores kept busy by the relay's
+own processes inflate it: `--relay filesystem` publishes into /dev/shm with nothing beside
+the publisher, the GIL's cost itself.
 
 Needs py-spy (the dev extra) and permission to attach to a child of this process's parent:
 root, or kernel.yama.ptrace_scope = 0.
 
     .venv/bin/python bench/transfer_gil.py [--params 494e6] [--workers 1 2] [--seconds 20]
+        [--relay mooncake|filesystem]
 """
 from __future__ import annotations
 
@@ -34,15 +38,17 @@ from storage.cores import available_cores  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _publisher(conn, params: float, lr: float, gbps: float) -> None:
-    """Child: build v0/v1 and a Mooncake relay (master and store on loopback, as `rose up`
-    starts them); then on (workers, seconds) publish the two versions turn about, each a
-    delta onto the other (the same changes, sign flipped), over and over."""
+def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> None:
+    """Child: build v0/v1 and a relay: Mooncake (master and store on loopback, as `rose up`
+    starts them) or a filesystem relay in shared memory (no relay process competing for the
+    cores); then on (workers, seconds) publish the two versions turn about, each a delta onto
+    the other (the same changes, sign flipped), over and over."""
     import torch
 
     from bench.transfer_workloads import synthetic_model
     from rose.stack.mooncake import start_mooncake
     from storage.delta import kernels
+    from storage.relay.filesystem import FilesystemRelay
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import SparsePublisher
 
@@ -50,11 +56,17 @@ def _publisher(conn, params: float, lr: float, gbps: float) -> None:
     kernels.warm_up()
     old, new, _ = synthetic_model(params, lr, 1)
     dense = sum(t.numel() * t.element_size() for t in new.values())
-    with tempfile.TemporaryDirectory(prefix="rose-gil-mc-") as tmp:
-        services = start_mooncake(Path(tmp))
-        # a full first version and the deltas the publisher keeps behind the newest
-        relay = MooncakeRelay(services.master_addr, services.metadata_url,
-                              segment_bytes=2 * dense + (256 << 20), local_buffer_bytes=64 << 20)
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="rose-gil-", dir=shm if relay_kind != "mooncake"
+                                     else None) as tmp:
+        if relay_kind == "mooncake":
+            services = start_mooncake(Path(tmp))
+            # a full first version and the deltas the publisher keeps behind the newest
+            relay = MooncakeRelay(services.master_addr, services.metadata_url,
+                                  segment_bytes=2 * dense + (256 << 20),
+                                  local_buffer_bytes=64 << 20)
+        else:
+            services, relay = None, FilesystemRelay(Path(tmp) / "relay")
         try:
             conn.send("ready")
             while (msg := conn.recv()) is not None:
@@ -76,7 +88,8 @@ def _publisher(conn, params: float, lr: float, gbps: float) -> None:
                            "tensors": len(report.tensors)})
         finally:
             relay.close()
-            services.stop()
+            if services is not None:
+                services.stop()
 
 
 def holders(raw: Path) -> tuple[int, Counter, Counter]:
@@ -124,6 +137,9 @@ def main() -> None:
                    default=sorted({1, available_cores()}))
     p.add_argument("--seconds", type=float, default=20.0, help="sampled per worker count")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--relay", choices=("mooncake", "filesystem"), default="mooncake",
+                   help="filesystem: in /dev/shm, no relay process beside the publisher (py-spy "
+                        "counts a GIL holder's preempted time as held: busy cores inflate it)")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer_gil.json")
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -133,7 +149,8 @@ def main() -> None:
     t0 = time.perf_counter()
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_publisher, daemon=True,
-                                           args=(child, args.params, args.lr, args.gbps))
+                                           args=(child, args.params, args.lr, args.gbps,
+                                                 args.relay))
     proc.start()
     child.close()  # the publisher's end is its own: if it dies, recv() fails, never hangs
     try:
@@ -145,7 +162,7 @@ def main() -> None:
         proc.join(timeout=60)
     console = print_table(
         f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr {args.lr:g}, chosen for "
-        f"{args.gbps:g} Gbps (sender only, loopback Mooncake)",
+        f"{args.gbps:g} Gbps (sender only, {args.relay} relay)",
         ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish", "MB coded",
          "coded / tensors"),
         [(str(r["workers"]), str(r["publishes"]), f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}",
