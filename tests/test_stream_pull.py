@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from storage.weights.publisher import announce_key, bucket_key, manifest_key, read_manifest
 from storage.weights.receiver import WeightReceiver
@@ -148,27 +149,48 @@ def test_waiting_for_a_version_never_published_times_out_clearly(relays, ns):
     assert not relays[1].exists(manifest_key(run, 1))
 
 
-def test_a_large_tensor_in_blocks_streams_and_applies_in_place(relays, ns, monkeypatch):
-    """The product path with blocks (storage/delta/blocks.py): a tensor over the split size
-    goes out as blocks, the waiting receiver applies them into its held tensor, bit-exact."""
-    from storage.delta import blocks, read_header
+EMBED = "model.embed_tokens.weight"
+
+
+def _blocks_small(monkeypatch):
+    from storage.delta import blocks
 
     monkeypatch.setattr(blocks, "SPLIT_BYTES", 16 << 10)  # the 38 KB embedding: 5 blocks
     monkeypatch.setattr(blocks, "BLOCK_BYTES", 8 << 10)
+    return blocks
+
+
+def test_a_large_tensor_in_blocks_streams_and_applies_in_place(relays, ns, monkeypatch):
+    """The product path with blocks (storage/weights/spans.py): in a streamed delta a tensor
+    over the split size goes out as its blocks, each an entry of its own over its range, and
+    the waiting receiver applies them into its held tensor as they land, bit-exact."""
+    from storage.delta import read_header
+
+    blocks = _blocks_small(monkeypatch)
     link, run, pub, rx, v1 = _setup(relays, ns, slow=0.0)
-    held = rx.tensors["model.embed_tokens.weight"]
+    held = rx.tensors[EMBED]
     thread, out = _pull_in_thread(rx, 1)
     report = pub.publish(1, v1)
     thread.join(60)
     assert "error" not in out, out.get("error")
     assert out["report"].mode == "delta" and not out["report"].fallback
-    bucket, entry = next((b, e) for b, e in read_manifest(relays[1], run, 1).entries()
-                         if e.name == "model.embed_tokens.weight")
-    blob = memoryview(relays[1].get(bucket_key(run, 1, bucket.index)))
-    assert read_header(blob[entry.offset:entry.offset + entry.length]).encoding == "blocks"
-    stat = next(t for t in report.tensors if t.name == "model.embed_tokens.weight")
+    spans = [(b, e) for b, e in read_manifest(relays[1], run, 1).entries() if e.name == EMBED]
+    numel = v1[EMBED].numel()
+    assert [e.meta["span"] for _, e in spans] == \
+        [list(r) for r in blocks.ranges(numel, v1[EMBED].element_size())]  # cover it, in order
+    assert len(spans) == 5 and len({b.index for b, _ in spans}) >= 2  # several buckets
+    for bucket, entry in spans:
+        assert entry.meta["shape"] == list(v1[EMBED].shape)  # the whole tensor's
+        blob = memoryview(relays[1].get(bucket_key(run, 1, bucket.index)))
+        head = read_header(blob[entry.offset:entry.offset + entry.length])
+        start, end = entry.meta["span"]
+        assert head.encoding != "blocks" and head.numel == end - start
+    # one row per tensor in the report, its blocks' sizes summed
+    [stat] = [t for t in report.tensors if t.name == EMBED]
+    assert len(report.tensors) == len(v1) and stat.numel == numel
     assert stat.encoding in ("ef", "ternary")  # what its blocks are coded as, for the model
-    assert rx.tensors["model.embed_tokens.weight"] is held  # applied in place
+    assert report.digest == tensors_digest(v1)  # made of the blocks' hashes: the same digest
+    assert rx.tensors[EMBED] is held  # applied in place
     assert rx.version == 1 and same(rx.tensors, v1) and rx.digest == tensors_digest(v1)
     # the tensors coded in blocks go out last (the embedding heads the model), so the
     # buckets before them reach the receiver while their blocks are coded
@@ -177,3 +199,32 @@ def test_a_large_tensor_in_blocks_streams_and_applies_in_place(relays, ns, monke
     assert any(in_blocks) and not all(in_blocks)
     assert in_blocks == sorted(in_blocks)  # never one in blocks before one that is not
     assert order[in_blocks.index(True):][0] == "model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_receiver_pulling_a_streamed_version_once_complete_assembles_its_blocks(
+        relays, ns, monkeypatch, pipelined):
+    """A receiver that was not waiting pulls the version with its spans after the manifest:
+    pipelined into its held weights, or all at once into new tensors (pull_weights)."""
+    _blocks_small(monkeypatch)
+    link, run, pub, rx, v1 = _setup(relays, ns, slow=0.0)
+    rx.pipelined = pipelined
+    before = rx.tensors[EMBED].clone()
+    pub.publish(1, v1)
+    assert sum(e.name == EMBED for _, e in read_manifest(relays[1], run, 1).entries()) == 5
+    got = rx.pull(1)
+    assert got.mode == "delta" and not got.fallback
+    assert rx.version == 1 and same(rx.tensors, v1) and rx.digest == tensors_digest(v1)
+    assert not torch.equal(before, rx.tensors[EMBED])  # it moved: the check is not vacuous
+
+
+def test_a_span_outside_its_tensor_is_refused(relays, ns, monkeypatch):
+    """A span entry whose range is not one of its tensor's is a corrupt bucket, named."""
+    from storage.weights.buckets import CorruptBucket
+    from storage.weights.spans import span_of
+
+    assert span_of("w", {"shape": [4, 4]}, 16) is None
+    assert span_of("w", {"span": [0, 8]}, 16) == (0, 8)
+    for bad in ([8, 8], [-1, 4], [0, 17], [0], "0:8", [0.0, 8]):
+        with pytest.raises(CorruptBucket, match="'w'"):
+            span_of("w", {"span": bad}, 16)

@@ -36,8 +36,9 @@ from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_
 from storage.weights.digest import tensor_hash
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
-from storage.weights.payloads import decode_payload, shape_bytes
+from storage.weights.payloads import shape_bytes
 from storage.weights.publisher import bucket_key
+from storage.weights.spans import SpanHashes, SpanTargets, decode_entry, entry_bytes
 
 _POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandoned
 
@@ -146,12 +147,16 @@ class BucketApplier:
             stats.setdefault(key, zero)
         stats.setdefault("order", [])
         stats.setdefault("hashes", {})
+        self.spans = stats.setdefault("span_hashes", SpanHashes())  # shared with a later pull
+        self.targets = SpanTargets(self.out, self.in_place)
 
     def _decode(self, item: tuple[memoryview, Any]) -> torch.Tensor:
         view, entry = item
         payload = view[entry.offset:entry.offset + entry.length]
-        tensor = decode_payload(entry.name, payload, entry.meta, self.base, self.base_version,
-                                self.in_place)
+        tensor = decode_entry(entry.name, payload, entry.meta, self.base, self.base_version,
+                              self.targets, self.spans, entry.checksum, self.in_place)
+        if "span" in entry.meta:  # its hash went into self.spans
+            return tensor
         # a delta's result checksum was just verified against what it decoded to; a raw
         # payload's entry checksum is its tensor's hash, and its bucket was verified
         encoding = entry.meta.get("encoding")
@@ -164,8 +169,9 @@ class BucketApplier:
         """Decode bucket `info` (verified `view`) into the destination."""
         t = time.perf_counter()
         self.st["written"] |= self.in_place  # decoding deltas writes into `dest` as it goes
-        decoded = list(ordered_map(self._decode, [(view, e) for e in info.entries],
-                                   self.workers, lambda item: shape_bytes(item[1].meta)))
+        decoded = list(ordered_map(self._decode, [(view, e) for e in info.entries], self.workers,
+                                   lambda item: entry_bytes(item[1].meta,
+                                                            shape_bytes(item[1].meta))))
         if self.touches_dest:
             self.st["written"] = True  # from here on `dest` is no longer what it was
         for entry, tensor in zip(info.entries, decoded):
@@ -216,4 +222,5 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
         st["fetch_s"] += fetcher.fetch_s
         st["rejected"] += fetcher.rejected
         st["bytes"] += fetcher.rejected_bytes
+    st["hashes"].update(applier.spans.tensors())  # every span is in: each tensor's hash
     return applier.out

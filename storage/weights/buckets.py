@@ -168,15 +168,16 @@ def pack_buckets(items: Iterable[tuple[str, Buffer, dict[str, Any]]],
     not once the next one (perhaps a large tensor, slow to code) is encoded."""
     if bucket_bytes < ALIGN:
         raise ValueError(f"bucket_bytes must be >= {ALIGN}, got {bucket_bytes}")
-    seen: set[str] = set()
+    seen: set[tuple[str, Any]] = set()
     pending: Pending = []
     end, index, done = 0, 0, 0
     for i, (name, data, meta) in enumerate(items):
-        if name in seen:
+        key = (name, str(meta.get("span")))  # a tensor's blocks are payloads of their own
+        if key in seen:
             raise ValueError(f"payload {name!r} appears twice")
         if work is not None and i >= len(work):
             raise ValueError(f"work gives the costs of {len(work)} payloads; {name!r} is one more")
-        seen.add(name)
+        seen.add(key)
         try:
             json.dumps(meta)
         except TypeError as e:

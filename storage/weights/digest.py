@@ -33,7 +33,7 @@ def tensor_hash(tensor: torch.Tensor) -> int:
 def raw_entry_hashes(infos: Iterable[BucketInfo]) -> dict[str, int]:
     """name -> tensor_hash of every payload sent raw, from the buckets' entry checksums."""
     return {e.name: int(e.checksum, 16) for b in infos for e in b.entries
-            if e.meta.get("encoding") == "raw"}
+            if e.meta.get("encoding") == "raw" and "span" not in e.meta}  # (spans: spans.py)
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor], known: Mapping[str, int] | None = None,

@@ -36,6 +36,7 @@ from storage.weights.parallel import ordered_map
 from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
                                       register_decoder, shape_bytes)  # (re-exported)
 from storage.weights.push_pipeline import BucketPusher
+from storage.weights.spans import Piece, SpanTargets, decode_entry, piece_bytes, pieces
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
 
 KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
@@ -94,7 +95,8 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
                     part: str = "", workers: int = 1, pipelined: bool = True,
                     announce: dict[str, Any] | None = None,
                     work: bool = False,
-                    held_versions: frozenset[int] | None = None) -> PublishStats:
+                    held_versions: frozenset[int] | None = None,
+                    split: bool = False) -> PublishStats:
     """Push `tensors` as `version` of `run`: buckets, then the manifest, then `latest`.
 
     `meta` goes into the manifest (e.g. kind and base version); a callable is called with the
@@ -110,7 +112,9 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     bucket's info right after the bucket, so a receiver may apply buckets before the manifest
     (storage/weights/stream_pull.py); `work`: buckets also close by the dense bytes their
     tensors rewrite, before the next one is encoded (storage/weights/buckets.pack_buckets).
-    The manifest carries the attempt's stamp.
+    The manifest carries the attempt's stamp. `split`: a tensor of blocks.SPLIT_BYTES or more
+    goes out as span entries, one per block, `encoder(name, tensor, span)` coding each
+    (storage/weights/spans.py).
     `held_versions`: the run's versions as its only publisher's last publish left them
     (PublishStats.held_versions): not read from the relay (a round trip, a WAN RTT, saved).
     """
@@ -130,14 +134,17 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
             relay.put(announce_key(run, version),
                       json.dumps({**announce, "attempt": attempt}).encode())
 
-    def encode(item: tuple[str, torch.Tensor]) -> tuple[str, Buffer, dict[str, Any]]:
-        name, tensor = item
-        data, entry_meta = encoder(name, tensor)
-        return name, data, {"dtype": str(tensor.dtype).removeprefix("torch."),
-                            "shape": list(tensor.shape), **entry_meta}
+    work_items = pieces(tensors, split)
+
+    def encode(item: Piece) -> tuple[str, Buffer, dict[str, Any]]:
+        name, tensor, span = item
+        data, entry_meta = encoder(name, tensor) if span is None else encoder(name, tensor, span)
+        whole = {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+        return name, data, {**whole, **entry_meta} if span is None else \
+            {**entry_meta, **whole, "span": list(span)}
 
     def items() -> Iterator[tuple[str, Buffer, dict[str, Any]]]:
-        return ordered_map(encode, tensors.items(), workers, _nbytes)
+        return ordered_map(encode, work_items, workers, piece_bytes)
 
     infos, total, serialize_s = [], 0, 0.0
     pusher = BucketPusher(relay, first=before_first_bucket) if pipelined else None
@@ -145,7 +152,7 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
         before_first_bucket()
     t = time.perf_counter()
     try:
-        costs = [_nbytes(item) for item in tensors.items()] if work else None
+        costs = [piece_bytes(item) for item in work_items] if work else None
         for info, blob in pack_buckets(items(), bucket_bytes, costs):
             serialize_s += time.perf_counter() - t
             key = bucket_key(run, version, info.index, part)
@@ -269,10 +276,12 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     t1 = time.perf_counter()
     if stats is not None:  # before decoding: a payload refused there was still fetched
         stats.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=t1 - t0)
+    targets = SpanTargets(None, in_place=False)
+
     def decode(item: tuple[Any, Any]) -> torch.Tensor:
         bucket, entry = item
         payload = views[bucket.index][entry.offset:entry.offset + entry.length]
-        return decode_payload(entry.name, payload, entry.meta, base, base_version)
+        return decode_entry(entry.name, payload, entry.meta, base, base_version, targets)
 
     def cost(item: tuple[Any, Any]) -> int:
         meta = item[1].meta
@@ -284,8 +293,4 @@ def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes
     if stats is not None:
         stats["decode_s"] = time.perf_counter() - t1
     return version, out
-
-
-def _nbytes(item: tuple[str, torch.Tensor]) -> int:
-    return item[1].numel() * item[1].element_size()
 

@@ -53,6 +53,7 @@ from storage.weights.tensor_form import (RawSamples, all_raw, raw_first, record_
                                          record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport, changed_in_payload
 from storage.weights.snapshot_server import SnapshotServer
+from storage.weights.spans import Span, SpanHashes, flat_range, hashes_of_raw
 from storage.weights.publisher import publish_weights, raw_encoder
 
 
@@ -194,10 +195,16 @@ class SparsePublisher(SnapshotServer):
                                link_gbps=None if link is None else link.gbps,
                                cpu_speed=None if link is None else link.speed.as_dict())
         hashes: dict[str, int] = {}  # per tensor, for the digest: no second pass over the model
+        span_hashes, spanned = SpanHashes(), set()  # large tensors sent as blocks (spans.py)
 
-        def encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
+        def encoder(name: str, tensor: torch.Tensor, span: Span | None = None
+                    ) -> tuple[Buffer, dict[str, Any]]:
             t = time.perf_counter()
             old = None if base is None else base[name]
+            ref = compare  # what its changes are counted against
+            if span is not None:  # one block of a large tensor (storage/weights/spans.py)
+                tensor, old = flat_range(tensor, span), flat_range(old, span)
+                ref = {name: flat_range(compare[name], span)} if compare else compare
             changed = None
             nbytes = tensor.numel() * tensor.element_size()
             codable = tensor.dtype in DTYPE_CODES
@@ -208,7 +215,10 @@ class SparsePublisher(SnapshotServer):
                                             target_version=version, density=density)
                 header = read_header(data)
                 meta, encoding = {"encoding": "rsdt"}, coded_as(data, header)
-                hashes[name] = header.result_checksum  # = tensor_hash(tensor)
+                if span is None:
+                    hashes[name] = header.result_checksum  # = tensor_hash(tensor)
+                else:
+                    span_hashes.add(name, span[0], header.result_checksum)
                 if old is not None:
                     changed = changed_in_payload(data, header)
                 if link and old is not None and time_model.raw_after_encode(
@@ -218,8 +228,10 @@ class SparsePublisher(SnapshotServer):
             else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
                 data, meta = raw_encoder(name, tensor)
                 encoding = "raw"
-            record_tensor(report, compare, name, tensor, encoding, memoryview(data).nbytes,
+            record_tensor(report, ref, name, tensor, encoding, memoryview(data).nbytes,
                           changed, time.perf_counter() - t)
+            if span is not None:
+                spanned.add(name)
             return data, meta
 
         digest_s = 0.0
@@ -227,8 +239,9 @@ class SparsePublisher(SnapshotServer):
         def manifest_meta(infos: list[BucketInfo]) -> dict[str, Any]:  # every tensor encoded
             nonlocal digest_s
             t = time.perf_counter()
-            report.digest = tensors_digest(tensors, {**raw_entry_hashes(infos), **hashes},
-                                           self.workers)
+            hashes_of_raw((e for b in infos for e in b.entries), span_hashes)
+            report.digest = tensors_digest(tensors, {**raw_entry_hashes(infos), **hashes,
+                                                     **span_hashes.tensors()}, self.workers)
             digest_s = time.perf_counter() - t
             if raw:  # as the dense path publishes: no per-tensor work beyond the stats
                 record_raw(report, base, tensors)
@@ -247,9 +260,10 @@ class SparsePublisher(SnapshotServer):
                                 workers=link.cores if link else self.workers,
                                 announce={"kind": kind, "base_version": base_version}
                                 if streamed else None, work=streamed,
-                                held_versions=known)
+                                held_versions=known, split=streamed)
         if not part:
             self._relay_versions = stats.held_versions
+        report.merge_spans(spanned, tensors, compare)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets
         report.seconds = time.perf_counter() - t0

@@ -76,6 +76,18 @@ class PublishReport:
     def defer_changed(self, stat: TensorStat, new: torch.Tensor, base: torch.Tensor) -> None:
         self._deferred.append((stat, new, base))
 
+    def merge_spans(self, names: set[str], new: dict[str, torch.Tensor],
+                    base: dict[str, torch.Tensor] | None) -> None:
+        """One row for each of `names`, recorded block by block (storage/weights/spans.py):
+        sizes and seconds summed, its encoding the one covering most of it; a change count
+        left for later in any block is taken later over the whole tensor."""
+        if not names:
+            return
+        self.tensors, merged = _merged(self.tensors, names)
+        later = {t.name for t, _, _ in self._deferred if t.name in names}
+        self._deferred = [d for d in self._deferred if d[0].name not in names]
+        self._deferred += [(merged[n], new[n], base[n]) for n in sorted(later) if base]
+
     def _resolve(self) -> None:
         while self._deferred:
             stat, new, base = self._deferred.pop()
@@ -129,6 +141,32 @@ class PublishReport:
     def rows(self) -> list[dict[str, Any]]:
         self._resolve()
         return [{**asdict(t), "density": t.density} for t in self.tensors]
+
+
+def _merged(rows: list[TensorStat], names: set[str]
+            ) -> tuple[list[TensorStat], dict[str, TensorStat]]:
+    """`rows` with the rows of each of `names` summed into one, where its first one was (and
+    those merged rows by name); its encoding the one that covered most of its elements."""
+    out: list[TensorStat] = []
+    first: dict[str, TensorStat] = {}
+    cover: dict[str, dict[str, int]] = {}
+    for t in rows:
+        if t.name not in names:
+            out.append(t)
+            continue
+        by = cover.setdefault(t.name, {})
+        by[t.encoding] = by.get(t.encoding, 0) + t.numel
+        if t.name not in first:
+            first[t.name] = TensorStat(**asdict(t))
+            out.append(first[t.name])
+            continue
+        m = first[t.name]
+        m.numel, m.changed = m.numel + t.numel, m.changed + t.changed
+        m.raw_bytes, m.encoded_bytes = m.raw_bytes + t.raw_bytes, m.encoded_bytes + t.encoded_bytes
+        m.encode_s += t.encode_s
+    for name, m in first.items():
+        m.encoding = max(cover[name], key=cover[name].__getitem__)
+    return out, first
 
 
 def changed_in_payload(payload: Buffer, head: DeltaHeader | None = None) -> int | None:
