@@ -88,3 +88,13 @@ def test_a_raw_span_of_the_wrong_size_and_a_delta_span_without_base_are_refused(
     payload, meta, checksum = _entries("w", new, old)[0]
     with pytest.raises(CorruptBucket, match="no matching base"):
         decode_entry("w", payload, meta, None, 0, SpanTargets(None, False))
+
+
+def test_spans_in_place_need_the_held_tensor_itself(small_blocks):
+    """Written through a flat view: a held tensor that is missing, of another shape or not
+    contiguous (a view would be a copy, the writes lost) is refused, naming it."""
+    old, new = _versions()
+    payload, meta, checksum = _entries("w", new, old)[0]
+    for held in ({}, {"w": old.reshape(128, 96)}, {"w": old.t().contiguous().t()}):
+        with pytest.raises(CorruptBucket, match="no held"):
+            decode_entry("w", payload, meta, held, 0, SpanTargets(held, True), in_place=True)

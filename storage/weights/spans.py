@@ -97,8 +97,13 @@ class SpanTargets:
         self._lock = threading.Lock()
 
     def target(self, name: str, meta: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
-        if self.in_place:
-            return self.held[name]
+        if self.in_place:  # written through a flat view: it must be that very memory
+            held = self.held.get(name)
+            if held is None or not held.is_contiguous() or held.dtype != dtype \
+                    or list(held.shape) != list(meta["shape"]):
+                raise CorruptBucket(f"tensor {name!r}: no held {meta.get('dtype')}"
+                                    f"{meta['shape']} to write its spans into")
+            return held
         with self._lock:
             if name not in self._made:
                 self._made[name] = torch.empty(list(meta["shape"]), dtype=dtype)
