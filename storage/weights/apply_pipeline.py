@@ -36,7 +36,6 @@ from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_
 from storage.weights.digest import tensor_hash
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
-from storage.weights.payloads import shape_bytes
 from storage.weights.publisher import bucket_key
 from storage.weights.spans import SpanHashes, SpanTargets, decode_entry, entry_bytes
 
@@ -170,8 +169,7 @@ class BucketApplier:
         t = time.perf_counter()
         self.st["written"] |= self.in_place  # decoding deltas writes into `dest` as it goes
         decoded = list(ordered_map(self._decode, [(view, e) for e in info.entries], self.workers,
-                                   lambda item: entry_bytes(item[1].meta,
-                                                            shape_bytes(item[1].meta))))
+                                   lambda item: entry_bytes(item[1].meta)))
         if self.touches_dest:
             self.st["written"] = True  # from here on `dest` is no longer what it was
         for entry, tensor in zip(info.entries, decoded):

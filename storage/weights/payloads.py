@@ -83,6 +83,11 @@ def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
     return tensor
 
 
+def entry_dtype(meta: dict[str, Any]) -> torch.dtype | None:
+    """The dtype an entry's metadata names (None: not one a payload may carry)."""
+    return _DTYPES.get(meta.get("dtype", ""))
+
+
 def shape_bytes(meta: dict[str, Any]) -> int:
     """Bytes of the tensor an entry's metadata describes (a decoding cost estimate)."""
     dtype = _DTYPES.get(meta.get("dtype", ""), torch.uint8)

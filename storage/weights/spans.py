@@ -23,7 +23,7 @@ from storage.delta.apply import apply_delta
 from storage.delta.bits import DTYPE_CODES, to_bits
 from storage.delta.content_hash import combine, composes
 from storage.weights.buckets import CorruptBucket
-from storage.weights.payloads import decode_payload
+from storage.weights.payloads import decode_payload, entry_dtype, shape_bytes
 
 Span = tuple[int, int]
 Piece = tuple[str, torch.Tensor, "Span | None"]  # name, the whole tensor, its range or None
@@ -64,9 +64,9 @@ def span_of(name: str, meta: dict[str, Any], numel: int) -> Span | None:
     return span[0], span[1]
 
 
-def entry_bytes(meta: dict[str, Any], whole: int) -> int:
-    """Bytes an entry rewrites: its span's share of its tensor's `whole` bytes."""
-    span = meta.get("span")
+def entry_bytes(meta: dict[str, Any]) -> int:
+    """Bytes an entry rewrites (a decoding cost estimate): its span's share of its tensor's."""
+    span, whole = meta.get("span"), shape_bytes(meta)
     numel = int(np.prod(meta.get("shape", []), dtype=np.int64))
     return whole if not span or not numel else whole * (span[1] - span[0]) // numel
 
@@ -89,7 +89,7 @@ class SpanHashes:
 
 class SpanTargets:
     """The tensor each span is written into: the held one (in place), else one allocated at
-    its tensor's first span; `base` is what a delta span applies onto."""
+    its tensor's first span."""
 
     def __init__(self, held: dict[str, torch.Tensor] | None, in_place: bool) -> None:
         self.held, self.in_place = held or {}, in_place
@@ -120,9 +120,8 @@ def decode_entry(name: str, payload: memoryview, meta: dict[str, Any],
     span = span_of(name, meta, int(np.prod(meta.get("shape", []), dtype=np.int64)))
     if span is None:
         return decode_payload(name, payload, meta, base, base_version, in_place)
-    dtype = next((d for d in DTYPE_CODES if str(d).removeprefix("torch.") == meta.get("dtype")),
-                 None)
-    if dtype is None:
+    dtype = entry_dtype(meta)
+    if dtype not in DTYPE_CODES:
         raise CorruptBucket(f"tensor {name!r}: a span of dtype {meta.get('dtype')!r}")
     into = targets.target(name, meta, dtype)
     held = (base or {}).get(name)
