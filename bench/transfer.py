@@ -161,6 +161,8 @@ def main() -> None:
                    help="end to end: no store client; the sender's own Mooncake segment holds "
                    "the versions and the receiver gets over loopback TCP (before `rose up` ran "
                    "a store client)")
+    p.add_argument("--coder-processes", type=int, default=0,
+                   help="ours codes in this many processes (storage/weights/coder_processes.py)")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer.json")
     args = p.parse_args()
     torch.set_num_threads(1)  # the per-method table times one thread; e2e codes in a pool
@@ -203,7 +205,8 @@ def main() -> None:
 
         e2e_rows = run_e2e(e2e_work, args.gbps, repeat=args.e2e_repeat,
                            log=lambda m: console.print(m, highlight=False),
-                           reader_cores=reader_cores, own_segments=args.own_segments)
+                           reader_cores=reader_cores, own_segments=args.own_segments,
+                           coder_processes=args.coder_processes)
         print_e2e(console, e2e_rows)
     elapsed = time.perf_counter() - t_start
     write_json(args.out, {"bench": "transfer", "machine": platform.platform(),

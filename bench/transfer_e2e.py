@@ -210,24 +210,30 @@ def _dense_once(writer: Relay, conn, run: str, new: dict, rate: float, bucket_by
 
 
 def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
-               bucket_bytes: int, want: str, link_gbps: float, raw_samples=None) -> dict:
+               bucket_bytes: int, want: str, link_gbps: float, raw_samples=None,
+               coder_processes: int = 0) -> dict:
     from storage.weights.link_rate import LinkRate
     from storage.weights.sparse_publisher import SparsePublisher
 
     # as `rose train`'s publisher: the link as its transfers measure it (`link_gbps` until
     # then), coding costed at this host's probed speed
     pub = SparsePublisher(_link(writer, rate), run, bucket_bytes, link_gbps=link_gbps,
-                          link_rate=LinkRate(), measure_cpu=True, raw_samples=raw_samples)
+                          link_rate=LinkRate(), measure_cpu=True, raw_samples=raw_samples,
+                          coder_processes=coder_processes)
+    coders = pub.coders
+    if coders is not None and not coders.ready(120):
+        raise RuntimeError(f"coder processes: {coders.failed}")
     pub.publish(0, old, copy=False)  # the receiver's base, untimed: its puts measure the link
     conn.send(("sparse", run, 0))
     _, base_pull, _ = conn.recv()
     pub.observe_gets(base_pull["get_bytes"], base_pull["get_s"])  # and the receiver's gets
-    t0, cpu = time.perf_counter(), time.process_time()
+    t0, cpu = time.perf_counter(), time.process_time() + (coders.cpu_s() if coders else 0.0)
     streams = pub.streams(1, new)  # as tasks/publish.py: a streamed delta is waited for
     if streams:
         conn.send(("stream", run, 1))
     report = pub.publish(1, new, copy=False)  # as the trainer: fresh tensors, not copied
-    t1, sender_cpu = time.perf_counter(), time.process_time() - cpu
+    t1 = time.perf_counter()
+    sender_cpu = time.process_time() + (coders.cpu_s() if coders else 0.0) - cpu
     if not streams:  # pulled once complete, as the dense path is
         conn.send(("sparse", run, 1))
     pull_s, pull, digest = conn.recv()
@@ -245,7 +251,7 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
             "streamed_buckets": pull["streamed"], "buckets": pull["buckets"],
             "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
             "chosen_gbps": report.link_gbps,  # the link rate its tensors were chosen by
-            "tensors": len(report.tensors)}
+            "tensors": len(report.tensors), "coder_processes": coder_processes}
 
 
 def _with_model(row: dict, gbps: float, split: bool = False) -> dict:
@@ -276,7 +282,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
             bucket_bytes: int = 64 << 20, batch_bytes: int = 1 << 30, repeat: int = 1,
             log=print, small_repeat: int = 31,
             reader_cores: Collection[int] | None = None,
-            own_segments: bool = False) -> list[dict]:
+            own_segments: bool = False, coder_processes: int = 0) -> list[dict]:
     """Rows of (workload, rate, method), the best of `repeat` runs by total time (this machine
     is shared: the best run is the least disturbed one), or of `small_repeat` for a workload
     under one bucket (tens of ms, where a disturbance is as large as the difference measured).
@@ -284,8 +290,11 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     median over those pairs of dense / ours (`paired_median_speedup`). With `reader_cores`,
     the receiver runs on those cores and the caller should already run on others. See the
     module docstring. `own_segments`: the relay's layout before the stack's store client
-    (start_relay)."""
+    (start_relay). `coder_processes`: ours codes in that many processes
+    (storage/weights/coder_processes.py), its versions in arenas as the trainer's snapshots
+    are then (sender CPU counts theirs)."""
     from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.tensor_arena import TensorArena
     from storage.weights.tensor_form import RawSamples
 
     kernels.warm_up()  # as a long-lived trainer has: not a cost of any one publish
@@ -315,6 +324,8 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                     f"{loopback_gbps:.1f} Gbps (the link rate of its rows)")
             for w, (label, old, new) in enumerate(workloads):
                 want = tensors_digest(new)
+                if coder_processes:  # as the trainer takes its snapshots for coders: untimed
+                    old, new = TensorArena.of(old), TensorArena.of(new)
                 small = sum(t.numel() * t.element_size() for t in new.values()) < bucket_bytes
                 for rate in rates_gbps:
                     runs = []
@@ -325,7 +336,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
                         dense_run = (writer, parent, f"bench-d{w}-{rate:g}-{i}", new, rate,
                                      bucket_bytes, want)
                         ours_run = (writer, parent, f"bench-o{w}-{rate:g}-{i}", old, new, rate,
-                                    bucket_bytes, want, gbps, samples)
+                                    bucket_bytes, want, gbps, samples, coder_processes)
                         # alternate which goes first: neither always follows the other's pull
                         if i % 2:
                             o = _ours_once(*ours_run)

@@ -51,10 +51,12 @@ def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> 
     from storage.relay.filesystem import FilesystemRelay
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.sparse_publisher import SparsePublisher
+    from storage.weights.tensor_arena import TensorArena
 
     torch.set_num_threads(1)
     kernels.warm_up()
     old, new, _ = synthetic_model(params, lr, 1)
+    staged = None  # both versions in arenas, as the trainer takes its snapshots for coders
     dense = sum(t.numel() * t.element_size() for t in new.values())
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="rose-gil-", dir=shm if relay_kind != "mooncake"
@@ -70,19 +72,27 @@ def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> 
         try:
             conn.send("ready")
             while (msg := conn.recv()) is not None:
-                workers, seconds = msg
-                pub = SparsePublisher(relay, f"gil-{workers}", link_gbps=gbps, workers=workers)
-                pub.publish(0, old, copy=False)
+                workers, seconds, processes = msg
+                pub = SparsePublisher(relay, f"gil-{workers}-{processes}", link_gbps=gbps,
+                                      workers=workers, coder_processes=workers * processes)
+                if pub.coders is not None and not pub.coders.ready(120):
+                    raise RuntimeError(f"coder processes: {pub.coders.failed}")
+                if processes and staged is None:
+                    staged = TensorArena.of(old), TensorArena.of(new)
+                v0, v1 = staged if processes else (old, new)
+                pub.publish(0, v0, copy=False)
                 conn.send("go")
-                walls, cpu0, end = [], time.process_time(), time.perf_counter() + seconds
+                walls, end = [], time.perf_counter() + seconds
+                cpu0 = time.process_time(), _coders_cpu_s(pub)
                 while time.perf_counter() < end:
                     version = len(walls) + 1
                     t = time.perf_counter()
-                    report = pub.publish(version, new if version % 2 else old, copy=False)
+                    report = pub.publish(version, v1 if version % 2 else v0, copy=False)
                     walls.append(time.perf_counter() - t)
-                relay.remove_prefix(f"rose/gil-{workers}/")
+                relay.remove_prefix(f"rose/gil-{workers}-{processes}/")
                 conn.send({"publishes": len(walls), "wall_s": sum(walls) / len(walls),
-                           "cpu_s": (time.process_time() - cpu0) / len(walls),
+                           "cpu_s": (time.process_time() - cpu0[0]) / len(walls),
+                           "coders_cpu_s": (_coders_cpu_s(pub) - cpu0[1]) / len(walls),
                            "pushed_mb": report.pushed_bytes / 1e6,
                            "coded_tensors": sum(t.encoding != "raw" for t in report.tensors),
                            "tensors": len(report.tensors)})
@@ -90,6 +100,11 @@ def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> 
             relay.close()
             if services is not None:
                 services.stop()
+
+
+def _coders_cpu_s(pub) -> float:
+    """CPU seconds the publisher's coder processes used so far (0 without them)."""
+    return 0.0 if pub.coders is None else pub.coders.cpu_s()
 
 
 def holders(raw: Path) -> tuple[int, Counter, Counter]:
@@ -110,8 +125,9 @@ def holders(raw: Path) -> tuple[int, Counter, Counter]:
     return total, inclusive, leaves
 
 
-def measure(conn, pid: int, spy: str, workers: int, seconds: float, rate: int) -> dict:
-    conn.send((workers, seconds + 4))  # py-spy starts within a second or two of "go"
+def measure(conn, pid: int, spy: str, workers: int, seconds: float, rate: int,
+            processes: bool) -> dict:
+    conn.send((workers, seconds + 4, processes))  # py-spy starts within a second or two of "go"
     conn.recv()
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "gil.txt"
@@ -122,7 +138,7 @@ def measure(conn, pid: int, spy: str, workers: int, seconds: float, rate: int) -
     row = conn.recv()
     held = total / (rate * int(seconds))
     per_publish = lambda n: n / rate / int(seconds) * row["wall_s"] * 1e3  # noqa: E731
-    return {"workers": workers, **row, "gil_fraction": held,
+    return {"workers": workers, "coders": "processes" if processes else "threads", **row, "gil_fraction": held,
             "gil_ms_per_publish": held * row["wall_s"] * 1e3,
             "top_functions_ms": {k: per_publish(v) for k, v in inclusive.most_common(25)},
             "top_lines_ms": {k: per_publish(v) for k, v in leaves.most_common(25)}}
@@ -140,6 +156,9 @@ def main() -> None:
     p.add_argument("--relay", choices=("mooncake", "filesystem"), default="mooncake",
                    help="filesystem: in /dev/shm, no relay process beside the publisher (py-spy "
                         "counts a GIL holder's preempted time as held: busy cores inflate it)")
+    p.add_argument("--coders", choices=("threads", "processes"), nargs="+", default=["threads"],
+                   help="processes: each encoding thread hands its pieces to a coder process "
+                        "(storage/weights/coder_processes.py); py-spy samples the publisher only")
     p.add_argument("--out", type=Path, default=RESULTS / "transfer_gil.json")
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -156,16 +175,18 @@ def main() -> None:
     try:
         if parent.recv() != "ready":
             raise RuntimeError("publisher process did not start")
-        rows = [measure(parent, proc.pid, spy, w, args.seconds, args.rate) for w in args.workers]
+        rows = [measure(parent, proc.pid, spy, w, args.seconds, args.rate, c == "processes")
+                for w in args.workers for c in args.coders]
     finally:
         parent.send(None)
         proc.join(timeout=60)
     console = print_table(
         f"GIL held by one publish, {args.params / 1e6:.0f}M params, lr {args.lr:g}, chosen for "
         f"{args.gbps:g} Gbps (sender only, {args.relay} relay)",
-        ("workers", "publishes", "wall s", "CPU s", "GIL held", "GIL ms / publish", "MB coded",
-         "coded / tensors"),
-        [(str(r["workers"]), str(r["publishes"]), f"{r['wall_s']:.3f}", f"{r['cpu_s']:.3f}",
+        ("workers", "coders", "publishes", "wall s", "CPU s", "coders' CPU s", "GIL held",
+         "GIL ms / publish", "MB coded", "coded / tensors"),
+        [(str(r["workers"]), r["coders"], str(r["publishes"]), f"{r['wall_s']:.3f}",
+          f"{r['cpu_s']:.3f}", f"{r['coders_cpu_s']:.3f}",
           f"{r['gil_fraction']:.1%}", f"{r['gil_ms_per_publish']:.0f}", f"{r['pushed_mb']:.1f}",
           f"{r['coded_tensors']}/{r['tensors']}") for r in rows])
     top = rows[-1]["top_lines_ms"]

@@ -145,6 +145,12 @@ class PublishConfig(Strict):
     # engines start their pulls before the push (unsharded only): a coded delta is then applied
     # bucket by bucket while the trainer still encodes the rest (storage/weights/stream_pull.py)
     stream: bool = True
+    # code a delta's tensors in this many processes of their own (unsharded only): the trainer
+    # takes its bf16 snapshot into shared memory and each process reads it there, with a GIL
+    # of its own (storage/weights/coder_processes.py). 0: threads of the trainer process,
+    # which the Python around the kernels holds the GIL for: on 8 cores and more that is the
+    # publish's floor (bench/transfer_gil.py); on 2 shared cores processes cost ~10% more CPU
+    coder_processes: int = Field(0, ge=0, le=256)
     # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
     # the background (at least RunConfig.max_staleness, which holds for every turn)
     max_staleness: int = Field(1, ge=0)

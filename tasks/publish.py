@@ -59,7 +59,7 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     `wait_for`; returns the step's transfer metrics (see the module docstring)."""
     if wait_for not in WAIT_FOR:
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
-    weights = weights_of(cfg.run_id, version)
+    weights = weights_of(cfg.run_id, version, _shared(cfg))
     # Out of the trainer worker's task thread (the client secedes) before the push: with
     # one thread there, the next update (max_staleness 1) starts beside encoding and puts
     # instead of queueing behind them. The version still becomes visible only once complete.
@@ -80,7 +80,8 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         publisher = None if sharded else trainer_publisher(
             cfg.stack.relay, cfg.run_id, cfg.publish.bucket_bytes, cfg.publish.sparse,
             link_gbps=cfg.publish.link_gbps, stream=cfg.publish.stream,
-            measure_link=cfg.publish.measure_link, measure_cpu=cfg.publish.measure_cpu)
+            measure_link=cfg.publish.measure_link, measure_cpu=cfg.publish.measure_cpu,
+            coder_processes=cfg.publish.coder_processes)
         # streamed (a coded delta): the engines wait for the push and apply it as it lands;
         # otherwise they pull once it is complete (a full snapshot, a delta all sent raw)
         streamed = publisher is not None and publisher.streams(version, weights)
@@ -126,10 +127,15 @@ def keep_snapshot(cfg: RunConfig, trainer) -> None:
     with _snapshot_lock:
         for key in [k for k in _snapshots if k[0] == cfg.run_id and k[1] not in keep]:
             del _snapshots[key]
-        _snapshots[cfg.run_id, v] = trainer.weights_bf16()
+        _snapshots[cfg.run_id, v] = trainer.weights_bf16(shared=_shared(cfg))
 
 
-def weights_of(run: str, version: int) -> dict[str, torch.Tensor]:
+def _shared(cfg: RunConfig) -> bool:
+    """Whether snapshots go to shared memory, where the publisher's coder processes read them."""
+    return cfg.publish.coder_processes > 0 and cfg.publish.shard_split is None
+
+
+def weights_of(run: str, version: int, shared: bool = False) -> dict[str, torch.Tensor]:
     """The bf16 weights of `version`: its snapshot (kept for a retry), else the trainer's if
     it holds that version (the first publish of a run)."""
     with _snapshot_lock:
@@ -139,7 +145,7 @@ def weights_of(run: str, version: int) -> dict[str, torch.Tensor]:
     trainer = local_trainer(run)
     if trainer.version != version:
         raise RuntimeError(f"trainer holds version {trainer.version}, asked to publish {version}")
-    return trainer.weights_bf16()
+    return trainer.weights_bf16(shared=shared)
 
 
 def _pull_summary(pulled: dict[str, dict]) -> dict:

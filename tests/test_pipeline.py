@@ -140,7 +140,8 @@ def test_publish_pushes_the_snapshot_of_its_version_while_the_trainer_moves_on(m
     class FakeTrainer:
         version = 0
 
-        def weights_bf16(self):
+        def weights_bf16(self, shared=False):
+            self.shared = shared
             return {"w": torch.full((2,), float(self.version), dtype=torch.bfloat16)}
 
     cfg, trainer = RunConfig(run_id="snap-t", max_staleness=1), FakeTrainer()
@@ -153,3 +154,10 @@ def test_publish_pushes_the_snapshot_of_its_version_while_the_trainer_moves_on(m
     assert weights_of("snap-t", 3)["w"].tolist() == [3.0, 3.0]
     with pytest.raises(RuntimeError, match="holds version 3, asked to publish 1"):
         weights_of("snap-t", 1)  # dropped (window 2..3), and the trainer moved on
+    assert trainer.shared is False  # threads code: snapshots in plain memory
+    cfg.publish.coder_processes = 2  # coder processes: where they read them
+    keep_snapshot(cfg, trainer)
+    assert trainer.shared is True
+    cfg.publish.shard_split = 2  # (a sharded publish's parts are coded on threads)
+    keep_snapshot(cfg, trainer)
+    assert trainer.shared is False

@@ -24,6 +24,7 @@ from storage.shards.grain import PublishLayout
 from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, param_specs
 from storage.shards.rules import infer_rule
+from storage.weights.coder_processes import shared_coders
 from storage.weights.sharded import ShardedPublisher
 from storage.weights.link_rate import LinkRate
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
@@ -38,12 +39,13 @@ TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
                       serve: bool = True, link_gbps: float | None = None,
                       stream: bool = True, measure_link: bool = False,
-                      measure_cpu: bool = False) -> SparsePublisher:
+                      measure_cpu: bool = False, coder_processes: int = 0) -> SparsePublisher:
     """This process's publisher of `run` (kept across steps), its request server running;
     `link_gbps` makes it choose each tensor's form by time over that link (`measure_link`: by
     the rate its transfers measure once they have, storage/weights/link_rate.py;
     `measure_cpu`: with coding costed at this host's probed speed, storage/delta/host_speed.py);
-    `stream`: coded deltas are announced for receivers to apply as they land."""
+    `stream`: coded deltas are announced for receivers to apply as they land;
+    `coder_processes`: code deltas in that many processes (0: threads), see SparsePublisher."""
     with _lock:
         pub = _publishers.get((relay_kind, run))
         if pub is None:
@@ -52,6 +54,8 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
         pub.stream, pub.measure_cpu = stream, measure_cpu
+        if coder_processes != (0 if pub.coders is None else pub.coders.count):
+            pub.coders = shared_coders(coder_processes) if coder_processes else None
         if measure_link != (pub.link_rate is not None):  # switched: kept while it stays on
             pub.link_rate = LinkRate() if measure_link else None
     if serve:

@@ -18,6 +18,7 @@ from distributed import WorkerPlugin
 
 from rose.config import RunConfig
 from rose.grpo import assemble_trajectory, behaviour_tokens, grpo_loss, tis_weights, token_logprobs
+from storage.weights.tensor_arena import TensorArena
 
 
 def seed_everything(seed: int) -> None:
@@ -69,10 +70,14 @@ class Trainer:
                                keep=self.cfg.train.keep_checkpoints)
 
     # ---- weights ----
-    def weights_bf16(self) -> dict[str, torch.Tensor]:
-        """What rollout engines load: HF names, bf16 (tied lm_head appears once, as embeddings)."""
-        return {n: p.detach().to(torch.bfloat16).contiguous()
-                for n, p in self.model.named_parameters()}
+    def weights_bf16(self, shared: bool = False) -> dict[str, torch.Tensor]:
+        """What rollout engines load: HF names, bf16 (tied lm_head appears once, as embeddings).
+        `shared`: converted straight into an arena in shared memory, where the publisher's
+        coder processes read them (storage/weights/tensor_arena.py), not into fresh tensors."""
+        params = {n: p.detach() for n, p in self.model.named_parameters()}
+        if shared:
+            return TensorArena.of(params, torch.bfloat16)
+        return {n: p.to(torch.bfloat16).contiguous() for n, p in params.items()}
 
     # ---- GRPO ----
     def _batch(self, trajectories: list[tuple]):

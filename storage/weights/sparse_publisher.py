@@ -34,6 +34,7 @@ with its own.
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import Any
@@ -41,19 +42,21 @@ from typing import Any
 import torch
 
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, BucketInfo
-from storage.delta import coded_as, encode_delta, read_header
 from storage.delta import host_speed, kernels, time_model
-from storage.delta.bits import DTYPE_CODES
 from storage.relay.base import Buffer, Relay
 from storage.cores import available_cores
+from storage.weights.coder_processes import (CoderError, CoderProcesses, HandedOut,
+                                              shared_coders)
 from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
-from storage.weights.tensor_form import (RawSamples, all_raw, raw_first, record_raw,
+from storage.weights.piece_coder import code_piece
+from storage.weights.tensor_arena import ArenaRing, arena_of
+from storage.weights.tensor_form import (RawSamples, all_raw, raw_unseen, record_raw,
                                          record_tensor, streaming_order)
-from storage.weights.transfer_metrics import PublishReport, changed_in_payload
+from storage.weights.transfer_metrics import PublishReport
 from storage.weights.snapshot_server import SnapshotServer
-from storage.weights.spans import Span, SpanHashes, flat_range, hashes_of_raw
+from storage.weights.spans import Span, SpanHashes, flat_range, hashes_of_raw, pieces
 from storage.weights.publisher import publish_weights, raw_encoder
 
 
@@ -75,7 +78,7 @@ class SparsePublisher(SnapshotServer):
                  sparse: bool = True, link_gbps: float | None = None,
                  workers: int | None = None, part: str = "", stream: bool = True,
                  link_rate: LinkRate | None = None, measure_cpu: bool = False,
-                 raw_samples: RawSamples | None = None) -> None:
+                 raw_samples: RawSamples | None = None, coder_processes: int = 0) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
         bytes alone), or by what `link_rate` measures once it has (it may be shared: the
         parts of a sharded version, storage/weights/sharded.py);
@@ -85,7 +88,9 @@ class SparsePublisher(SnapshotServer):
         coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py);
         `measure_cpu`: cost coding at this host's probed speed, not COSTS as fitted;
         `raw_samples`: the judge's samples that found raw so far (it may be shared: the
-        publishers of one run over time), else a fresh record kept across this one's publishes."""
+        publishers of one run over time), else a fresh record kept across this one's publishes;
+        `coder_processes`: code a delta's pieces in that many processes, not on this process's
+        threads alone (storage/weights/coder_processes.py; 0: threads)."""
         self.relay, self.run, self.bucket_bytes, self.sparse = relay, run, bucket_bytes, sparse
         self.part, self.stream = part, stream
         self.link_gbps = link_gbps
@@ -104,6 +109,8 @@ class SparsePublisher(SnapshotServer):
         self._relay_versions: frozenset[int] | None = None
         self._raw_samples = raw_samples or RawSamples()  # kept from publish to publish
         self._stop: threading.Event | None = None
+        self.coders: CoderProcesses | None = coder_processes and shared_coders(coder_processes) or None
+        self._arenas = ArenaRing()  # where versions from elsewhere are copied for the coders
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
     @property
@@ -172,20 +179,53 @@ class SparsePublisher(SnapshotServer):
         with self._lock:
             reason, raw, link = self._judge(version, tensors)
             base = None if reason else self._held
-            report = self._push(version, tensors, base, reason, self.part, compare=self._held,
-                                raw=raw, link=link)
-            self._held = {n: _kept(t, copy) for n, t in tensors.items()}
+            # with coder processes, the version where they read it: as it is when the trainer
+            # took it in an arena (TensorArena.of), else copied into one
+            shared = self._arenas.shared(tensors, copy) if self.coders is not None else None
+            try:
+                report = self._push(version, tensors, base, reason, self.part,
+                                    compare=self._held, raw=raw, link=link, shared=shared)
+            finally:
+                if shared is not None:
+                    self._arenas.settle(kept=sys.exc_info()[0] is None)
+            if shared is None:
+                self._held = {n: _kept(t, copy) for n, t in tensors.items()}
+            else:
+                old = None if self._held is None else arena_of(self._held)
+                self._held = shared
+                if old is not None:  # the coders need not keep the old base mapped
+                    self.coders.release(old[0])
             self.version, self._plan = version, None
             return report
+
+    def _hand_out(self, order: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None,
+                  shared: dict[str, torch.Tensor] | None, raw: bool,
+                  link: time_model.Link | None, base_version: int | None, version: int,
+                  split: bool) -> HandedOut:
+        """A coded delta's pieces handed to the coder processes, where they are up and both
+        versions are in arenas (none handed out: this process's threads code them all)."""
+        new = None if shared is None or base is None or raw or not self.coders.ready() \
+            else arena_of(shared)
+        old = None if new is None else arena_of(base)
+        try:
+            if old is not None:
+                return self.coders.hand_out(pieces(order, split), new, old, link, base_version,
+                                            version, lambda t, span: raw_unseen(t, span, link))
+        except CoderError:  # gone (said loudly once): the threads code this publish
+            pass
+        return HandedOut(None, {})
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
               compare: dict[str, torch.Tensor] | None = None, raw: bool = False,
-              link: time_model.Link | None = None) -> PublishReport:
+              link: time_model.Link | None = None,
+              shared: dict[str, torch.Tensor] | None = None) -> PublishReport:
         """Encode against `base` (None: full) and push; densities are counted against
         `compare` (the previous version) when given, else every element counts as sent.
         `raw`: the delta goes all raw, sent as the dense path sends it; `link`: what each
-        tensor is chosen by time for (both from _judge; a full snapshot needs neither).
+        tensor is chosen by time for (both from _judge; a full snapshot needs neither);
+        `shared`: the version in an arena, where coder processes code it against the base's
+        (None, or either not in one, or the coders not up: this process's threads code).
         The digest and the stats of a delta sent raw are taken once every tensor is encoded,
         while the last buckets are put (publish_weights' meta), not after them."""
         t0 = time.perf_counter()
@@ -201,35 +241,22 @@ class SparsePublisher(SnapshotServer):
                     ) -> tuple[Buffer, dict[str, Any]]:
             t = time.perf_counter()
             old = None if base is None else base[name]
+            piece = coded.get(name, span)  # None: not handed to a coder process
             ref = compare  # what its changes are counted against
             if span is not None:  # one block of a large tensor (storage/weights/spans.py)
                 tensor, old = flat_range(tensor, span), flat_range(old, span)
                 ref = {name: flat_range(compare[name], span)} if compare else compare
-            changed = None
-            nbytes = tensor.numel() * tensor.element_size()
-            codable = tensor.dtype in DTYPE_CODES
-            raw, density = raw_first(tensor, old, link) if codable and link and old is not None \
-                else (not codable, None)
-            if not raw:
-                data: Buffer = encode_delta(tensor, old, name=name, base_version=base_version,
-                                            target_version=version, density=density)
-                header = read_header(data)
-                meta, encoding = {"encoding": "rsdt"}, coded_as(data, header)
+            if piece is None:  # (or its coder failed: then the error is raised here)
+                piece = code_piece(name, tensor, old, link, base_version, version)
+            if piece.checksum is not None:  # = tensor_hash(tensor), for the digest
                 if span is None:
-                    hashes[name] = header.result_checksum  # = tensor_hash(tensor)
+                    hashes[name] = piece.checksum
                 else:
-                    span_hashes.add(name, span[0], header.result_checksum)
-                if old is not None:
-                    changed = changed_in_payload(data, header)
-                if link and old is not None and time_model.raw_after_encode(
-                        encoding, nbytes, memoryview(data).nbytes, tensor.element_size(), link):
-                    data, meta = raw_encoder(name, tensor)
-                    encoding = "raw"
-            else:  # a dtype the codec does not know, or raw is sooner: its bytes, whole
-                data, meta = raw_encoder(name, tensor)
-                encoding = "raw"
-            record_tensor(report, ref, name, tensor, encoding, memoryview(data).nbytes,
-                          changed, time.perf_counter() - t)
+                    span_hashes.add(name, span[0], piece.checksum)
+            data, meta = raw_encoder(name, tensor) if piece.payload is None \
+                else (piece.payload, {"encoding": "rsdt"})
+            record_tensor(report, ref, name, tensor, piece.encoding, memoryview(data).nbytes,
+                          piece.changed, time.perf_counter() - t)
             if span is not None:
                 spanned.add(name)
             return data, meta
@@ -253,11 +280,11 @@ class SparsePublisher(SnapshotServer):
         known = None if part else self._relay_versions
         if not part:  # until this push is through: a failed one may have pruned some
             self._relay_versions = None
-        stats = publish_weights(self.relay, self.run, version,
-                                tensors if kind == "full" or raw else streaming_order(tensors),
-                                self.bucket_bytes,
+        order = tensors if kind == "full" or raw else streaming_order(tensors)
+        coded = self._hand_out(order, base, shared, raw, link, base_version, version, streamed)
+        stats = publish_weights(self.relay, self.run, version, order, self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
-                                workers=link.cores if link else self.workers,
+                                workers=1 if coded else link.cores if link else self.workers,
                                 announce={"kind": kind, "base_version": base_version}
                                 if streamed else None, work=streamed,
                                 held_versions=known, split=streamed)

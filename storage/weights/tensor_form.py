@@ -146,6 +146,16 @@ def _verdict(new: torch.Tensor, old: torch.Tensor, link: time_model.Link,
     return time_model.raw_before_scan(nbytes, size, density, link), density
 
 
+def raw_unseen(tensor: torch.Tensor, span: tuple[int, int] | None,
+               link: time_model.Link | None) -> bool:
+    """True when the piece (`tensor`, or its flattened elements `span`) goes raw on its sizes
+    alone: a dtype the codec does not know, or raw_first's verdict without a sample."""
+    if link is None:
+        return tensor.dtype not in DTYPE_CODES
+    numel = tensor.numel() if span is None else span[1] - span[0]
+    return tensor.dtype not in DTYPE_CODES or _raw_unseen(numel, tensor.element_size(), link)
+
+
 @functools.lru_cache(maxsize=4096)  # a model's tensors come in a few shapes
 def _raw_unseen(numel: int, itemsize: int, link: time_model.Link) -> bool:
     """True when raw_first says raw without a sample (it depends on the sizes alone)."""

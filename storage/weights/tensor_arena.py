@@ -1,0 +1,196 @@
+"""A version's tensors in one shared-memory file, which coder processes map by its path.
+
+The publisher's coder processes (storage/weights/coder_processes.py) read the version being
+published and its base where they are, without a copy through a pipe: both live in arenas,
+files in /dev/shm (the temp directory where there is none) mapped shared by the publisher and
+each coder. A tensor's slot is (offset, dtype, shape) in its arena. The trainer takes its bf16
+snapshot straight into one (`TensorArena.of`), so the publisher copies nothing; tensors from
+anywhere else are copied into an arena of the publisher's. The file is unlinked once no tensor
+of the arena is left in this process (and at exit); the memory goes once the last coder
+mapping it lets go (`CoderProcesses.release`).
+"""
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import tempfile
+import threading
+import uuid
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+Slot = tuple[int, str, tuple[int, ...]]  # offset in bytes, dtype name, shape
+_ALIGN = 64  # a cache line: no two slots share one
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+    torch.int16, torch.int32, torch.int64)}
+_live: dict[int, tuple[str, dict[str, Slot]]] = {}  # mapping address -> (path, slots)
+_lock = threading.Lock()
+
+
+def arena_dir() -> str:
+    return "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+
+
+class TensorArena:
+    """Slots for `tensors` (their dtypes and shapes, not their values: `write` copies them)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], directory: str | None = None) -> None:
+        self.slots, self.nbytes = layout(tensors)
+        self.path = str(Path(directory or arena_dir()) / f"rose-arena-{os.getpid()}-"
+                        f"{uuid.uuid4().hex[:12]}")
+        # the file is unlinked once its mapping goes, with the last view of it
+        base = map_file(self.path, self.nbytes, create=True, gone=_forget)
+        self.tensors = {name: slot_view(base, slot) for name, slot in self.slots.items()}
+        with _lock:
+            _live[base.data_ptr()] = (self.path, self.slots)
+
+    @classmethod
+    def of(cls, tensors: dict[str, torch.Tensor],
+           dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """A copy of `tensors` (converted to `dtype` on the way, if given) in a new arena, in
+        their order (a tensor of a dtype it does not carry: a clone): what coder processes
+        read without another copy."""
+        arena = cls(tensors if dtype is None else
+                    {n: torch.empty(t.shape, dtype=dtype, device="meta") for n, t in tensors.items()})
+        for name in arena.slots:
+            arena.write(name, tensors[name])
+        return {n: arena.tensors[n] if n in arena.slots else
+                t.detach().to(dtype or t.dtype).clone() for n, t in tensors.items()}
+
+    def fits(self, tensors: dict[str, torch.Tensor]) -> bool:
+        """Whether `tensors` have this arena's slots (the same names, dtypes and shapes): it
+        can hold them, its pages already backed (reusing it spares faulting fresh memory in,
+        which costs more than the copy itself)."""
+        return layout(tensors)[0] == self.slots
+
+    def write(self, name: str, tensor: torch.Tensor, span: tuple[int, int] | None = None) -> None:
+        """Copy `tensor` (whole, or only its flattened elements [start, end)) into its slot."""
+        held = self.tensors[name]
+        if span is None:
+            held.copy_(tensor)
+        else:
+            held.view(-1)[span[0]:span[1]].copy_(tensor.reshape(-1)[span[0]:span[1]])
+
+
+class ArenaRing:
+    """Where a publisher copies the versions it is handed from elsewhere, for its coders: the
+    arena of the version it holds, and a spare one (the version before's, reused when the
+    next fits it: its pages are already backed)."""
+
+    def __init__(self) -> None:
+        self._held: TensorArena | None = None
+        self._spare: TensorArena | None = None
+        self._pending: TensorArena | None = None
+
+    def shared(self, tensors: dict[str, torch.Tensor], copy: bool) -> dict[str, torch.Tensor]:
+        """`tensors` where coders can read them: as they are when they are an arena's slots
+        (and `copy` is off), else copied into the spare arena (a clone where no slot)."""
+        if not copy and arena_of(tensors) is not None:
+            self._pending = None
+            return tensors
+        arena, self._spare = self._spare, None
+        if arena is None or not arena.fits(tensors):
+            arena = TensorArena(tensors)
+        for name in arena.slots:
+            arena.write(name, tensors[name])
+        self._pending = arena
+        return {n: arena.tensors[n] if n in arena.slots else t.detach().clone()
+                for n, t in tensors.items()}
+
+    def settle(self, kept: bool) -> None:
+        """After the publish of what `shared` returned: held now (`kept`), or not (it failed)."""
+        if not kept:
+            self._spare = self._pending or self._spare
+        elif self._pending is not None or self._held is not None:
+            self._held, self._spare = self._pending, self._held or self._spare
+        self._pending = None
+
+
+def arena_of(tensors: dict[str, torch.Tensor]) -> tuple[str, dict[str, Slot]] | None:
+    """(path, slots) of the arena `tensors` are the slots of, or None when they are not all
+    in one (some copied elsewhere, another order, another set)."""
+    first = next(iter(tensors.values()), None)
+    if first is None or first.device.type != "cpu":
+        return None
+    with _lock:
+        found = _live.get(first.untyped_storage().data_ptr())
+    if found is None:
+        return None
+    path, slots = found
+    base = first.untyped_storage().data_ptr()
+    if not slots.keys() <= tensors.keys():
+        return None
+    for name, t in tensors.items():
+        if name not in slots:
+            if str(t.dtype).removeprefix("torch.") in _DTYPES:
+                return None  # one an arena would hold, held elsewhere
+            continue
+        offset, dtype, shape = slots[name]
+        if (t.numel() and t.data_ptr() != base + offset) or tuple(t.shape) != shape or \
+                str(t.dtype).removeprefix("torch.") != dtype or not t.is_contiguous():
+            return None
+    return path, slots
+
+
+def layout(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Slot], int]:
+    """(slot per tensor of a dtype an arena carries, bytes in all)."""
+    slots, at = {}, 0
+    for name, t in tensors.items():
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype in _DTYPES:
+            slots[name] = (at, dtype, tuple(t.shape))
+            at += max(_ALIGN, -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN)
+    return slots, at
+
+
+def map_file(path: str, nbytes: int, create: bool = False,
+             gone: Callable[[int, str], None] | None = None) -> torch.Tensor:
+    """The file's bytes as a uint8 tensor over a shared mapping (created at `nbytes` with
+    `create`, readable and writable by this user only); `gone(address, path)` is called once
+    the mapping is unmapped (every tensor on it freed)."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, max(nbytes, _ALIGN))
+        mapped = mmap.mmap(fd, max(nbytes, _ALIGN))
+    finally:
+        os.close(fd)
+    tensor = torch.frombuffer(mapped, dtype=torch.uint8)
+    if gone is not None:  # the tensor's storage holds the mmap, not the tensor object
+        weakref.finalize(mapped, gone, tensor.data_ptr(), path)
+    return tensor
+
+
+def slot_view(arena: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """The tensor in `slot` of a mapped arena (a view)."""
+    offset, dtype, shape = slot
+    torch_dtype = _DTYPES[dtype]
+    n = 1
+    for d in shape:
+        n *= d
+    return arena[offset:offset + n * torch_dtype.itemsize].view(torch_dtype).view(shape)
+
+
+def _forget(address: int, path: str) -> None:
+    with _lock:
+        _live.pop(address, None)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+@atexit.register
+def _unlink_all() -> None:  # views still alive at exit: their files must not outlive us
+    with _lock:
+        paths = [path for path, _ in _live.values()]
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,209 @@
+"""Coder processes (storage/weights/coder_processes.py): a delta's pieces coded in processes of
+their own, reading both versions from arenas; byte for byte what the threads code, the
+receiver bit-exact, and a coder that dies leaves the publisher coding on its threads."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import storage.weights.sparse_publisher as sparse_publisher
+from storage.relay.filesystem import FilesystemRelay
+from storage.weights.coder_processes import CoderProcesses, shared_coders
+from storage.weights.publisher import bucket_key, read_manifest
+from storage.weights.receiver import WeightReceiver
+from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.tensor_arena import TensorArena, arena_of
+
+from weight_fixtures import Training, same
+
+
+@pytest.fixture(scope="module")
+def coders():
+    pool = shared_coders(2)
+    assert pool.ready(120), pool.failed
+    return pool
+
+
+@pytest.fixture
+def coded_here(monkeypatch):
+    """Names of the pieces this process codes itself (not handed to a coder)."""
+    names: list[str] = []
+    real = sparse_publisher.code_piece
+    monkeypatch.setattr(sparse_publisher, "code_piece",
+                        lambda name, *a: (names.append(name), real(name, *a))[1])
+    return names
+
+
+def _payloads(relay, run: str, version: int) -> dict[tuple[str, tuple | None], bytes]:
+    """Each entry's bytes as published, by (tensor, span)."""
+    out = {}
+    manifest = read_manifest(relay, run, version)
+    for bucket, entry in manifest.entries():
+        blob = relay.get(bucket_key(run, version, bucket.index))
+        span = entry.meta.get("span")
+        out[entry.name, None if span is None else tuple(span)] = \
+            bytes(blob[entry.offset:entry.offset + entry.length])
+    return out
+
+
+def _small_blocks(monkeypatch) -> None:
+    from storage.delta import blocks
+
+    monkeypatch.setattr(blocks, "SPLIT_BYTES", 16 << 10)  # the 38 KB embedding: 5 spans
+    monkeypatch.setattr(blocks, "BLOCK_BYTES", 8 << 10)
+
+
+def test_coders_code_every_delta_piece_as_the_threads_do_bit_exact(tmp_path, coders, coded_here,
+                                                                  monkeypatch):
+    _small_blocks(monkeypatch)  # spans too: each block a piece of its own
+    relays = {k: FilesystemRelay(tmp_path / k) for k in ("threads", "coders")}
+    pubs = {"threads": SparsePublisher(relays["threads"], "r", bucket_bytes=16 << 10),
+            "coders": SparsePublisher(relays["coders"], "r", bucket_bytes=16 << 10,
+                                      coder_processes=2)}
+    rx = WeightReceiver(relays["coders"], "r", full_timeout_s=5)
+    train = Training(3)
+    for version in range(4):
+        weights = train.weights()
+        if version >= 2:  # as the trainer takes them for coders: no copy on publish
+            weights = TensorArena.of(weights)
+            assert arena_of(weights) is not None
+        for kind, pub in pubs.items():
+            coded_here.clear()
+            report = pub.publish(version, weights, copy=version < 2)
+            assert report.digest == tensors_digest(weights)
+            if kind == "coders" and version > 0:  # every delta piece went to a coder
+                assert report.kind == "delta" and coded_here == []
+        assert _payloads(relays["coders"], "r", version) == \
+            _payloads(relays["threads"], "r", version)
+        assert rx.pull(version).mode == ("full" if version == 0 else "delta")
+        assert same(rx.tensors, weights)
+        train.step(3e-2)
+    assert any(span for _, span in _payloads(relays["coders"], "r", 3))  # spans were coded
+    assert arena_of(pubs["coders"].held) is not None  # the next base, where coders read it
+
+
+def test_versions_from_elsewhere_are_copied_into_two_arenas_in_turn(tmp_path, coders):
+    pub = SparsePublisher(FilesystemRelay(tmp_path / "r"), "r", coder_processes=2)
+    train, paths = Training(4), []
+    for version in range(4):
+        weights = train.weights()
+        pub.publish(version, weights)  # copy=True: the caller keeps changing its tensors
+        held = arena_of(pub.held)
+        assert held is not None and same(pub.held, weights)
+        assert all(pub.held[n] is not weights[n] for n in weights)
+        paths.append(held[0])
+        train.step(3e-2)
+    assert paths[0] == paths[2] and paths[1] == paths[3] and paths[0] != paths[1]
+    arenas = {f for f in os.listdir(os.path.dirname(paths[0])) if f.startswith(
+        f"rose-arena-{os.getpid()}-")}
+    assert {os.path.basename(p) for p in paths} <= arenas
+
+
+def test_a_coder_that_dies_leaves_the_threads_coding(tmp_path, coded_here):
+    pool = CoderProcesses(1)  # a pool of its own: this test kills it
+    assert pool.ready(120), pool.failed
+    relay = FilesystemRelay(tmp_path / "r")
+    pub = SparsePublisher(relay, "r")
+    pub.coders = pool
+    rx = WeightReceiver(relay, "r", full_timeout_s=5)
+    train = Training(6)
+    for version in range(2):
+        pub.publish(version, train.weights())
+        rx.pull(version)
+        train.step(3e-2)
+    os.kill(pool.pids[0], signal.SIGKILL)
+    pool._procs[0].wait(10)
+    coded_here.clear()
+    weights = train.weights()
+    report = pub.publish(2, weights)
+    assert report.kind == "delta" and report.digest == tensors_digest(weights)
+    assert "gone" in (pool.failed or "")
+    assert coded_here  # coded here instead
+    assert rx.pull(2).mode == "delta" and same(rx.tensors, weights)
+    pool.close()
+
+
+def test_at_least_one_coder(tmp_path):
+    with pytest.raises(ValueError, match="at least 1"):
+        CoderProcesses(0)
+
+
+def test_an_arena_holds_its_tensors_until_the_last_view_goes(tmp_path):
+    weights = {"a": torch.arange(10, dtype=torch.bfloat16), "b": torch.zeros(0),
+               "c": torch.tensor([True, False])}  # bool: no slot, held as a clone
+    held = TensorArena.of(weights)
+    path = arena_of(held)[0]
+    assert same(held, weights) and os.path.exists(path)
+    assert arena_of({"a": held["a"].clone(), "b": held["b"], "c": held["c"]}) is None
+    assert arena_of({"b": held["b"], "a": held["a"]}) is not None  # names, not order
+    assert arena_of({"a": held["a"]}) is None  # a slot missing
+    view = held["a"]
+    del held
+    assert os.path.exists(path)  # a view of it is still in use
+    del view
+    import gc
+
+    gc.collect()
+    assert not os.path.exists(path)
+
+
+def test_the_trainer_takes_its_snapshot_into_an_arena_bit_for_bit(tmp_path, monkeypatch):
+    from executors.workers.trainer import Trainer
+    from rose.config import ModelsConfig, RunConfig
+    from test_tis import _tiny_policy
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
+    trainer = Trainer(RunConfig(models=ModelsConfig(policy_dir=_tiny_policy(tmp_path / "p"))))
+    plain, shared = trainer.weights_bf16(), trainer.weights_bf16(shared=True)
+    assert list(shared) == list(plain) and same(shared, plain)
+    assert arena_of(shared) is not None and arena_of(plain) is None
+
+
+def _publish_in_worker(relay_dir: str) -> dict:
+    """In a Dask worker process: start coder processes (its children) and publish a delta."""
+    import multiprocessing
+
+    from executors.workers.publishers import trainer_publisher
+    from storage.relay import pool as relay_pool
+
+    relay_pool._clients["filesystem", "publisher"] = FilesystemRelay(relay_dir)
+    pub = trainer_publisher("filesystem", "w", 1 << 20, serve=False, coder_processes=1)
+    ready = pub.coders.ready(120)
+    train = Training(8)
+    reports = []
+    for version in range(3):
+        reports.append(pub.publish(version, TensorArena.of(train.weights()), copy=False))
+        train.step(3e-2)
+    return {"daemon": multiprocessing.current_process().daemon, "ready": ready,
+            "failed": pub.coders.failed, "kinds": [r.kind for r in reports],
+            "digest": reports[-1].digest}
+
+
+def test_a_dask_worker_process_runs_coder_processes(tmp_path):
+    """Dask's worker processes are daemonic, which multiprocessing refuses children: the
+    coders are plain subprocesses, so `rose train`'s trainer worker can start them."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        out = client.submit(_publish_in_worker, str(tmp_path / "relay")).result(timeout=300)
+    assert out["daemon"] and out["ready"] and out["failed"] is None
+    assert out["kinds"] == ["full", "delta", "delta"]
+    train = Training(8)  # the same steps here: the worker published what they make
+    for _ in range(2):
+        train.step(3e-2)
+    assert out["digest"] == tensors_digest(train.weights())
+    assert read_manifest(FilesystemRelay(tmp_path / "relay"), "w", 2).meta["digest"] == \
+        out["digest"]
+
+
+def test_coder_processes_is_checked():
+    from pydantic import ValidationError
+
+    from rose.config import RunConfig
+
+    with pytest.raises(ValidationError, match="coder_processes"):
+        RunConfig(publish={"coder_processes": -1})
