@@ -131,23 +131,31 @@ def test_at_least_one_coder(tmp_path):
         CoderProcesses(0)
 
 
-def test_an_arena_holds_its_tensors_until_the_last_view_goes(tmp_path):
-    weights = {"a": torch.arange(10, dtype=torch.bfloat16), "b": torch.zeros(0),
-               "c": torch.tensor([True, False])}  # bool: no slot, held as a clone
-    held = TensorArena.of(weights)
-    path = arena_of(held)[0]
-    assert same(held, weights) and os.path.exists(path)
-    assert arena_of({"a": held["a"].clone(), "b": held["b"], "c": held["c"]}) is None
-    assert arena_of({"b": held["b"], "a": held["a"]}) is not None  # names, not order
-    assert arena_of({"a": held["a"]}) is None  # a slot missing
-    view = held["a"]
-    del held
-    assert os.path.exists(path)  # a view of it is still in use
-    del view
+def test_an_arena_is_held_until_its_last_view_goes_then_reused(tmp_path):
     import gc
 
+    from storage.weights import tensor_arena
+
+    weights = {"a": torch.arange(10, dtype=torch.bfloat16), "b": torch.zeros(0),
+               "c": torch.tensor([True, False])}  # bool: no slot, held as a clone
+    held = [TensorArena.of(weights) for _ in range(tensor_arena.FREE_PER_LAYOUT + 1)]
+    paths = [arena_of(h)[0] for h in held]
+    assert all(same(h, weights) for h in held) and len(set(paths)) == len(paths)
+    first = held[0]
+    assert arena_of({"a": first["a"].clone(), "b": first["b"], "c": first["c"]}) is None
+    assert arena_of({"b": first["b"], "a": first["a"]}) is not None  # names, not order
+    assert arena_of({"a": first["a"]}) is None  # a slot missing
+    view = first["a"]
+    del held, first
     gc.collect()
-    assert not os.path.exists(path)
+    assert all(os.path.exists(p) for p in paths)  # one is still in use, the others pooled
+    del view
+    gc.collect()
+    alive = [p for p in paths if os.path.exists(p)]
+    assert len(alive) == tensor_arena.FREE_PER_LAYOUT  # the pool keeps so many, no more
+    again = TensorArena.of({n: t + 1 if n == "a" else t for n, t in weights.items()})
+    assert arena_of(again)[0] in alive  # a pooled file, its pages already backed
+    assert again["a"].tolist() == (weights["a"] + 1).tolist()
 
 
 def test_the_trainer_takes_its_snapshot_into_an_arena_bit_for_bit(tmp_path, monkeypatch):

@@ -6,8 +6,9 @@ From the publisher: ("publish", jobs, link, base_version, target_version), a pub
 pieces, each (name, (new arena, slot), (base arena, slot), span); then the coder takes piece
 numbers from the queue (4 bytes each, shared by every coder) until an END, answering each
 ("piece", i, encoding, checksum, changed, has payload) and the payload's bytes, or ("error",
-i, why), and at the END ("done",). ("drop", arena path): unmap it. It keeps mapped only the
-arenas the current table names, and exits when its publisher's end closes.
+i, why), and at the END ("done",). It keeps the arenas it mapped (the publisher reuses their
+files, storage/weights/tensor_arena.py) until their files are gone, and exits when its
+publisher's end closes.
 """
 from __future__ import annotations
 
@@ -49,13 +50,9 @@ def serve(address: str, authkey: bytes, queue: int) -> None:
             message = conn.recv()
         except (EOFError, OSError):
             return  # the publisher is gone
-        if message[0] == "drop":
-            arenas.pop(message[1], None)
-            continue
         _, jobs, link, base_version, target_version = message
-        named = {path for _, (new, _), (base, _), _ in jobs for path in (new, base)}
-        for path in set(arenas) - named:
-            del arenas[path]
+        for path in [p for p in arenas if not os.path.exists(p)]:
+            del arenas[path]  # unlinked by the publisher: no version of it is left
         while (index := _next(queue)) != END:
             name, (new_path, new_slot), (base_path, base_slot), span = jobs[index]
             try:

@@ -223,15 +223,6 @@ class CoderProcesses:
             self._fail(f"a coder process is gone ({type(exc).__name__})")
         return self.failed is None
 
-    def release(self, path: str) -> None:
-        """Tell the coders to unmap the arena at `path` (its file is gone)."""
-        with self._send:
-            for conn in self._conns:
-                try:
-                    conn.send(("drop", path))
-                except OSError:
-                    self._fail("a coder process is gone")
-
     def _fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why

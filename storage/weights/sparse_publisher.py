@@ -34,7 +34,6 @@ with its own.
 """
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from typing import Any
@@ -51,7 +50,7 @@ from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
 from storage.weights.piece_coder import code_piece
-from storage.weights.tensor_arena import ArenaRing, arena_of
+from storage.weights.tensor_arena import TensorArena, arena_of
 from storage.weights.tensor_form import (RawSamples, all_raw, raw_unseen, record_raw,
                                          record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport
@@ -110,7 +109,6 @@ class SparsePublisher(SnapshotServer):
         self._raw_samples = raw_samples or RawSamples()  # kept from publish to publish
         self._stop: threading.Event | None = None
         self.coders: CoderProcesses | None = coder_processes and shared_coders(coder_processes) or None
-        self._arenas = ArenaRing()  # where versions from elsewhere are copied for the coders
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
     @property
@@ -181,20 +179,12 @@ class SparsePublisher(SnapshotServer):
             base = None if reason else self._held
             # with coder processes, the version where they read it: as it is when the trainer
             # took it in an arena (TensorArena.of), else copied into one
-            shared = self._arenas.shared(tensors, copy) if self.coders is not None else None
-            try:
-                report = self._push(version, tensors, base, reason, self.part,
-                                    compare=self._held, raw=raw, link=link, shared=shared)
-            finally:
-                if shared is not None:
-                    self._arenas.settle(kept=sys.exc_info()[0] is None)
-            if shared is None:
-                self._held = {n: _kept(t, copy) for n, t in tensors.items()}
-            else:
-                old = None if self._held is None else arena_of(self._held)
-                self._held = shared
-                if old is not None:  # the coders need not keep the old base mapped
-                    self.coders.release(old[0])
+            shared = None if self.coders is None else tensors \
+                if not copy and arena_of(tensors) is not None else TensorArena.of(tensors)
+            report = self._push(version, tensors, base, reason, self.part, compare=self._held,
+                                raw=raw, link=link, shared=shared)
+            self._held = shared if shared is not None else \
+                {n: _kept(t, copy) for n, t in tensors.items()}
             self.version, self._plan = version, None
             return report
 
