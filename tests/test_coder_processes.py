@@ -215,3 +215,21 @@ def test_coder_processes_is_checked():
 
     with pytest.raises(ValidationError, match="coder_processes"):
         RunConfig(publish={"coder_processes": -1})
+
+
+def test_arena_files_of_processes_that_are_gone_are_swept(tmp_path):
+    import subprocess
+    import sys
+
+    from storage.weights import tensor_arena
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    left = tmp_path / f"rose-arena-{dead}-0123456789ab"  # a killed trainer's
+    alive = tmp_path / f"rose-arena-{os.getppid()}-0123456789ab"  # a live process's
+    other = tmp_path / "unrelated"
+    for f in (left, alive, other):
+        f.write_bytes(b"x")
+    TensorArena({"a": torch.zeros(4)}, directory=str(tmp_path))
+    assert not left.exists() and alive.exists() and other.exists()
+    assert str(tmp_path) in tensor_arena._swept

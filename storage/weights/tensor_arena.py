@@ -46,6 +46,7 @@ class TensorArena:
     def __init__(self, tensors: dict[str, torch.Tensor], directory: str | None = None) -> None:
         self.slots, self.nbytes = layout(tensors)
         key = _key(self.slots)
+        _sweep_once(directory or arena_dir())
         with _lock:
             pooled = _free.get(key)
             path = pooled.pop() if pooled else None
@@ -143,6 +144,27 @@ def slot_view(arena: torch.Tensor, slot: Slot) -> torch.Tensor:
     for d in shape:
         n *= d
     return arena[offset:offset + n * torch_dtype.itemsize].view(torch_dtype).view(shape)
+
+
+_swept: set[str] = set()
+
+
+def _sweep_once(directory: str) -> None:
+    """Unlink arena files left by processes that are gone (killed: their exit could not),
+    once per directory per process."""
+    if directory in _swept:
+        return
+    _swept.add(directory)
+    for path in Path(directory).glob("rose-arena-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _unlink(str(path))
+        except PermissionError:
+            pass  # another user's process, alive
 
 
 def _key(slots: dict[str, Slot]) -> tuple:
