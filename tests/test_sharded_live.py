@@ -44,7 +44,7 @@ def live(tmp_path, monkeypatch):
     for _ in range(3):
         versions.append({n: _step(t) for n, t in versions[-1].items()})
     trainer = SimpleNamespace(version=0)
-    trainer.weights_bf16 = lambda: versions[trainer.version]
+    trainer.weights_bf16 = lambda shared=False: versions[trainer.version]
     monkeypatch.setattr(tasks.publish, "local_trainer", lambda run: trainer)
     GATE.set()  # the stand-in engines reload at once
     spec = {n: {"cls": Worker, "options": {"name": n, "nthreads": 2, "dashboard": False, "resources": r}}
