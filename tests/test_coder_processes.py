@@ -11,6 +11,7 @@ import torch
 
 import storage.weights.sparse_publisher as sparse_publisher
 from storage.relay.filesystem import FilesystemRelay
+from storage.weights.arena_files import sweep_dead
 from storage.weights.coder_processes import CoderProcesses, shared_coders
 from storage.weights.publisher import bucket_key, read_manifest
 from storage.weights.receiver import WeightReceiver
@@ -233,3 +234,5 @@ def test_arena_files_of_processes_that_are_gone_are_swept(tmp_path):
     TensorArena({"a": torch.zeros(4)}, directory=str(tmp_path))
     assert not left.exists() and alive.exists() and other.exists()
     assert str(tmp_path) in tensor_arena._swept
+    left.write_bytes(b"x")  # `rose down` sweeps too, after stopping the workers
+    assert sweep_dead(str(tmp_path)) == 1 and not left.exists() and alive.exists()

@@ -26,6 +26,7 @@ from rose.stack.ports import ensure_free, port_answers
 from rose.stack.prefect_server import check_prefect, launch_prefect_server, prefect_env, prefect_home
 from rose.stack.process import ProcessRecord, group_members, http_ok, read_records
 from storage.atomic import write_atomic
+from storage.weights.arena_files import sweep_dead
 
 STACK_FILE = "stack.json"
 err_console = Console(stderr=True)
@@ -221,6 +222,7 @@ def _stop_stack(run_dir: Path) -> list[str]:
     for p in records.values():
         (run_dir / "pids" / f"{p.name}.json").unlink(missing_ok=True)
     (run_dir / STACK_FILE).unlink(missing_ok=True)
+    sweep_dead()  # a stopped trainer's snapshots in /dev/shm (coder processes) go with it
     return [p.name for p in live]
 
 

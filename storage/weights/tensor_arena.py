@@ -16,14 +16,13 @@ from __future__ import annotations
 import atexit
 import mmap
 import os
-import tempfile
 import threading
-import uuid
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+
+from storage.weights.arena_files import arena_dir, arena_path, sweep_dead
 
 Slot = tuple[int, str, tuple[int, ...]]  # offset in bytes, dtype name, shape
 _ALIGN = 64  # a cache line: no two slots share one
@@ -36,10 +35,6 @@ FREE_PER_LAYOUT = 2  # a version being published and its base's: what a trainer 
 _lock = threading.Lock()
 
 
-def arena_dir() -> str:
-    return "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
-
-
 class TensorArena:
     """Slots for `tensors` (their dtypes and shapes, not their values: `write` copies them)."""
 
@@ -50,8 +45,7 @@ class TensorArena:
         with _lock:
             pooled = _free.get(key)
             path = pooled.pop() if pooled else None
-        self.path = path or str(Path(directory or arena_dir()) /
-                                f"rose-arena-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        self.path = path or str(arena_path(directory))
         # its file goes back to the pool once its mapping goes, with the last view of it
         base = map_file(self.path, self.nbytes, create=path is None,
                         gone=lambda address, path: _release(address, path, key))
@@ -150,21 +144,10 @@ _swept: set[str] = set()
 
 
 def _sweep_once(directory: str) -> None:
-    """Unlink arena files left by processes that are gone (killed: their exit could not),
-    once per directory per process."""
-    if directory in _swept:
-        return
-    _swept.add(directory)
-    for path in Path(directory).glob("rose-arena-*-*"):
-        pid = path.name.split("-")[2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            _unlink(str(path))
-        except PermissionError:
-            pass  # another user's process, alive
+    """Files left by processes that are gone, swept once per directory per process."""
+    if directory not in _swept:
+        _swept.add(directory)
+        sweep_dead(directory)
 
 
 def _key(slots: dict[str, Slot]) -> tuple:
