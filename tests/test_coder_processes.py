@@ -236,3 +236,27 @@ def test_arena_files_of_processes_that_are_gone_are_swept(tmp_path):
     assert str(tmp_path) in tensor_arena._swept
     left.write_bytes(b"x")  # `rose down` sweeps too, after stopping the workers
     assert sweep_dead(str(tmp_path)) == 1 and not left.exists() and alive.exists()
+
+
+def test_the_trainer_publisher_starts_coders_again_once_they_failed(tmp_path, monkeypatch):
+    from executors.workers import publishers
+    from storage.relay import pool as relay_pool
+
+    monkeypatch.setitem(relay_pool._clients, ("filesystem", "publisher"),
+                        FilesystemRelay(tmp_path / "relay"))
+    monkeypatch.setattr(publishers, "_publishers", {})
+    pub = publishers.trainer_publisher("filesystem", "again", 1 << 20, serve=False,
+                                       coder_processes=3)
+    first = pub.coders
+    assert first.ready(120)
+    os.kill(first.pids[0], signal.SIGKILL)
+    first._procs[0].wait(10)
+    train = Training(9)
+    for version in range(3):  # the delta finds the coder gone, and is coded on threads
+        pub.publish(version, TensorArena.of(train.weights()), copy=False)
+        train.step(3e-2)
+    assert first.failed
+    again = publishers.trainer_publisher("filesystem", "again", 1 << 20, serve=False,
+                                         coder_processes=3)
+    assert again is pub and pub.coders is not first and pub.coders.ready(120)
+    assert all(p.poll() is not None for p in first._procs)  # the old ones are gone

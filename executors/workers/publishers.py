@@ -54,7 +54,8 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
             _publishers[relay_kind, run] = pub
         pub.bucket_bytes, pub.sparse, pub.link_gbps = bucket_bytes, sparse, link_gbps
         pub.stream, pub.measure_cpu = stream, measure_cpu
-        if coder_processes != (0 if pub.coders is None else pub.coders.count):
+        if coder_processes != (0 if pub.coders is None else pub.coders.count) or \
+                (pub.coders is not None and pub.coders.failed):  # failed: started again
             pub.coders = shared_coders(coder_processes) if coder_processes else None
         if measure_link != (pub.link_rate is not None):  # switched: kept while it stays on
             pub.link_rate = LinkRate() if measure_link else None

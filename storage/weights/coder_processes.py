@@ -252,5 +252,7 @@ def shared_coders(count: int) -> CoderProcesses:
     with _lock:
         coders = _shared.get(count)
         if coders is None or (coders.failed and coders._ready.is_set()):
+            if coders is not None:
+                coders.close()  # what is left of them
             coders = _shared[count] = CoderProcesses(count)
         return coders
