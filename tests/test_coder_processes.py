@@ -260,3 +260,26 @@ def test_the_trainer_publisher_starts_coders_again_once_they_failed(tmp_path, mo
                                          coder_processes=3)
     assert again is pub and pub.coders is not first and pub.coders.ready(120)
     assert all(p.poll() is not None for p in first._procs)  # the old ones are gone
+
+
+def test_a_queue_longer_than_the_pipe_is_written_beside_the_answers(tmp_path, coders, coded_here,
+                                                                    monkeypatch):
+    """Past what the pipe holds, the piece numbers are written on a thread of their own, while
+    the publisher reads answers (else a coder blocked sending a payload would stop taking
+    numbers, and the publisher blocked writing them would never read it)."""
+    from storage.weights import coder_processes
+
+    monkeypatch.setattr(coder_processes, "PIPE_NUMBERS", 1)
+    _small_blocks(monkeypatch)
+    relay = FilesystemRelay(tmp_path / "r")
+    pub = SparsePublisher(relay, "r", bucket_bytes=16 << 10, coder_processes=2)
+    rx = WeightReceiver(relay, "r", full_timeout_s=5)
+    train = Training(11)
+    for version in range(3):
+        coded_here.clear()
+        weights = TensorArena.of(train.weights())
+        pub.publish(version, weights, copy=False)
+        assert rx.pull(version).mode == ("full" if version == 0 else "delta")
+        assert same(rx.tensors, weights)
+        train.step(3e-2)
+    assert coded_here == [] and pub.coders.failed is None

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 ANSWER_TIMEOUT_S = 60.0  # no piece takes a coder this long: it is stuck
 END = 0xFFFFFFFF  # in the queue: no more pieces in this publish (one per coder)
-MAX_PIECES = 16_000  # the queue's pipe holds this many numbers without blocking (64 KB)
+PIPE_NUMBERS = 16_000  # the queue's pipe holds this many numbers without blocking (64 KB)
 _ROOT = Path(__file__).resolve().parents[2]
 Job = tuple[str, tuple[str, Slot], tuple[str, Slot], "tuple[int, int] | None"]
 
@@ -163,8 +163,6 @@ class CoderProcesses:
               target_version: int) -> Batch:
         """Hand a publish's pieces to the coders, each job (name, (new arena, slot), (base
         arena, slot), span or None); they code them in this order as each becomes free."""
-        if len(jobs) > MAX_PIECES:
-            raise CoderError(f"{len(jobs)} pieces in one publish, more than {MAX_PIECES}")
         with self._send:
             if self._batch is not None:  # the last publish's coders are done with its queue
                 self._batch.finish()
@@ -174,12 +172,28 @@ class CoderProcesses:
             try:
                 for conn in self._conns:
                     conn.send(("publish", jobs, link, base_version, target_version))
-                os.write(self._jobs, struct.pack(f"<{len(jobs) + self.count}I",
-                                                 *range(len(jobs)), *[END] * self.count))
+                queue = struct.pack(f"<{len(jobs) + self.count}I", *range(len(jobs)),
+                                    *[END] * self.count)
+                if len(jobs) + self.count <= PIPE_NUMBERS:
+                    self._queue(queue)
+                else:  # more than the pipe holds: written while the answers are read
+                    threading.Thread(target=self._queue, args=(queue, True), daemon=True,
+                                     name="rose-coders-queue").start()
             except OSError as exc:
                 self._fail(f"a coder process is gone ({type(exc).__name__})")
                 raise CoderError(self.failed) from exc
             return batch
+
+    def _queue(self, numbers: bytes, background: bool = False) -> None:
+        """Write piece numbers into the queue (blocks while it is full and the coders busy)."""
+        view = memoryview(numbers)
+        try:
+            while view:
+                view = view[os.write(self._jobs, view):]
+        except OSError as exc:
+            if not background:
+                raise
+            self._fail(f"a coder process is gone ({type(exc).__name__})")
 
     def hand_out(self, work: list[tuple[str, "torch.Tensor", tuple[int, int] | None]],
                  new: tuple[str, dict[str, Slot]], base: tuple[str, dict[str, Slot]],
