@@ -154,13 +154,14 @@ class SparsePublisher(SnapshotServer):
         return self._plan[2], self._plan[3], self._plan[4]
 
     def _link(self, tensors: dict[str, torch.Tensor]) -> time_model.Link:
-        """The link, the cores coding these tensors keeps busy (a model that fits in one pool
-        task, the demo policy's 1.7 MB, is coded on one thread whatever the machine) and
-        their speed."""
+        """The link, the cores coding these tensors keeps busy (threads or coder processes; a
+        model that fits in one pool task, the demo policy's 1.7 MB, on one whatever the
+        machine) and their speed."""
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         gbps = self.link_gbps if self.link_rate is None else self.link_rate.gbps(self.link_gbps)
         speed = host_speed.measured() if self.measure_cpu else time_model.HostSpeed()
-        return time_model.Link(gbps, busy_workers(total, self.workers), speed)
+        coding = self.coders.count if self.coders is not None else self.workers
+        return time_model.Link(gbps, busy_workers(total, coding), speed)
 
     def observe_gets(self, nbytes: int, seconds: float) -> bool:
         """A receiver's pull took `seconds` of relay gets for `nbytes` (its PullReport's
