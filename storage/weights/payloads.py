@@ -20,15 +20,15 @@ from storage.weights.buckets import CorruptBucket
 Encoder = Callable[[str, torch.Tensor], tuple[Buffer, dict[str, Any]]]
 Decoder = Callable[[memoryview, dict[str, Any], "torch.Tensor | None", "int | None"], torch.Tensor]
 
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
+DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
     torch.int16, torch.int32, torch.int64, torch.bool)}
 
 
 def raw_encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]]:
-    """The tensor's bytes as they are in memory (any dtype in _DTYPES)."""
+    """The tensor's bytes as they are in memory (any dtype in DTYPES)."""
     dtype = str(tensor.dtype).removeprefix("torch.")
-    if dtype not in _DTYPES:
+    if dtype not in DTYPES:
         raise ValueError(f"tensor {name!r} has unsupported dtype {tensor.dtype}")
     t = tensor.detach().to("cpu").contiguous().reshape(-1)
     data = t.view(torch.uint8).numpy() if t.numel() else b""
@@ -37,7 +37,7 @@ def raw_encoder(name: str, tensor: torch.Tensor) -> tuple[Buffer, dict[str, Any]
 
 def _decode_raw(payload: memoryview, meta: dict[str, Any], base: torch.Tensor | None,
                 base_version: int | None) -> torch.Tensor:
-    dtype, shape = _DTYPES[meta["dtype"]], meta["shape"]
+    dtype, shape = DTYPES[meta["dtype"]], meta["shape"]
     if payload.nbytes == 0:  # torch.frombuffer refuses empty buffers
         return torch.empty(shape, dtype=dtype)
     if payload.readonly:  # held tensors are written into by later deltas (in place)
@@ -71,7 +71,7 @@ def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
         raise CorruptBucket(f"tensor {name!r}: unknown encoding {meta.get('encoding')!r} "
                             f"(known: {', '.join(_DECODERS)})")
     held = (base or {}).get(name)
-    if in_place and encoding == "rsdt" and writable_base(held, _DTYPES.get(meta["dtype"]),
+    if in_place and encoding == "rsdt" and writable_base(held, DTYPES.get(meta["dtype"]),
                                                          tuple(meta["shape"])):
         tensor = apply_delta(payload, held, base_version=base_version, in_place=True)
     else:
@@ -85,12 +85,12 @@ def decode_payload(name: str, payload: memoryview, meta: dict[str, Any],
 
 def entry_dtype(meta: dict[str, Any]) -> torch.dtype | None:
     """The dtype an entry's metadata names (None: not one a payload may carry)."""
-    return _DTYPES.get(meta.get("dtype", ""))
+    return DTYPES.get(meta.get("dtype", ""))
 
 
 def shape_bytes(meta: dict[str, Any]) -> int:
     """Bytes of the tensor an entry's metadata describes (a decoding cost estimate)."""
-    dtype = _DTYPES.get(meta.get("dtype", ""), torch.uint8)
+    dtype = DTYPES.get(meta.get("dtype", ""), torch.uint8)
     n = 1
     for d in meta.get("shape", []):
         n *= int(d)

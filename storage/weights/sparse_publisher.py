@@ -50,7 +50,7 @@ from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
 from storage.weights.piece_coder import code_piece
-from storage.weights.tensor_arena import TensorArena, arena_of
+from storage.weights.tensor_arena import ArenaSlots, TensorArena, arena_of
 from storage.weights.tensor_form import (RawSamples, all_raw, raw_unseen, record_raw,
                                          record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport
@@ -109,6 +109,7 @@ class SparsePublisher(SnapshotServer):
         self._raw_samples = raw_samples or RawSamples()  # kept from publish to publish
         self._stop: threading.Event | None = None
         self.coders: CoderProcesses | None = coder_processes and shared_coders(coder_processes) or None
+        self._held_arena: ArenaSlots | None = None  # where _held is for the coders, if anywhere
         self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
 
     @property
@@ -180,24 +181,26 @@ class SparsePublisher(SnapshotServer):
             base = None if reason else self._held
             # with coder processes, the version where they read it: as it is when the trainer
             # took it in an arena (TensorArena.of), else copied into one
-            shared = None if self.coders is None else tensors \
-                if not copy and arena_of(tensors) is not None else TensorArena.of(tensors)
+            shared, where = tensors, None if copy or self.coders is None else arena_of(tensors)
+            if self.coders is not None and where is None:
+                shared = TensorArena.of(tensors)
+                where = arena_of(shared)
             report = self._push(version, tensors, base, reason, self.part, compare=self._held,
-                                raw=raw, link=link, shared=shared)
-            self._held = shared if shared is not None else \
+                                raw=raw, link=link, arena=where)
+            self._held = shared if where is not None else \
                 {n: _kept(t, copy) for n, t in tensors.items()}
+            self._held_arena = where
             self.version, self._plan = version, None
             return report
 
     def _hand_out(self, order: dict[str, torch.Tensor], base: dict[str, torch.Tensor] | None,
-                  shared: dict[str, torch.Tensor] | None, raw: bool,
+                  new: ArenaSlots | None, raw: bool,
                   link: time_model.Link | None, base_version: int | None, version: int,
                   split: bool) -> HandedOut:
         """A coded delta's pieces handed to the coder processes, where they are up and both
         versions are in arenas (none handed out: this process's threads code them all)."""
-        new = None if shared is None or base is None or raw or not self.coders.ready() \
-            else arena_of(shared)
-        old = None if new is None else arena_of(base)
+        old = None if new is None or base is None or raw or not self.coders.ready() \
+            else self._held_arena  # base is the held version
         try:
             if old is not None:
                 return self.coders.hand_out(pieces(order, split), new, old, link, base_version,
@@ -210,12 +213,12 @@ class SparsePublisher(SnapshotServer):
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",
               compare: dict[str, torch.Tensor] | None = None, raw: bool = False,
               link: time_model.Link | None = None,
-              shared: dict[str, torch.Tensor] | None = None) -> PublishReport:
+              arena: ArenaSlots | None = None) -> PublishReport:
         """Encode against `base` (None: full) and push; densities are counted against
         `compare` (the previous version) when given, else every element counts as sent.
         `raw`: the delta goes all raw, sent as the dense path sends it; `link`: what each
         tensor is chosen by time for (both from _judge; a full snapshot needs neither);
-        `shared`: the version in an arena, where coder processes code it against the base's
+        `arena`: where the version is in shared memory, for coder processes to code it against the base's
         (None, or either not in one, or the coders not up: this process's threads code).
         The digest and the stats of a delta sent raw are taken once every tensor is encoded,
         while the last buckets are put (publish_weights' meta), not after them."""
@@ -272,7 +275,7 @@ class SparsePublisher(SnapshotServer):
         if not part:  # until this push is through: a failed one may have pruned some
             self._relay_versions = None
         order = tensors if kind == "full" or raw else streaming_order(tensors)
-        coded = self._hand_out(order, base, shared, raw, link, base_version, version, streamed)
+        coded = self._hand_out(order, base, arena, raw, link, base_version, version, streamed)
         stats = publish_weights(self.relay, self.run, version, order, self.bucket_bytes,
                                 raw_encoder if raw else encoder, manifest_meta, part,
                                 workers=1 if coded else link.cores if link else self.workers,

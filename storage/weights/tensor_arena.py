@@ -23,12 +23,12 @@ from collections.abc import Callable
 import torch
 
 from storage.weights.arena_files import arena_dir, arena_path, sweep_dead
+from storage.weights.payloads import DTYPES
 
 Slot = tuple[int, str, tuple[int, ...]]  # offset in bytes, dtype name, shape
+ArenaSlots = tuple[str, dict[str, Slot]]  # an arena's path and its slots
 _ALIGN = 64  # a cache line: no two slots share one
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
-    torch.int16, torch.int32, torch.int64)}
+_DTYPES = {n: d for n, d in DTYPES.items() if d is not torch.bool}  # bool: held as a clone
 _live: dict[int, tuple[str, dict[str, Slot]]] = {}  # mapping address -> (path, slots)
 _free: dict[tuple, list[str]] = {}  # layout -> files no tensor uses, to reuse
 FREE_PER_LAYOUT = 2  # a version being published and its base's: what a trainer cycles through
@@ -75,7 +75,7 @@ class TensorArena:
             held.view(-1)[span[0]:span[1]].copy_(tensor.reshape(-1)[span[0]:span[1]])
 
 
-def arena_of(tensors: dict[str, torch.Tensor]) -> tuple[str, dict[str, Slot]] | None:
+def arena_of(tensors: dict[str, torch.Tensor]) -> ArenaSlots | None:
     """(path, slots) of the arena `tensors` are the slots of, or None when they are not all
     in one (some copied elsewhere, another order, another set)."""
     first = next(iter(tensors.values()), None)
