@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import psutil
+
 PREFIX = "rose-arena-"  # then the owner's pid, a dash and a random suffix
 
 
@@ -25,16 +27,11 @@ def sweep_dead(directory: str | None = None) -> int:
     swept = 0
     for path in Path(directory or arena_dir()).glob(f"{PREFIX}*-*"):
         pid = path.name[len(PREFIX):].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):
             continue
         try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            try:
-                path.unlink()
-                swept += 1
-            except FileNotFoundError:
-                pass
-        except PermissionError:
-            pass  # another user's process, alive
+            path.unlink()
+            swept += 1
+        except FileNotFoundError:
+            pass
     return swept

@@ -29,6 +29,8 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 from storage.delta import time_model
 from storage.weights.piece_coder import CodedPiece
 from storage.weights.tensor_arena import Slot
@@ -144,15 +146,15 @@ class CoderProcesses:
             self._ready.set()
 
     def cpu_s(self) -> float:
-        """CPU seconds the coders have used so far (Linux: from /proc; 0 elsewhere)."""
-        ticks = 0
+        """CPU seconds the coders have used so far (those still running)."""
+        total = 0.0
         for pid in self.pids:
             try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-            except OSError:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
                 continue
-            ticks += int(stat[11]) + int(stat[12])  # utime, stime
-        return ticks / os.sysconf("SC_CLK_TCK")
+            total += times.user + times.system
+        return total
 
     def ready(self, timeout: float | None = 0.0) -> bool:
         """Whether every coder is connected and none has failed (waits up to `timeout`)."""
