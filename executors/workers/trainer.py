@@ -18,7 +18,7 @@ from distributed import WorkerPlugin
 
 from rose.config import RunConfig
 from rose.grpo import assemble_trajectory, behaviour_tokens, grpo_loss, tis_weights, token_logprobs
-from storage.weights.tensor_arena import TensorArena
+from storage.weights.tensor_arena import shared_copy
 
 
 def seed_everything(seed: int) -> None:
@@ -73,10 +73,11 @@ class Trainer:
     def weights_bf16(self, shared: bool = False) -> dict[str, torch.Tensor]:
         """What rollout engines load: HF names, bf16 (tied lm_head appears once, as embeddings).
         `shared`: converted straight into an arena in shared memory, where the publisher's
-        coder processes read them (storage/weights/tensor_arena.py), not into fresh tensors."""
+        coder processes read them (storage/weights/tensor_arena.py), not into fresh tensors
+        (into those where shared memory has no room for them, said in the log)."""
         params = {n: p.detach() for n, p in self.model.named_parameters()}
         if shared:
-            return TensorArena.of(params, torch.bfloat16)
+            return shared_copy(params, torch.bfloat16)
         return {n: p.to(torch.bfloat16).contiguous() for n, p in params.items()}
 
     # ---- GRPO ----

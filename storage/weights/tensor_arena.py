@@ -10,10 +10,17 @@ goes back to a pool (FREE_PER_LAYOUT per layout, the rest unlinked) and the next
 same layout reuses it: its memory is already backed (a fresh GB faults in at ~0.6 s on this
 VM, a reused one at ~0.06) and the coders keep it mapped. Pooled and live files are unlinked
 at exit; a coder unmaps a file once it is gone.
+
+A new file's memory is reserved when it is made (posix_fallocate): a tmpfs too small for it
+(a container's /dev/shm is 64 MB unless given more) would otherwise kill the process with
+SIGBUS at the first write past its room. Where it does not fit, `shared_copy` says so once
+in the log and keeps the tensors as plain copies: the publisher then codes on its threads.
 """
 from __future__ import annotations
 
 import atexit
+import errno
+import logging
 import mmap
 import os
 import threading
@@ -25,6 +32,7 @@ import torch
 from storage.weights.arena_files import arena_dir, arena_path, sweep_dead
 from storage.weights.payloads import DTYPES
 
+log = logging.getLogger(__name__)
 Slot = tuple[int, str, tuple[int, ...]]  # offset in bytes, dtype name, shape
 ArenaSlots = tuple[str, dict[str, Slot]]  # an arena's path and its slots
 _ALIGN = 64  # a cache line: no two slots share one
@@ -33,6 +41,11 @@ _live: dict[int, tuple[str, dict[str, Slot]]] = {}  # mapping address -> (path, 
 _free: dict[tuple, list[str]] = {}  # layout -> files no tensor uses, to reuse
 FREE_PER_LAYOUT = 2  # a version being published and its base's: what a trainer cycles through
 _lock = threading.Lock()
+_said_no_room: set[str] = set()  # directories whose lack of room was logged
+
+
+class ArenaSpaceError(OSError):
+    """Shared memory has no room for an arena."""
 
 
 class TensorArena:
@@ -73,6 +86,23 @@ class TensorArena:
             held.copy_(tensor)
         else:
             held.view(-1)[span[0]:span[1]].copy_(tensor.reshape(-1)[span[0]:span[1]])
+
+
+def shared_copy(tensors: dict[str, torch.Tensor],
+                dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """`TensorArena.of(tensors, dtype)` where shared memory has room for it; else plain copies
+    (converted to `dtype`), said once per directory in the log: the publisher finds no arena
+    and codes on its own threads (coder processes read only arenas)."""
+    try:
+        return TensorArena.of(tensors, dtype)
+    except ArenaSpaceError as e:
+        with _lock:
+            first = e.filename not in _said_no_room
+            _said_no_room.add(e.filename)
+        if first:
+            log.warning("%s; the publisher codes on its own threads", e.strerror)
+        return {n: t.detach().to(dtype or t.dtype, copy=True).contiguous()
+                for n, t in tensors.items()}
 
 
 def arena_of(tensors: dict[str, torch.Tensor]) -> ArenaSlots | None:
@@ -120,14 +150,41 @@ def map_file(path: str, nbytes: int, create: bool = False,
     fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
     try:
         if create:
-            os.ftruncate(fd, max(nbytes, _ALIGN))
+            _reserve(fd, path, max(nbytes, _ALIGN))
         mapped = mmap.mmap(fd, max(nbytes, _ALIGN))
+    except BaseException:
+        if create:
+            _unlink(path)
+        raise
     finally:
         os.close(fd)
     tensor = torch.frombuffer(mapped, dtype=torch.uint8)
     if gone is not None:  # the tensor's storage holds the mmap, not the tensor object
         weakref.finalize(mapped, gone, tensor.data_ptr(), path)
     return tensor
+
+
+def _reserve(fd: int, path: str, nbytes: int) -> None:
+    """Size the new file at `nbytes` with its memory reserved; ArenaSpaceError (naming the
+    directory, its free and the needed MiB) where it has no room."""
+    directory = os.path.dirname(path)
+    vfs = os.statvfs(directory)
+    free = vfs.f_bavail * vfs.f_frsize
+    try:
+        if free < nbytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: the size alone
+            os.ftruncate(fd, nbytes)
+            return
+        if e.errno != errno.ENOSPC:
+            raise
+        raise ArenaSpaceError(
+            errno.ENOSPC, f"{directory} has {free / 2**20:.0f} MiB free, an arena of "
+            f"{nbytes / 2**20:.0f} MiB does not fit (coder processes read a version and its "
+            f"base from shared memory: give {directory} more room, e.g. docker run "
+            f"--shm-size, or set publish.coder_processes: 0)", directory) from None
 
 
 def slot_view(arena: torch.Tensor, slot: Slot) -> torch.Tensor:
