@@ -12,7 +12,7 @@ import torch
 import storage.weights.sparse_publisher as sparse_publisher
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.arena_files import sweep_dead
-from storage.weights.coder_processes import CoderProcesses, shared_coders
+from storage.weights.coder_processes import CoderProcesses, HandedOut, shared_coders
 from storage.weights.publisher import bucket_key, read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
@@ -60,6 +60,15 @@ def _small_blocks(monkeypatch) -> None:
 def test_coders_code_every_delta_piece_as_the_threads_do_bit_exact(tmp_path, coders, coded_here,
                                                                   monkeypatch):
     _small_blocks(monkeypatch)  # spans too: each block a piece of its own
+    from_coders: list[tuple[str, float]] = []  # (tensor, seconds its coder took) per piece
+    real_get = HandedOut.get
+
+    def get(self, name, span):
+        piece = real_get(self, name, span)
+        if piece is not None:
+            from_coders.append((name, piece.seconds))
+        return piece
+    monkeypatch.setattr(HandedOut, "get", get)
     relays = {k: FilesystemRelay(tmp_path / k) for k in ("threads", "coders")}
     pubs = {"threads": SparsePublisher(relays["threads"], "r", bucket_bytes=16 << 10),
             "coders": SparsePublisher(relays["coders"], "r", bucket_bytes=16 << 10,
@@ -73,10 +82,17 @@ def test_coders_code_every_delta_piece_as_the_threads_do_bit_exact(tmp_path, cod
             assert arena_of(weights) is not None
         for kind, pub in pubs.items():
             coded_here.clear()
+            from_coders.clear()
             report = pub.publish(version, weights, copy=version < 2)
             assert report.digest == tensors_digest(weights)
+            assert report.coders == (2 if kind == "coders" and version > 0 else 0)
             if kind == "coders" and version > 0:  # every delta piece went to a coder
-                assert report.kind == "delta" and coded_here == []
+                assert report.kind == "delta" and coded_here == [] and from_coders
+                # each tensor's encode_s holds its coder's coding time (a span's: summed)
+                coded_s = {n: sum(s for m, s in from_coders if m == n) for n, _ in from_coders}
+                for stat in report.tensors:
+                    if stat.name in coded_s:
+                        assert stat.encode_s >= coded_s[stat.name] > 0
         assert _payloads(relays["coders"], "r", version) == \
             _payloads(relays["threads"], "r", version)
         assert rx.pull(version).mode == ("full" if version == 0 else "delta")

@@ -24,11 +24,11 @@ def test_left_out_and_skipped_workers_are_recorded_with_why(tmp_path):
     # every worker waited; the tensors were chosen for a 2.5 Gbps link (measured or configured)
     # ... at a host that codes Elias-Fano 2x as fast as the fitted costs and applies it 3x
     write_transfer_metrics(run_dir, 4, {**SUMMARY, "version": 4, "link_gbps": 2.5,
-                                        "cpu_speed": {"ef": [2.0, 3.0]}}, [ROW])
+                                        "cpu_speed": {"ef": [2.0, 3.0]}, "coders": 8}, [ROW])
     # a file from before the columns existed
     old = pa.Table.from_pylist([{**{k: None for k in SCHEMA.names}, "step": 2, "version": 2,
                                  **ROW}], schema=SCHEMA).drop_columns(
-        ["workers_left_out", "workers_skipped", "link_gbps", "cpu_speed"])
+        ["workers_left_out", "workers_skipped", "link_gbps", "cpu_speed", "coders"])
     pq.write_table(old, transfer_path(run_dir, 2))
     rows = connect(tmp_path).execute(
         "SELECT step, workers_left_out, workers_skipped, link_gbps FROM transfer "
@@ -39,6 +39,9 @@ def test_left_out_and_skipped_workers_are_recorded_with_why(tmp_path):
     speed = connect(tmp_path).execute(
         "SELECT step, cpu_speed->>'$.ef[1]' FROM transfer ORDER BY step").fetchall()
     assert speed == [(2, None), (3, None), (4, "3.0")]
+    # coded on 8 coder processes at step 4, on the trainer's threads at 3 (none said: 0)
+    coders = connect(tmp_path).execute("SELECT step, coders FROM transfer ORDER BY step").fetchall()
+    assert coders == [(2, None), (3, 0), (4, 8)]
 
 
 def test_the_empty_view_has_the_records_columns(tmp_path):

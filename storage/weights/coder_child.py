@@ -5,7 +5,7 @@
 From the publisher: ("publish", jobs, link, base_version, target_version), a publish's table of
 pieces, each (name, (new arena, slot), (base arena, slot), span); then the coder takes piece
 numbers from the queue (4 bytes each, shared by every coder) until an END, answering each
-("piece", i, encoding, checksum, changed, has payload) and the payload's bytes, or ("error",
+("piece", i, encoding, checksum, changed, seconds, has payload) and the payload's bytes, or ("error",
 i, why), and at the END ("done",). It keeps the arenas it mapped (the publisher reuses their
 files, storage/weights/tensor_arena.py) until their files are gone, and exits when its
 publisher's end closes.
@@ -64,7 +64,7 @@ def serve(address: str, authkey: bytes, queue: int) -> None:
                 conn.send(("error", index, f"{type(exc).__name__}: {exc}"))
                 continue
             conn.send(("piece", index, piece.encoding, piece.checksum, piece.changed,
-                       piece.payload is not None))
+                       piece.seconds, piece.payload is not None))
             if piece.payload is not None:
                 conn.send_bytes(piece.payload)
         conn.send(("done",))

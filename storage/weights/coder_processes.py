@@ -232,9 +232,10 @@ class CoderProcesses:
                 elif message[0] == "error":
                     batch.results[message[1]] = CoderError(message[2])
                 else:
-                    _, index, encoding, checksum, changed, has_payload = message
+                    _, index, encoding, checksum, changed, seconds, has_payload = message
                     payload = conn.recv_bytes() if has_payload else None
-                    batch.results[index] = CodedPiece(payload, encoding, checksum, changed)
+                    batch.results[index] = CodedPiece(payload, encoding, checksum, changed,
+                                                      seconds)
         except (EOFError, OSError) as exc:
             self._fail(f"a coder process is gone ({type(exc).__name__})")
         return self.failed is None

@@ -7,6 +7,7 @@ byte for byte the same wherever it was coded.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -22,12 +23,14 @@ from storage.weights.transfer_metrics import changed_in_payload
 class CodedPiece:
     """A piece as it goes out: `payload` None means its bytes as they are (raw_encoder);
     `checksum`: its content hash when it was coded (kept for the digest even if it then went
-    raw); `changed`: the change count the payload states, when it does."""
+    raw); `changed`: the change count the payload states, when it does; `seconds`: how long
+    `code_piece` took (in whichever process coded it)."""
 
     payload: Buffer | None
     encoding: str
     checksum: int | None = None
     changed: int | None = None
+    seconds: float = 0.0
 
 
 def code_piece(name: str, tensor: torch.Tensor, old: torch.Tensor | None,
@@ -37,6 +40,15 @@ def code_piece(name: str, tensor: torch.Tensor, old: torch.Tensor | None,
     not the codec's, or when the time model says raw reaches the receiver sooner: judged
     before the change scan (tensor_form.raw_first), and again once the payload's size is
     known (time_model.raw_after_encode)."""
+    t0 = time.perf_counter()
+    piece = _coded(name, tensor, old, link, base_version, target_version)
+    piece.seconds = time.perf_counter() - t0
+    return piece
+
+
+def _coded(name: str, tensor: torch.Tensor, old: torch.Tensor | None,
+           link: time_model.Link | None, base_version: int | None,
+           target_version: int) -> CodedPiece:
     codable = tensor.dtype in DTYPE_CODES
     raw, density = raw_first(tensor, old, link) if codable and link and old is not None \
         else (not codable, None)

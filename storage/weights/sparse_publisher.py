@@ -233,9 +233,10 @@ class SparsePublisher(SnapshotServer):
 
         def encoder(name: str, tensor: torch.Tensor, span: Span | None = None
                     ) -> tuple[Buffer, dict[str, Any]]:
-            t = time.perf_counter()
             old = None if base is None else base[name]
             piece = coded.get(name, span)  # None: not handed to a coder process
+            # its encode_s: the coder's coding time, not the wait for it; else this thread's
+            t, elsewhere = time.perf_counter(), 0.0 if piece is None else piece.seconds
             ref = compare  # what its changes are counted against
             if span is not None:  # one block of a large tensor (storage/weights/spans.py)
                 tensor, old = flat_range(tensor, span), flat_range(old, span)
@@ -250,7 +251,7 @@ class SparsePublisher(SnapshotServer):
             data, meta = raw_encoder(name, tensor) if piece.payload is None \
                 else (piece.payload, {"encoding": "rsdt"})
             record_tensor(report, ref, name, tensor, piece.encoding, memoryview(data).nbytes,
-                          piece.changed, time.perf_counter() - t)
+                          piece.changed, elsewhere + time.perf_counter() - t)
             if span is not None:
                 spanned.add(name)
             return data, meta
@@ -284,6 +285,7 @@ class SparsePublisher(SnapshotServer):
                                 held_versions=known, split=streamed)
         if not part:
             self._relay_versions = stats.held_versions
+        report.coders = self.coders.count if coded else 0
         report.merge_spans(spanned, tensors, compare)
         report.encode_s = sum(t.encode_s for t in report.tensors) + digest_s
         report.pushed_bytes, report.buckets = stats.bytes, stats.buckets

@@ -68,6 +68,7 @@ class PublishReport:
     # this host's coding speed against the time model's costs, method -> [encode, apply]
     # (storage/delta/host_speed.py; None: the costs as fitted, or not chosen by time)
     cpu_speed: dict[str, list[float]] | None = None
+    coders: int = 0  # coder processes its pieces were handed to (0: this process's threads)
     tensors: list[TensorStat] = field(default_factory=list)
     # (stat, new, base) whose change count is taken when the report is read: a compare pass
     # over every tensor sent raw or ternary would otherwise sit between encode and push
@@ -115,7 +116,7 @@ class PublishReport:
                                       for k, (c, n) in sorted(layers.items())},
                 "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
                 "publish_s": self.seconds, "link_gbps": self.link_gbps,
-                "cpu_speed": self.cpu_speed}
+                "cpu_speed": self.cpu_speed, "coders": self.coders}
 
     @classmethod
     def combine(cls, version: int, parts: list["PublishReport"], digest: str,
@@ -131,6 +132,7 @@ class PublishReport:
         links = {r.link_gbps for r in parts}  # one link: the parts share its measured rate
         out.link_gbps = links.pop() if len(links) == 1 else None
         out.cpu_speed = next((r.cpu_speed for r in parts if r.cpu_speed), None)  # one host
+        out.coders = max((r.coders for r in parts), default=0)  # the parts share one pool
         for r in parts:
             out.pushed_bytes, out.buckets = out.pushed_bytes + r.pushed_bytes, out.buckets + r.buckets
             out.encode_s, out.push_s = out.encode_s + r.encode_s, out.push_s + r.push_s
@@ -214,6 +216,9 @@ SCHEMA = pa.schema([
     # JSON {method: [encode, apply]}: the trainer host's coding speed against the time model's
     # fitted costs (storage/delta/host_speed.py; null: the costs as fitted, or a full snapshot)
     ("cpu_speed", pa.string()),
+    # coder processes the delta's pieces were handed to (publish.coder_processes; 0: coded on
+    # the trainer's threads, also where /dev/shm had no room). encode_s is coding time either way
+    ("coders", pa.int64()),
 ])
 
 
@@ -246,7 +251,8 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "workers_skipped": worker_reasons(summary.get("skipped")),
                  "link_gbps": summary.get("link_gbps"),
                  "cpu_speed": None if summary.get("cpu_speed") is None
-                 else json.dumps(summary["cpu_speed"], sort_keys=True)}
+                 else json.dumps(summary["cpu_speed"], sort_keys=True),
+                 "coders": summary.get("coders", 0)}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
