@@ -3,6 +3,7 @@ staleness floors, and the transfer metrics file."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -105,10 +106,18 @@ def weights(step: int) -> dict[str, torch.Tensor]:
             for n, t in base.items()}
 
 
-def engines(client) -> dict[str, dict]:
-    """Rollout worker name -> its stand-in engine's version, digest and reload count."""
-    names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()
-             if w["name"].startswith("rollout")}
+def engines(client, wait_s: float = 10.0) -> dict[str, dict]:
+    """Rollout worker name -> its stand-in engine's version, digest and reload count. Waits up
+    to `wait_s` for the scheduler to list a rollout worker (once, in a full-suite run on 2
+    busy cores, it listed none for a moment: the test then failed on a KeyError, not on what
+    it checks)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()
+                 if w["name"].startswith("rollout")}
+        if names or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     return {names[a]: s for a, s in client.run(engine_state, workers=list(names)).items()}
 
 
