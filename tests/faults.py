@@ -33,14 +33,16 @@ class KillMidRollout(threading.Thread):
     def _watch(self, client: Client) -> None:
         address = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
                        if w["name"] == self.victim)
+        # the pids first: two round trips between seeing a batch run and the kill gave it time
+        # to finish on a busy machine (once the last batch of a step: no step saw the death)
+        pid = client.run(os.getpid, workers=[address])[address]
+        nanny = client.run(os.getppid, workers=[address])[address] if self.with_nanny else None
         seen: set[str] = set()
         deadline = time.monotonic() + self.timeout_s
         while time.monotonic() < deadline:
             running = {k for k in client.processing(workers=[address]).get(address, ())
                        if "generate_turns" in str(k)}
             if running and len(seen - running) >= self.after:
-                pid = client.run(os.getpid, workers=[address])[address]
-                nanny = client.run(os.getppid, workers=[address])[address] if self.with_nanny else None
                 self.killed = {"worker": self.victim, "pid": pid, "nanny_pid": nanny,
                                "at": time.time(), "batches_done": len(seen - running)}
                 for target in (nanny, pid):  # nanny first: it cannot restart what dies after it
