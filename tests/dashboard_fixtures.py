@@ -53,14 +53,16 @@ def step_turns(step: int) -> list[dict]:
     return rows + [turn(step=step, index=j, turn=1, policy_version=step - 1) for j in (0, 2)]
 
 
-def publish(run_dir, step: int) -> None:
-    """A delta publish of two tensors: one xor_zstd, one dense."""
+def publish(run_dir, step: int, coders: int | None = None) -> None:
+    """A delta publish of two tensors: one xor_zstd, one dense; coded in `coders` processes
+    (None: 2, then the threads at step 3, as after a fallback)."""
     summary = {"version": step, "kind": "delta", "base_version": step - 1, "encoded_bytes": 600_000,
                "push_s": 0.2, "publish_s": 0.9, "pull_s": 0.3, "apply_s": 0.1, "load_s": 0.05,
                "link_gbps": 10.0 / step,  # as if measured, a little slower each step
                # the host's speed, from the second publish on (the first: fitted costs)
                "cpu_speed": {"ef": [2.0, 3.0], "ternary": [1.0 + step, 2.5], "raw": [4.0, 4.0]}
-               if step > 1 else None}
+               if step > 1 else None,
+               "coders": (2 if step < 3 else 0) if coders is None else coders}
     tensor = {"layer": 0, "numel": 500_000, "changed": 1000, "density": 0.002}
     write_transfer_metrics(run_dir, step, summary, [
         {**tensor, "name": "a", "encoding": "xor_zstd", "raw_bytes": 1_000_000,

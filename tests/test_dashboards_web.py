@@ -12,7 +12,7 @@ from dashboards.web import routing, runs, serving, transfer
 from dashboards.web.app import PageSession
 from dashboards.web.data import list_runs, load
 from storage.metrics.store import StepMetricsStore
-from tests.dashboard_fixtures import RUNS, STEPS, T0, recorded, step_summary  # noqa: F401
+from tests.dashboard_fixtures import RUNS, STEPS, T0, publish, recorded, step_summary  # noqa: F401
 
 
 def build(page, data_dir, picked):
@@ -82,7 +82,7 @@ def test_routing_page_draws_the_affinity_hit_rate(recorded):
 
 
 def test_transfer_page_draws_each_publish(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 7 + 2 * len(RUNS))
+    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 8 + 2 * len(RUNS))
     sent = {r.glyph.y: r.data_source.data for r in
             drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]}
     assert sent["sent_mb"]["sent_mb"] == pytest.approx([0.6] * 3)  # from the publish records
@@ -99,6 +99,20 @@ def test_transfer_page_draws_each_publish(recorded):
     assert speed["coding_x"]["coding_x"] == pytest.approx(want, nan_ok=True)
     assert speed["raw_x"]["raw_x"] == pytest.approx([math.nan if s == 1 else 4.0 for s in STEPS],
                                                     nan_ok=True)
+    # coded in 2 coder processes, then on the trainer's threads at the last step
+    coders = drawn["Coder processes each delta was coded in (0: the trainer's threads, e.g. "
+                   "where /dev/shm had no room)"]
+    assert coders[0].data_source.data["coders"] == [2 if s < 3 else 0 for s in STEPS]
+
+
+def test_transfer_page_leaves_out_coders_where_threads_coded_every_delta(recorded):
+    import shutil
+
+    shutil.rmtree(recorded / "runs" / "r1" / "transfer")  # publish.coder_processes off: 0
+    for step in STEPS:
+        publish(recorded / "runs" / "r1", step, coders=0)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 9)
+    assert not [title for title in drawn if title.startswith("Coder processes")]
 
 
 def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recorded):
@@ -111,7 +125,7 @@ def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recor
 
 
 def test_transfer_page_encoding_mix_stages_and_lag(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 9)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 10)
     mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
     assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
     assert mix["dense"] == pytest.approx([5 / 6] * 3)

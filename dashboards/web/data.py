@@ -39,13 +39,14 @@ _SQL = {
     "encodings": "SELECT run, step, encoding, count(*) AS tensors, sum(raw_bytes)::DOUBLE AS raw_bytes,"
                  " sum(encoded_bytes)::DOUBLE AS encoded_bytes, sum(encode_s) AS encode_s FROM transfer"
                  " WHERE run IN ({runs}) GROUP BY run, step, encoding ORDER BY run, step, encoding",
-    # per publish: what was pushed against the dense bytes, the slowest worker's pull, and the
-    # link rate and the host's coding speed its tensors were chosen by
+    # per publish: what was pushed against the dense bytes, the slowest worker's pull, the
+    # link rate and the host's coding speed its tensors were chosen by, and where it was coded
     "publishes": "SELECT run, step, any_value(kind) AS kind, sum(raw_bytes)::DOUBLE AS dense_bytes,"
                  " any_value(pushed_bytes) AS pushed_bytes, sum(encode_s) AS encode_s,"
                  " any_value(push_s) AS push_s, any_value(pull_s_max) AS pull_s,"
                  " any_value(apply_s_max) AS apply_s, any_value(load_s_max) AS load_s,"
-                 " any_value(link_gbps) AS link_gbps, any_value(cpu_speed) AS cpu_speed"
+                 " any_value(link_gbps) AS link_gbps, any_value(cpu_speed) AS cpu_speed,"
+                 " any_value(coders) AS coders"
                  " FROM transfer WHERE run IN ({runs}) GROUP BY run, step ORDER BY run, step",
 }
 

@@ -3,8 +3,10 @@ bf16 weights, the mix of encodings chosen (storage/delta), the seconds of each s
 push into the relay, the slowest worker's pull, apply and engine load), the link rate each
 publish chose its encodings by (publish.link_gbps, or measured: storage/weights/link_rate.py),
 this host's coding speed against the time model's fitted costs (publish.measure_cpu:
-storage/delta/host_speed.py), the publish rate and version, and how many versions each
-worker's turns lagged the trainer (from `turns`)."""
+storage/delta/host_speed.py), the coder processes each delta was coded in where a run has
+them (publish.coder_processes: a fall to 0 is the trainer's threads coding instead), the
+publish rate and version, and how many versions each worker's turns lagged the trainer (from
+`turns`)."""
 from __future__ import annotations
 
 import json
@@ -29,6 +31,7 @@ def data(frames: Frames) -> dict[tuple, Columns]:
         out[("publishes", run)] = {"step": c["step"], "sent_mb": scaled(c["pushed_bytes"], 1e-6),
                                    "dense_mb": scaled(c["dense_bytes"], 1e-6),
                                    "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES},
+                                   "coders": [NAN if n is None else n for n in c["coders"]],
                                    **_speeds(c["cpu_speed"])}
     for (run,), c in groups(frames.encodings, "run").items():
         steps = sorted(set(c["step"]))
@@ -88,6 +91,12 @@ def layout(sources: Sources):
         lines(speed, publishes, "coding_x")
         lines(speed, publishes, "raw_x", dash="dashed", suffix=" raw")
         figs += [link, speed]
+    coded = {run: src for run, src in publishes.items() if any(n > 0 for n in src.data["coders"])}
+    if coded:  # runs with publish.coder_processes on: a fall to 0 is a fallback to threads
+        coders = step_figure("Coder processes each delta was coded in (0: the trainer's threads, "
+                             "e.g. where /dev/shm had no room)", "processes")
+        lines(coders, coded, "coders")
+        figs.append(coders)
     total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
     lines(total, runs, "publish_s")
     rate = step_figure("Publish rate", "MB/s")
