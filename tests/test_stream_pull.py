@@ -84,6 +84,21 @@ def test_a_waiting_receiver_applies_buckets_before_the_manifest_bit_exact(relays
     assert rx.digest == report.digest == tensors_digest(v1)
 
 
+def test_a_slow_stream_is_polled_at_an_eighth_of_its_gaps_not_every_millisecond(relays, ns):
+    """Buckets 0.15 s apart: the receiver checks for the next one from every ms just after one
+    landed, backing off to an eighth of the gap (19 ms): ~12 checks a gap where a fixed 2 ms
+    poll made ~70 (the relay's master answers each, for every receiver)."""
+    link, run, pub, rx, v1 = _setup(relays, ns, slow=0.15)
+    thread, out = _pull_in_thread(rx, 1)
+    pub.publish(1, v1)
+    thread.join(60)
+    got = out["report"]
+    assert got.mode == "delta" and not got.fallback and got.streamed >= 3
+    gaps = got.buckets + 1  # before each bucket, and before the manifest
+    assert 0 < got.polls <= 20 * gaps, (got.polls, gaps)  # 2 ms polls: >= 0.15 / 0.0021 a gap
+    assert rx.version == 1 and same(rx.tensors, v1)
+
+
 def test_damaged_bucket_in_the_stream_is_fetched_again(relays, ns):
     link, run, pub, rx, v1 = _setup(relays, ns)
     rx.relay = Flipping(relays[1], bucket_key(run, 1, 1))

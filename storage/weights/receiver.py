@@ -60,6 +60,7 @@ class PullReport:
     buckets: int = 0
     rejected: int = 0  # bucket copies that failed their checksum (each fetched again)
     streamed: int = 0  # buckets applied before the manifest (storage/weights/stream_pull.py)
+    polls: int = 0  # relay checks for its next bucket while streaming
     fetch_s: float = 0.0  # relay gets + bucket checksums
     apply_s: float = 0.0  # decoding and applying payloads (result checksums included)
     wait_s: float = 0.0  # waiting for a requested full snapshot
@@ -183,6 +184,7 @@ class WeightReceiver:
             report.buckets += int(stats.get("buckets", 0))
             report.rejected += int(stats.get("rejected", 0))
             report.streamed += int(stats.get("streamed", 0))
+            report.polls += int(stats.get("polls", 0))
             report.fetch_s += stats.get("fetch_s", 0.0)
             report.apply_s += stats.get("decode_s", stats.get("apply_s", 0.0))
             if "gets" in stats:
