@@ -17,7 +17,7 @@ snapshot, as after any pull that failed partway.
 
 Waiting for the next bucket is polling the relay (one existence check of two keys: ~0.1 ms of
 a Mooncake master's time and as much of the receiver's): every POLL_MIN_S just after a bucket
-landed, backing off to an eighth of the gap between buckets so far (at most POLL_MAX_S), so a
+landed, backing off to an eighth of the mean gap between buckets (at most POLL_MAX_S), so a
 long publish, or a slow link, costs the relay tens of checks a second per receiver instead of
 hundreds, and the version is seen complete at most an eighth of a gap late.
 """
@@ -88,7 +88,7 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
     applier = BucketApplier(held, held, base_version, workers, st)
     st["streamed"], st["polls"] = 0, 0
     attempt, done = announced["attempt"], []
-    started = idle_since = time.monotonic()
+    idle_since = first_at = time.monotonic()  # first_at: when the first bucket was applied
     poll_s = POLL_MIN_S
     while True:
         key = bucket_info_key(run, version, len(done))
@@ -102,7 +102,9 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
                 raise StreamBroken(f"v{version}: no bucket {len(done)} and no manifest within "
                                    f"{timeout_s:g} s (the publish stopped)")
             time.sleep(poll_s)
-            gap = (idle_since - started) / len(done) if done else waited  # mean so far
+            # the mean gap between buckets so far (not the wait for the first: the sender's
+            # coding before it), else this wait itself
+            gap = (idle_since - first_at) / (len(done) - 1) if len(done) > 1 else waited
             poll_s = min(2 * poll_s, max(POLL_MIN_S, min(POLL_MAX_S, gap / 8)))
             continue
         poll_s = POLL_MIN_S
@@ -114,6 +116,7 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
         done.append(info)
         st["streamed"] += 1
         idle_since = time.monotonic()
+        first_at = idle_since if len(done) == 1 else first_at
     manifest = read_manifest(relay, run, version)
     if manifest.meta.get("attempt") != attempt or manifest.buckets[:len(done)] != done:
         raise StreamBroken(f"v{version} was published again while it was streamed (attempt "
