@@ -33,7 +33,7 @@ def test_arenas_without_room_fall_back_to_threads_bit_exact():
     seen = _in_small_shm()
     # an arena that does not fit: a clear error naming the room and the way out, no file left
     assert seen["error"] is not None
-    assert "/dev/shm has 1 MiB free, an arena of 2 MiB does not fit" in seen["error"]
+    assert "/dev/shm has 1.0 MiB free, an arena of 2.0 MiB does not fit" in seen["error"]
     assert "--shm-size" in seen["error"] and "coder_processes: 0" in seen["error"]
     assert not [f for f in seen["left_in_shm"] if f.startswith("rose-arena-")]
     # shared_copy: plain copies of the values (converted where asked), no arena

@@ -181,10 +181,15 @@ def _reserve(fd: int, path: str, nbytes: int) -> None:
         if e.errno != errno.ENOSPC:
             raise
         raise ArenaSpaceError(
-            errno.ENOSPC, f"{directory} has {free / 2**20:.0f} MiB free, an arena of "
-            f"{nbytes / 2**20:.0f} MiB does not fit (coder processes read a version and its "
+            errno.ENOSPC, f"{directory} has {_mib(free)} MiB free, an arena of "
+            f"{_mib(nbytes)} MiB does not fit (coder processes read a version and its "
             f"base from shared memory: give {directory} more room, e.g. docker run "
             f"--shm-size, or set publish.coder_processes: 0)", directory) from None
+
+
+def _mib(nbytes: int) -> str:
+    mib = nbytes / 2**20
+    return f"{mib:.1f}" if mib < 10 else f"{mib:.0f}"
 
 
 def slot_view(arena: torch.Tensor, slot: Slot) -> torch.Tensor:
