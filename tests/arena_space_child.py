@@ -8,14 +8,16 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from executors.workers.trainer import Trainer  # noqa: E402
 from storage.relay.filesystem import FilesystemRelay  # noqa: E402
 from storage.weights.receiver import WeightReceiver  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
-from storage.weights.tensor_arena import ArenaSpaceError, TensorArena, arena_of, shared_copy  # noqa: E402
+from storage.weights.tensor_arena import ArenaSpaceError, TensorArena, arena_copy, arena_of  # noqa: E402
 
 
 def main() -> None:
@@ -34,11 +36,13 @@ def main() -> None:
     except ArenaSpaceError as e:
         out["error"] = e.strerror
     out["left_in_shm"] = sorted(os.listdir("/dev/shm"))
-    copies = [shared_copy(v1, torch.float32), shared_copy(v1)]
-    out["copies_equal"] = all(torch.equal(c[n].float(), v1[n].float())
-                              for c in copies for n in v1)
-    out["copies_dtypes"] = sorted({str(t.dtype) for c in copies for t in c.values()})
-    out["copies_in_arena"] = any(arena_of(c) is not None for c in copies)
+    out["arena_copies"] = [arena_copy(v1, torch.float32), arena_copy(v1)]
+    trainer = SimpleNamespace(model=torch.nn.ParameterDict(  # Trainer's snapshot, these weights
+        {n.replace(".", "_"): torch.nn.Parameter(t.float()) for n, t in v1.items()}))
+    snapshot = Trainer.weights_bf16(trainer, shared=True)
+    out["snapshot_equal"] = all(torch.equal(snapshot[n.replace(".", "_")], t)
+                                for n, t in v1.items())
+    out["snapshot_in_arena"] = arena_of(snapshot) is not None
     with tempfile.TemporaryDirectory() as tmp:
         relay = FilesystemRelay(Path(tmp) / "relay")
         pub = SparsePublisher(relay, "small-shm", link_gbps=0.05, coder_processes=1)

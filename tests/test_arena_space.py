@@ -6,25 +6,16 @@ threads instead, bit-exact. Real, not mocked: the child runs in a mount namespac
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from small_shm import run_in_small_shm
 
-ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("arena_space_child.py")
 
 
 def _in_small_shm() -> dict:
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) for a mount namespace with a small /dev/shm")
-    mount = "mount -t tmpfs -o size=1m tmpfs /dev/shm || exit 77"
-    run = subprocess.run(["unshare", "-Urm", "sh", "-c", f"{mount}; exec {sys.executable} {CHILD}"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if run.returncode == 77 or "unshare:" in run.stderr and run.returncode != 0:
-        pytest.skip(f"no mount namespace here: {run.stderr.strip()[-300:]}")
+    run = run_in_small_shm(f"exec {sys.executable} {CHILD}", "1m")
     assert run.returncode == 0, f"rc {run.returncode}:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -36,10 +27,11 @@ def test_arenas_without_room_fall_back_to_threads_bit_exact():
     assert "/dev/shm has 1.0 MiB free, an arena of 2.0 MiB does not fit" in seen["error"]
     assert "--shm-size" in seen["error"] and "coder_processes: 0" in seen["error"]
     assert not [f for f in seen["left_in_shm"] if f.startswith("rose-arena-")]
-    # shared_copy: plain copies of the values (converted where asked), no arena
-    assert seen["copies_equal"] and not seen["copies_in_arena"]
-    assert seen["copies_dtypes"] == ["torch.bfloat16", "torch.float32"]
-    # said once in the log however many times it did not fit (two copies, two publishes)
+    # arena_copy: none (the caller keeps its tensors its usual way), as a trainer's snapshot
+    assert seen["arena_copies"] == [None, None]
+    assert seen["snapshot_equal"] and not seen["snapshot_in_arena"]
+    # said once in the log however many times it did not fit (two copies, a trainer's
+    # snapshot, two publishes)
     assert len(seen["warnings"]) == 1 and "does not fit" in seen["warnings"][0]
     # coder processes on, no arena: the publisher coded on its threads, bit-exact
     assert seen["digests_match"] and seen["received_equal"]

@@ -18,7 +18,7 @@ from distributed import WorkerPlugin
 
 from rose.config import RunConfig
 from rose.grpo import assemble_trajectory, behaviour_tokens, grpo_loss, tis_weights, token_logprobs
-from storage.weights.tensor_arena import shared_copy
+from storage.weights.tensor_arena import arena_copy
 
 
 def seed_everything(seed: int) -> None:
@@ -76,8 +76,8 @@ class Trainer:
         coder processes read them (storage/weights/tensor_arena.py), not into fresh tensors
         (into those where shared memory has no room for them, said in the log)."""
         params = {n: p.detach() for n, p in self.model.named_parameters()}
-        if shared:
-            return shared_copy(params, torch.bfloat16)
+        if shared and (held := arena_copy(params, torch.bfloat16)) is not None:
+            return held
         return {n: p.to(torch.bfloat16).contiguous() for n, p in params.items()}
 
     # ---- GRPO ----

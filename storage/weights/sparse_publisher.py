@@ -50,7 +50,7 @@ from storage.weights.parallel import busy_workers
 from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
 from storage.weights.link_rate import LinkRate
 from storage.weights.piece_coder import code_piece
-from storage.weights.tensor_arena import ArenaSlots, arena_of, shared_copy
+from storage.weights.tensor_arena import ArenaSlots, arena_copy, arena_of
 from storage.weights.tensor_form import (RawSamples, all_raw, raw_unseen, record_raw,
                                          record_tensor, streaming_order)
 from storage.weights.transfer_metrics import PublishReport
@@ -182,12 +182,12 @@ class SparsePublisher(SnapshotServer):
             # with coder processes, the version where they read it: as it is when the trainer
             # took it in an arena (TensorArena.of), else copied into one (where there is room)
             shared, where = tensors, None if copy or self.coders is None else arena_of(tensors)
-            if self.coders is not None and where is None:
-                shared = shared_copy(tensors)
-                where = arena_of(shared)
+            if self.coders is not None and where is None and \
+                    (copied := arena_copy(tensors)) is not None:
+                shared, where = copied, arena_of(copied)
             report = self._push(version, tensors, base, reason, self.part, compare=self._held,
                                 raw=raw, link=link, arena=where)
-            self._held = shared if where is not None or shared is not tensors else \
+            self._held = shared if where is not None else \
                 {n: _kept(t, copy) for n, t in tensors.items()}
             self._held_arena = where
             self.version, self._plan = version, None

@@ -13,8 +13,9 @@ at exit; a coder unmaps a file once it is gone.
 
 A new file's memory is reserved when it is made (posix_fallocate): a tmpfs too small for it
 (a container's /dev/shm is 64 MB unless given more) would otherwise kill the process with
-SIGBUS at the first write past its room. Where it does not fit, `shared_copy` says so once
-in the log and keeps the tensors as plain copies: the publisher then codes on its threads.
+SIGBUS at the first write past its room. Where it does not fit, `arena_copy` says so once
+in the log and gives None: its caller keeps the tensors its usual way, and the publisher,
+finding no arena, codes on its threads.
 """
 from __future__ import annotations
 
@@ -88,11 +89,11 @@ class TensorArena:
             held.view(-1)[span[0]:span[1]].copy_(tensor.reshape(-1)[span[0]:span[1]])
 
 
-def shared_copy(tensors: dict[str, torch.Tensor],
-                dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """`TensorArena.of(tensors, dtype)` where shared memory has room for it; else plain copies
-    (converted to `dtype`), said once per directory in the log: the publisher finds no arena
-    and codes on its own threads (coder processes read only arenas)."""
+def arena_copy(tensors: dict[str, torch.Tensor],
+               dtype: torch.dtype | None = None) -> dict[str, torch.Tensor] | None:
+    """`TensorArena.of(tensors, dtype)` where shared memory has room for it; else None, said
+    once per directory in the log (the caller keeps the tensors its usual way; coder
+    processes read only arenas, so the publisher codes on its own threads)."""
     try:
         return TensorArena.of(tensors, dtype)
     except ArenaSpaceError as e:
@@ -101,8 +102,7 @@ def shared_copy(tensors: dict[str, torch.Tensor],
             _said_no_room.add(e.filename)
         if first:
             log.warning("%s; the publisher codes on its own threads", e.strerror)
-        return {n: t.detach().to(dtype or t.dtype, copy=True).contiguous()
-                for n, t in tensors.items()}
+        return None
 
 
 def arena_of(tensors: dict[str, torch.Tensor]) -> ArenaSlots | None:
@@ -170,21 +170,21 @@ def _reserve(fd: int, path: str, nbytes: int) -> None:
     directory = os.path.dirname(path)
     vfs = os.statvfs(directory)
     free = vfs.f_bavail * vfs.f_frsize
-    try:
-        if free < nbytes:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        os.posix_fallocate(fd, 0, nbytes)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: the size alone
-            os.ftruncate(fd, nbytes)
+    if free >= nbytes:
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
             return
-        if e.errno != errno.ENOSPC:
-            raise
-        raise ArenaSpaceError(
-            errno.ENOSPC, f"{directory} has {_mib(free)} MiB free, an arena of "
-            f"{_mib(nbytes)} MiB does not fit (coder processes read a version and its "
-            f"base from shared memory: give {directory} more room, e.g. docker run "
-            f"--shm-size, or set publish.coder_processes: 0)", directory) from None
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no fallocate there: size alone
+                os.ftruncate(fd, nbytes)
+                return
+            if e.errno != errno.ENOSPC:
+                raise
+    raise ArenaSpaceError(
+        errno.ENOSPC, f"{directory} has {_mib(free)} MiB free, an arena of "
+        f"{_mib(nbytes)} MiB does not fit (coder processes read a version and its "
+        f"base from shared memory: give {directory} more room, e.g. docker run "
+        f"--shm-size, or set publish.coder_processes: 0)", directory)
 
 
 def _mib(nbytes: int) -> str:
