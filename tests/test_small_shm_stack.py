@@ -6,33 +6,26 @@ record's `coders` is 0), and the trainer's log says why once. Before arenas rese
 memory the trainer died of SIGBUS at its first snapshot."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 
 import pytest
 
 from storage.catalog import connect
-from tests.stack_fixtures import REPO, cli_stack_env, new_data_dir
+from tests.small_shm import run_in_small_shm
+from tests.stack_fixtures import cli_stack_env, new_data_dir
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_run_trains_in_a_2_mib_shm_coding_on_threads(tmp_path_factory):
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) for a mount namespace with a small /dev/shm")
     data = new_data_dir(tmp_path_factory, "rose-small-shm")
     cfg = data / "run.yaml"
     cfg.write_text("run_id: small-shm\nsteps: 1\n"
                    "publish: {coder_processes: 2, link_gbps: 0.05, measure_link: false}\n")
     rose = f"{sys.executable} -m rose.cli"
-    script = (f"mount -t tmpfs -o size=2m tmpfs /dev/shm || exit 77; "
-              f"{rose} up --rollout-workers 1 && {rose} train -c {cfg}")
     with cli_stack_env(data) as env:  # stops the stack from outside the namespace afterwards
-        run = subprocess.run(["unshare", "-Urm", "sh", "-c", script], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=1200)
-        if run.returncode == 77 or run.returncode != 0 and "unshare:" in run.stderr:
-            pytest.skip(f"no mount namespace here: {run.stderr.strip()[-300:]}")
+        run = run_in_small_shm(f"{rose} up --rollout-workers 1 && {rose} train -c {cfg}", "2m",
+                               env, timeout=1200)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     coders = connect(data).execute(
         "SELECT step, kind, any_value(coders) FROM transfer WHERE run = 'small-shm' "
