@@ -249,7 +249,7 @@ def _ours_once(writer: Relay, conn, run: str, old: dict, new: dict, rate: float,
             "fetch_s": pull["fetch_s"], "apply_s": pull["apply_s"], "sender_cpu_s": sender_cpu,
             "receiver_cpu_s": pull["cpu_s"], "total_s": t2 - t0,
             "streamed_buckets": pull["streamed"], "buckets": pull["buckets"],
-            "polls": pull.get("polls", 0),  # the receiver's relay checks while it streamed
+            "polls": pull["polls"],  # the receiver's relay checks while it streamed
             "raw_tensors": sum(t.encoding == "raw" for t in report.tensors),
             "chosen_gbps": report.link_gbps,  # the link rate its tensors were chosen by
             "tensors": len(report.tensors), "coder_processes": coder_processes}

@@ -88,7 +88,7 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
     applier = BucketApplier(held, held, base_version, workers, st)
     st["streamed"], st["polls"] = 0, 0
     attempt, done = announced["attempt"], []
-    idle_since = first_at = time.monotonic()  # first_at: when the first bucket was applied
+    idle_since = first_at = time.monotonic()  # first_at: once the first bucket was applied
     poll_s = POLL_MIN_S
     while True:
         key = bucket_info_key(run, version, len(done))
@@ -116,7 +116,8 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
         done.append(info)
         st["streamed"] += 1
         idle_since = time.monotonic()
-        first_at = idle_since if len(done) == 1 else first_at
+        if len(done) == 1:
+            first_at = idle_since
     manifest = read_manifest(relay, run, version)
     if manifest.meta.get("attempt") != attempt or manifest.buckets[:len(done)] != done:
         raise StreamBroken(f"v{version} was published again while it was streamed (attempt "
