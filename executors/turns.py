@@ -33,7 +33,7 @@ class TurnResult:
     trajectory_id: str
     response_ids: list[int]
     logprobs: list[float]
-    finished_reason: str  # "stop" (EOS), "length", "abort", "stale"
+    finished_reason: str  # "stop" (EOS), "length", "abort", "returned" (unstarted), "stale"
     worker: str = ""
     worker_kind: str = ""
     policy_version: int = -1

@@ -17,6 +17,11 @@ KV_LINES = (("serving_blocks", "serving", "solid"), ("rollout_blocks", "rollout"
             ("budget_blocks", "rollout budget", "dashed"), ("total_blocks", "KV pool", "dotted"))
 
 
+DENIED = {"rollout_denied_tpot": "TPOT slack", "rollout_denied_ttft": "TTFT slack",
+          "rollout_denied_kv": "KV headroom", "rollout_denied_yielded": "yielded to a user",
+          "rollout_yielded_to_users": "users yielded to"}
+
+
 def data(frames: Frames) -> dict[tuple, Columns]:
     out = {}
     for (run, worker), c in groups(frames.serving, "run", "worker").items():
@@ -25,7 +30,8 @@ def data(frames: Frames) -> dict[tuple, Columns]:
             "tpot_ms": scaled(c["tpot_p99_s"], 1e3), "slo_ttft_ms": scaled(c["slo_ttft_s"], 1e3),
             "slo_tpot_ms": scaled(c["slo_tpot_s"], 1e3), "slo_attainment": c["slo_attainment"],
             "requests": c["requests"], "failed": c["failed"],
-            "rollout_admitted": c["rollout_admitted"], "rollout_aborted": c["rollout_aborted"]}
+            "rollout_admitted": c["rollout_admitted"], "rollout_aborted": c["rollout_aborted"],
+            **{k: c.get(k) or [None] * len(c["step"]) for k in DENIED}}
     for (run, worker), c in groups(frames.kv, "run", "worker").items():
         at = [t.timestamp() * 1e3 for t in c["sampled_at"]]  # Bokeh's datetime axis: epoch ms
         samples = [i for i, e in enumerate(c["event"]) if not isinstance(e, str)]
@@ -89,7 +95,11 @@ def layout(sources: Sources):
     turns = step_figure("Rollout turns admitted (solid) and aborted (dashed)", "turns")
     lines(turns, series, "rollout_admitted", suffix=" admitted")
     lines(turns, series, "rollout_aborted", dash="dashed", suffix=" aborted")
-    figs = [ttft, tpot, attain, load, turns]
+    denied = step_figure("Rollout steps denied per step, by reason (and users yielded to)", "steps")
+    for i, (col, why) in enumerate(DENIED.items()):
+        lines(denied, series, col, dash=("solid", "dashed", "dotted", "dotdash", "dashdot")[i],
+              suffix=f" {why}")
+    figs = [ttft, tpot, attain, load, turns, denied]
     kv = {label(key, runs): src for key, src in pick(sources, "kv").items()}
     if kv:
         events = pick(sources, "kv_event")

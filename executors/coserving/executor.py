@@ -12,6 +12,8 @@ API:
     ex.abort_rollout(request_ids)            # the scheduler gave up on these turns
     ex.start_step()    # new RL step: rollout KV budget from recent serving peak; unfreeze
     ex.admitting() -> bool                   # would a rollout turn be admitted now
+    ex.yield_to_user(prompt_len)             # a user the endpoint would refuse: rollout steps
+                                             # stop for the TTFT SLO, KV cut if serving lacks it
     ex.metrics(fresh=False) -> dict          # counters, policy, SLO used, profiles (/metrics)
     ex.kv_timeline() -> dict   # KV blocks and memory events since start_step (kv_timeline.py)
     ex.load_rollout_weights(version, tensors); ex.rollout_weight_matches(tensors) -> bool | None
@@ -48,8 +50,10 @@ from executors.engine.budgeted_scheduler import release_engine
 from executors.engine.owner import EngineOwner
 from executors.policies.autoscale import EvictReload
 from executors.policies.kv_memory import KVMemoryPolicy
+from executors.policies.prediction_margin import PredictionMargin
 from executors.policies.slo_admission import SLOConfig
 from executors.policies.stall import StallDetector
+from executors.policies.turn_start import TurnStartGate
 from executors.turns import TurnRequest
 
 
@@ -58,13 +62,19 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
         self.cfg, self.worker, self.wiring = cfg, worker, cfg.wiring
         self.version, self._weights = 0, None
         self.counters = {"serving_submitted": 0, "rollout_submitted": 0, "admitted": 0, "denied": {},
-                  "decisions": 0, "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "start_steps": 0}
+                  "decisions": 0, "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "start_steps": 0,
+                  "step_sizes": {}, "yielded_to_users": 0}
         self.rollout_counters = new_counters()
         self.autoscale = EvictReload(cfg.evict_load_threshold, cfg.reload_after_s)
         self._usage: deque[tuple[float, int]] = deque()  # (time, serving blocks) samples
         self.timeline = KVTimeline()  # the step's KV samples and events, for its step report
         self.recent_prompts: deque[int] = deque(maxlen=64)  # serving prompt lengths (admission)
         self._admitting = False
+        self.margin = PredictionMargin()  # P99 step overrun: every slack keeps it
+        self.turn_gate = TurnStartGate(cfg.stall_timeout_s)
+        self._turn_work = 0.0  # the last turn's predicted work (s): the gate's typical turn
+        self.serving_slowdown = 1.0  # serving steps' measured / profiled time (the endpoint's)
+        self.yield_until = -1.0  # monotonic s: no rollout step before this (a user at the door)
         self._snap: dict = {}
         self._ids = itertools.count(1)
         self._start(f"coserving-{worker}")  # builds both engines on the loop thread
@@ -145,6 +155,14 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
     def admitting(self) -> bool:
         return self._admitting
 
+    def rollout_busy(self) -> bool:
+        """Rollout turns hold the device now (read without the loop: a dict's length)."""
+        return self.rollout is not None and bool(self.rollout.live)
+
+    def yield_to_user(self, prompt_len: int) -> None:
+        """A user the endpoint would refuse while rollout holds the device: serving first."""
+        self._post(("yield", int(prompt_len)))
+
     def metrics(self, fresh: bool = False) -> dict:
         """Counters, policy snapshot, SLO, profiles. The loop refreshes it every 50 ms while
         busy and whenever it goes idle; fresh=True waits for the loop to build one now."""
@@ -162,6 +180,8 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
                 self.serving.add(item[1])
             elif kind == "abort_serving":
                 self.serving.abort([item[1]])
+            elif kind == "yield":
+                self._yield(item[1], now)
             elif kind == "abort_rollout" and self.rollout is not None:
                 self.rollout.abort(item[1], "other")
             elif kind == "rollout":
@@ -170,10 +190,25 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
                 if self.rollout is None:  # serving_only, or evicted for a burst
                     self.rollout_counters["aborted_evict" if self.wiring.rollout else "aborted_other"] += 1
                     fut.set_result(empty_result(request, self.worker, self.version, "abort"))
+                elif request.request_id not in self.rollout.live and not self.should_start(request, now):
+                    self.rollout_counters["returned_unstarted"] += 1  # nothing ran: placed elsewhere
+                    self.rollout_counters["start_declined"] += 1
+                    fut.set_result(empty_result(request, self.worker, self.version, "returned"))
                 else:
                     self.rollout.add(request, fut, now)
             elif kind == "call":
                 self._run_call(item)
+
+    def _yield(self, prompt_len: int, now: float) -> None:
+        """No rollout step for the TTFT SLO (the user's first token is due within it); where
+        serving's free KV cannot take the prompt, the memory policy cuts (turns rerouted)."""
+        self.counters["yielded_to_users"] += 1
+        self.yield_until = max(self.yield_until, now + self.slo.ttft_s)
+        if self.policy is not None and self.rollout is not None:
+            need = -(-(prompt_len + 1) // self.serving.scheduler.block_size)
+            actions = self.policy.yield_to_serving(need, now)
+            if actions:
+                self.rollout.apply(actions)
 
     # ---- the control loop (one thread owns both engines) ----
     def _idle_wait(self) -> float:
@@ -199,9 +234,12 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
         engine_s = 0.0
         if self.serving.has_work():
             self.serving.scheduler.block_cap = self._serving_cap()
+            predicted = self.serving_step_cost()
             s0 = time.perf_counter()
             self.serving.step()
-            engine_s += time.perf_counter() - s0
+            took = time.perf_counter() - s0
+            engine_s += took
+            self.observe_serving_step(predicted, took)
         self._take(self._drain())  # serving arrivals during that step count as queued prefills
         now = time.monotonic()
         self._watch_memory(now)
@@ -219,7 +257,9 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
                     engine_s += took
                     ran = True
         self._busy = self.serving.has_work() or ran
-        self._admitting = self._would_admit(time.monotonic())
+        now = time.monotonic()
+        self._observe_turn_gate(now)
+        self._admitting = self._would_admit(now)
         self.counters["iterations"] += 1
         self.counters["loop_s"] += time.perf_counter() - t_iter - engine_s
         if not self._busy or not self._snap or now - self._snap["at"] >= 0.05:

@@ -95,6 +95,7 @@ class CoServingPlugin(WorkerPlugin):
         m = self.executor.metrics(fresh=True)["rollout"]
         self.step_started_at = time.monotonic()
         self.admitted_at_step, self.aborted_at_step = m["admitted"], _aborted(m)
+        self.rollout_at_step = m
 
     def step_report(self) -> dict:
         """Serving over the step so far (requests, P99s, SLO attainment), and the rollout turns
@@ -108,7 +109,20 @@ class CoServingPlugin(WorkerPlugin):
                 **window_report(requests, m["slo"]["ttft_s"], m["slo"]["tpot_s"]),
                 "rollout_admitted": m["rollout"]["admitted"] - self.admitted_at_step,
                 "rollout_aborted": _aborted(m["rollout"]) - self.aborted_at_step,
+                **_step_counts(getattr(self, "rollout_at_step", {}), m["rollout"]),
                 "kv_timeline": ex.kv_timeline()}
+
+
+DENIAL_REASONS = {"tpot_slack": "tpot", "ttft_slack": "ttft", "kv_headroom": "kv", "yielded": "yielded"}
+
+
+def _step_counts(before: dict, now: dict) -> dict:
+    """Admission's answers over the step: rollout steps denied by reason (rollout_denied_tpot,
+    _ttft, _kv, _yielded), turns handed back before they started, users rollout yielded to."""
+    b, n = before.get("denied") or {}, now.get("denied") or {}
+    return {**{f"rollout_denied_{short}": n.get(k, 0) - b.get(k, 0) for k, short in DENIAL_REASONS.items()},
+            **{f"rollout_{k}": now.get(k, 0) - before.get(k, 0)
+               for k in ("returned_unstarted", "yielded_to_users")}}
 
 
 def _aborted(rollout_metrics: dict) -> int:

@@ -24,14 +24,16 @@ def new_counters() -> dict:
             "cached_tokens", "scheduled_tokens", "empty_steps", "stall_kept",
             # every abort above is one of these two: work thrown away, or a turn handed back
             # before the engine computed any of it (nothing lost: the scheduler reroutes it)
-            "aborted_started", "returned_unstarted")
+            "aborted_started", "returned_unstarted",
+            "start_declined")  # handed back at the door: recent slack says it would not finish
     c: dict = dict.fromkeys(keys, 0)
     c.update(step_s=0.0, planned_step_s=0.0, predicted_s=0.0, abs_error_s=0.0)
     return c
 
 
 def empty_result(request: TurnRequest, worker: str, version: int, reason: str) -> TurnResult:
-    """A turn answered without tokens: "abort" (reroutable) or "stale" (old weights)."""
+    """A turn answered without tokens: "abort" (reroutable), "returned" (handed back before
+    anything ran: reroutable, no attempt lost) or "stale" (old weights)."""
     return TurnResult(request.request_id, request.trajectory_id, [], [], reason, worker,
                       "serving", version, len(request.prompt_ids))
 

@@ -154,7 +154,7 @@ class ServingSide:
         return [ServingPrefill(r.arrival, r.prompt_len) for r in self.live.values() if not r.times]
 
     def active_decodes(self) -> list[ServingDecode]:
-        return [ServingDecode(r.times[-1]) for r in self.live.values() if r.times]
+        return [ServingDecode(r.times[-1], r.times[0], len(r.times)) for r in self.live.values() if r.times]
 
     def used_blocks(self) -> int:
         return self.scheduler.used_blocks()

@@ -3,7 +3,11 @@
 A mixin of CoServingExecutor (executors/coserving/executor.py), run on its loop thread. In
 "rose" mode a rollout step runs only if DualSLOAdmission admits its predicted cost (the
 rollout profile's price of the plan: the chunk it will schedule, else the decode step of its
-batch) and the KV policy grants its blocks. KV is one emulated device pool of `total` pages
+batch) and the KV policy grants its blocks. When the full step does not fit the slack, smaller
+ones are tried, largest first (executors/policies/step_plan.py smaller_steps), and every slack
+keeps a margin: the P99 of how far steps overran their prediction (prediction_margin.py). A new
+turn starts only when recent slack says it will finish (turn_start.py); otherwise it is handed
+back unstarted. KV is one emulated device pool of `total` pages
 (page = serving block); each engine's BudgetedScheduler gets a block cap so serving + rollout
 never exceed it (CPU has no VMM).
 """
@@ -13,7 +17,8 @@ import math
 
 from executors.policies.kv_memory import MemoryState
 from executors.policies.slo_admission import DualSLOAdmission
-from executors.policies.step_plan import StepPlan
+from executors.policies.step_plan import StepPlan, smaller_steps
+from executors.turns import TurnRequest
 
 ARRIVAL_QUANTILE = 0.9  # the TTFT slack holds for a new arrival this long among recent prompts
 SLOWDOWN_EWMA = 0.1  # weight of the newest rollout step in the measured / profiled time ratio
@@ -34,12 +39,50 @@ class StepGate:
 
     def observe_step(self, plan: StepPlan | None, took_s: float) -> None:
         """A rollout step ran: how much slower than its profile the device is now (shared CPU
-        cores, a neighbour on the GPU) scales every prediction admission makes."""
+        cores, a neighbour on the GPU) scales every prediction admission makes; how far it
+        overran what admission predicted feeds the margin."""
         if plan is None or plan.cost_s <= 0 or not self.wiring.admission:
             return
         a = self.admission
+        self.margin.observe(plan.cost_s * a.slowdown, took_s)
         ratio = min(max(took_s / plan.cost_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
         a.slowdown = (1 - SLOWDOWN_EWMA) * a.slowdown + SLOWDOWN_EWMA * ratio
+
+    def serving_step_cost(self) -> float:
+        """The serving profile's price of the next serving step: D(B) for the decodes plus the
+        queued prefills vLLM batches with them (0 with nothing to do)."""
+        queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
+        cost = self.serving_profile.decode_step(len(active)) if active else 0.0
+        return cost + sum(self.serving_profile.prefill(r.prompt_len) for r in queued)
+
+    def observe_serving_step(self, predicted_s: float, took_s: float) -> None:
+        """A serving step ran: its own slowdown (what serving alone gets from this device, the
+        endpoint's measure) and, under admission, its overrun of the prediction (the margin)."""
+        if predicted_s <= 0:
+            return
+        ratio = min(max(took_s / predicted_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+        self.serving_slowdown = (1 - SLOWDOWN_EWMA) * self.serving_slowdown + SLOWDOWN_EWMA * ratio
+        if self.wiring.admission:
+            self.margin.observe(predicted_s * self.admission.slowdown, took_s)
+
+    def turn_work_s(self, request: TurnRequest) -> float:
+        """Seconds of rollout steps a turn needs on this device: its uncached prompt in chunks
+        (a leased prefix counts as cached) and max_tokens decode steps at the batch it joins."""
+        r, prof = self.rollout, self.rollout_profile
+        leased = len(r.lease_blocks.get(request.trajectory_id, ())) * r.scheduler.block_size
+        todo = max(1, len(request.prompt_ids) - leased)
+        full, rest = divmod(todo, prof.chunk_size)
+        prefill = full * prof.chunk(prof.chunk_size) + (prof.chunk(rest) if rest else 0.0)
+        decode = request.max_tokens * prof.decode_step(min(len(r.live) + 1, self.cfg.max_num_seqs))
+        return self.admission.slowdown * (prefill + decode)
+
+    def should_start(self, request: TurnRequest, now: float) -> bool:
+        """Start this turn now, or hand it back unstarted (serving leaves it too little slack)."""
+        if not self.wiring.admission:
+            return True
+        work = self.turn_work_s(request)
+        self._turn_work = work
+        return self.turn_gate.should_start(now, work)
 
     def note_serving_prompt(self, prompt_len: int) -> None:
         self.recent_prompts.append(prompt_len)
@@ -79,11 +122,8 @@ class StepGate:
         cap = self._rollout_cap()
         room = max(0, cap - r.used_blocks())
         plans = r.plans(chunk, room, admit)
-        if self.wiring.admission and chunk and plans and plans[0].kind == "prefill_chunk":
-            # smaller chunks after the full one: a chunk that fits the slack beats decodes only
-            # (or nothing) when the SLO is tight
-            plans[1:1] = [p for c in (chunk // 2, chunk // 4, chunk // 8) for p in r.plans(c, room, admit)
-                          if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
+        if self.wiring.admission and plans:
+            plans = self._sized(plans, chunk, room, admit)
         if r.blocked_room is not None and room <= r.blocked_room and now < r.blocked_until:
             plans = []  # the last step under this much room scheduled nothing
         denied = self.counters["denied"]
@@ -93,20 +133,60 @@ class StepGate:
         if not self.wiring.admission:
             return plans[0], cap
         reason = "kv_headroom"
+        if now < self.yield_until:  # a user was at the door: serving first, nothing runs
+            denied["yielded"] = denied.get("yielded", 0) + 1
+            r.slack_denied_at = now
+            return None
         queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
-        for plan in plans:
+        self.admission.margin_s = self.margin.margin_s()
+        for plan, size in plans:
             # plans fit the room the policy grants (budget and reserve kept; a "preempt" step
             # takes no more than that room): the cap holds every step to it
             kv_ok = self.policy.state is not MemoryState.PRESSURE and plan.blocks <= room
             d = self.admission.admit(plan.cost_s * self.admission.slowdown, queued, active, now, kv_ok)
             if d.admitted:
                 self.counters["admitted"] += 1
+                key = f"{plan.kind} {size}"
+                self.counters["step_sizes"][key] = self.counters["step_sizes"].get(key, 0) + 1
                 return plan, cap
             reason = d.reason
         denied[reason] = denied.get(reason, 0) + 1
         if reason in ("ttft_slack", "tpot_slack"):  # serving's burst, not KV: stalls may wait
             r.slack_denied_at = now
         return None
+
+    def _sized(self, plans: list[StepPlan], chunk: int | None, room: int,
+               admit: int) -> list[tuple[StepPlan, str]]:
+        """Each plan then its smaller versions, labelled by size ("full", "1/2", ...): a step that
+        fits the slack beats none when the SLO is tight. Prefill chunks are re-planned at half,
+        a quarter, an eighth of the chunk (their KV need shrinks with them); decode steps run
+        part of the batch. Both stop at the efficiency floor (step_plan.smaller_steps)."""
+        r, out = self.rollout, []
+        for plan in plans:
+            out.append((plan, "full"))
+            if plan.kind == "prefill_chunk" and chunk:
+                floor = [p.tokens for p in smaller_steps(plan, self.rollout_profile, chunk)]
+                for c in (chunk // 2, chunk // 4, chunk // 8):
+                    out += [(p, _fraction(p.tokens, plan.tokens)) for p in r.plans(c, room, admit)
+                            if p.kind == "prefill_chunk" and p.tokens < plan.tokens
+                            and floor and p.tokens >= floor[-1]]
+            elif plan.kind == "decode":
+                out += [(p, _fraction(p.tokens, plan.tokens))
+                        for p in smaller_steps(plan, self.rollout_profile, chunk)]
+        return out
+
+    def _slack_now(self, now: float) -> float:
+        queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
+        return min(self.admission.ttft_slack(queued, now, active),
+                   self.admission.tpot_slack(active, now, queued))
+
+    def _observe_turn_gate(self, now: float) -> None:
+        """Whether the smallest rollout step could run now: the turn start gate's history."""
+        if self.rollout is None or not self.wiring.admission:
+            return
+        could = (now >= self.yield_until and self.admission.slowdown
+                 * self.rollout_profile.decode_step(1) <= self._slack_now(now))
+        self.turn_gate.observe(now, could)
 
     def _would_admit(self, now: float) -> bool:
         r = self.rollout
@@ -116,7 +196,16 @@ class StepGate:
             return False
         if not self.wiring.admission:
             return True
-        queued = self.serving.queued_prefills()
-        slack = min(self.admission.ttft_slack(queued, now),
-                    self.admission.tpot_slack(self.serving.active_decodes(), now, queued))
-        return self.admission.slowdown * self.rollout_profile.decode_step(len(r.live) + 1) <= slack
+        if now < self.yield_until:
+            return False
+        gate = self.turn_gate  # a new turn would be handed back: do not send one
+        if gate.longest_closed_s(now) >= gate.stall_timeout_s or \
+                gate.predicted_s(now, self._turn_work) > max(gate.stall_timeout_s, 2 * self._turn_work):
+            return False
+        return self.admission.slowdown * self.rollout_profile.decode_step(len(r.live) + 1) <= self._slack_now(now)
+
+
+def _fraction(part: int, whole: int) -> str:
+    """A smaller step's size as the nearest power-of-two fraction of the full one ("1/2")."""
+    k = max(1, round(math.log2(max(1.0, whole / max(1, part)))))
+    return f"1/{2 ** k}"

@@ -14,6 +14,10 @@ each engine step; the base scheduler does the rest (chunked prefill, prefix hits
   shared device pool (on GPU, VMM would remap pages instead).
 - released: block ids of each request at the moment it finished (before vLLM freed them),
   so the executor can lease a finished turn's prefix-cache blocks and evict them later.
+- rotation: vLLM walks its running requests in order until the token budget is spent, so a
+  budget smaller than the running batch would decode the same first requests every step and
+  starve the rest. After such a step the requests it ran move to the back of the running list:
+  a partial batch serves every request in turn.
 """
 from __future__ import annotations
 
@@ -38,6 +42,10 @@ class BudgetedScheduler(Scheduler):
         try:
             out = super().schedule(*args, **kwargs)
             self.last_scheduled_tokens = out.total_num_scheduled_tokens
+            if self.token_budget is not None and len(out.num_scheduled_tokens) < len(self.running):
+                ran = out.num_scheduled_tokens
+                self.running = ([r for r in self.running if r.request_id not in ran]
+                                + [r for r in self.running if r.request_id in ran])
             return out
         finally:
             self.max_num_scheduled_tokens = saved

@@ -149,6 +149,17 @@ class KVMemoryPolicy:
             return []
         return self._emergency_cut(now)
 
+    def yield_to_serving(self, blocks_needed: int, now: float) -> list[Action]:
+        """A serving user is at the door and rollout holds the device: cut now (as a burst
+        would) when serving's free blocks less its reserve cannot hold `blocks_needed`; no
+        action where they can (compute, not memory, is what the user needs then)."""
+        if blocks_needed < 0:
+            raise ValueError(f"blocks needed must be >= 0, got {blocks_needed}")
+        if (self.state is MemoryState.PRESSURE or self.rollout_used == 0
+                or self.serving_headroom - self.reserve_blocks >= blocks_needed):
+            return []
+        return self._emergency_cut(now)
+
     def _emergency_cut(self, now: float) -> list[Action]:
         self.budget //= self.cut_factor
         self.cuts += 1

@@ -6,6 +6,13 @@ Formulas (paper 4.1), with t = now:
 A rollout step of predicted cost c is admitted iff c <= S (S_ttft on prefill instances, S_tpot
 on decode instances, min of both where prefill and decode share an instance) and its KV blocks
 keep the serving headroom. An empty queue gives +inf slack: nothing to protect.
+
+The TPOT that is measured and promised is a request's mean time per output token, so where a
+decode knows its first token's time f_r and its n_r tokens so far, its slack is the budget it
+has banked: s_r = T_tpot * n_r - (t - f_r) - D(B) (after the next token, n_r gaps in
+t + c + D(B) - f_r seconds must average <= T_tpot). With n_r = 1 this is the gap rule above.
+A margin (seconds, the caller derives it from its measured prediction error) comes off both
+slacks, so the P99 step, not the mean one, fits.
 Every method takes `now` so a simulator and the real executor drive the same code.
 """
 from __future__ import annotations
@@ -82,13 +89,26 @@ class ServingPrefill:
 
 @dataclass(frozen=True)
 class ServingDecode:
-    """A serving request in decode: the time l_r its most recent token came out."""
+    """A serving request in decode: the time l_r its most recent token came out; where known,
+    its first token's time f_r and the tokens n_r it has emitted (the mean-TPOT budget)."""
 
     last_token_at: float
+    first_token_at: float | None = None
+    tokens: int = 1
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.last_token_at):
             raise ValueError(f"serving decode last_token_at must be finite, got {self.last_token_at}")
+        if self.tokens < 1:
+            raise ValueError(f"serving decode tokens must be >= 1, got {self.tokens}")
+        if self.first_token_at is not None and not self.first_token_at <= self.last_token_at:
+            raise ValueError("serving decode first_token_at must be finite and <= last_token_at")
+
+    def tpot_budget(self, tpot_s: float, now: float) -> float:
+        """Seconds until its next token may come and its mean TPOT still hold the SLO."""
+        if self.first_token_at is None or self.tokens == 1:
+            return tpot_s - (now - self.last_token_at)
+        return tpot_s * self.tokens - (now - self.first_token_at)
 
 
 @dataclass(frozen=True)
@@ -125,25 +145,51 @@ class DualSLOAdmission:
         # measured / profiled step time (the caller tracks it): a profile taken at start-up
         # underestimates every step once the device is contended; 1.0 trusts the profile
         self.slowdown = 1.0
+        # seconds off every slack: the caller's measured high quantile of prediction error
+        self.margin_s = 0.0
 
-    def ttft_slack(self, queued: Iterable[ServingPrefill], now: float) -> float:
+    def next_step_s(self, queued: list[ServingPrefill], decodes: int) -> float:
+        """The serving step that follows a rollout step, as vLLM batches it (next_step_prefills):
+        D(B) for the decodes, every queued prefill, and the prefill of a request that may arrive
+        meanwhile (arrival_prompt_len); scaled by the slowdown."""
+        m = self.prefill_mode
+        step = self.profile.decode_step(decodes) if decodes else 0.0
+        step += sum(self.profile.prefill(r.prompt_len, m) for r in queued)
+        if self.arrival_prompt_len > 0:
+            step += self.profile.prefill(self.arrival_prompt_len, m)
+        return self.slowdown * step
+
+    def ttft_slack(self, queued: Iterable[ServingPrefill], now: float,
+                   active: Iterable[ServingDecode] = ()) -> float:
+        """Seconds a rollout step may take before a queued (or arriving) prefill's first token
+        would miss T_ttft. The paper's form charges each prefill its own P_m(L_r); with
+        next_step_prefills its first token waits for the whole next serving step."""
         T, m, k = self.slo.ttft_s, self.prefill_mode, self.slowdown
+        queued = list(queued)
+        if self.next_step_prefills:
+            if not queued and self.arrival_prompt_len <= 0:
+                return INF
+            step = self.next_step_s(queued, len(list(active)))
+            oldest = min((r.arrival for r in queued), default=now)
+            return T - (now - oldest) - step - self.margin_s
         slack = min((T - (now - r.arrival) - k * self.profile.prefill(r.prompt_len, m) for r in queued),
                     default=INF)
         if self.arrival_prompt_len > 0:  # a request arriving now
             slack = min(slack, T - k * self.profile.prefill(self.arrival_prompt_len, m))
-        return slack
+        return slack - self.margin_s
 
     def tpot_slack(self, active: Iterable[ServingDecode], now: float,
                    queued: Iterable[ServingPrefill] = ()) -> float:
+        """Seconds a rollout step may take before a decode's next token, after the next serving
+        step, would take its mean TPOT over T_tpot (ServingDecode.tpot_budget)."""
         active = list(active)
         if not active:
             return INF
-        step = self.profile.decode_step(len(active))  # D(B): the next serving step is due anyway
         if self.next_step_prefills:
-            step += sum(self.profile.prefill(r.prompt_len, self.prefill_mode) for r in queued)
-        step *= self.slowdown
-        return min(self.slo.tpot_s - (now - r.last_token_at) - step for r in active)
+            step = self.next_step_s(list(queued), len(active))
+        else:  # D(B): the next serving step is due anyway
+            step = self.slowdown * self.profile.decode_step(len(active))
+        return min(r.tpot_budget(self.slo.tpot_s, now) for r in active) - step - self.margin_s
 
     def admit(self, cost_s: float, queued: Iterable[ServingPrefill],
               active: Iterable[ServingDecode], now: float, kv_ok: bool) -> AdmissionDecision:
@@ -151,7 +197,8 @@ class DualSLOAdmission:
         if not (math.isfinite(cost_s) and cost_s >= 0):
             raise ValueError(f"rollout step cost must be finite and >= 0, got {cost_s}")
         queued = list(queued)
-        s_ttft = self.ttft_slack(queued, now) if self.mode != "decode" else INF
+        active = list(active)
+        s_ttft = self.ttft_slack(queued, now, active) if self.mode != "decode" else INF
         s_tpot = self.tpot_slack(active, now, queued) if self.mode != "prefill" else INF
         slack = min(s_ttft, s_tpot)
         binding = "ttft_slack" if s_ttft <= s_tpot else "tpot_slack"

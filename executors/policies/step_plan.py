@@ -88,3 +88,30 @@ def blocks_wanted(decodes: int, prefill: int, boundary: int, block_size: int,
     n = decodes + prefill if chunk_tokens is None else min(chunk_tokens, decodes + prefill)
     chunk = math.ceil(max(0, n - decodes) / block_size) + (1 if prefill else 0)
     return max(chunk, admit_blocks if prefill else 0) + boundary
+
+
+SIZE_FLOOR_EFFICIENCY = 0.5  # a smaller step must keep this share of the full step's tokens/s
+
+
+def smaller_steps(plan: StepPlan, profile: LatencyProfile, chunk_tokens: int | None,
+                  floor: float = SIZE_FLOOR_EFFICIENCY) -> list[StepPlan]:
+    """Smaller versions of `plan`, largest first, for when the full step does not fit the slack:
+    a prefill chunk of half, a quarter, ... its tokens, or a decode step of half, a quarter, ...
+    its batch (the scheduler's token budget picks which requests run; it rotates them). Sizes stop
+    at the floor below which waiting is cheaper: where the step's tokens per second fall under
+    `floor` x the full step's (a step's fixed cost dominates a tiny one; better to wait for the
+    slack of a larger one)."""
+    if plan.kind not in ("prefill_chunk", "decode") or plan.tokens < 2 or plan.cost_s <= 0:
+        return []
+    full_rate = plan.tokens / plan.cost_s
+    out, n = [], plan.tokens // 2
+    while n >= 1:
+        if plan.kind == "decode":
+            cost = rollout_step_cost("decode", n, profile)
+        else:
+            cost = _prefill_cost(n, profile, chunk_tokens)
+        if cost <= 0 or n / cost < floor * full_rate:
+            break
+        out.append(StepPlan(plan.kind, n, cost, plan.blocks))  # fewer tokens, no more blocks
+        n //= 2
+    return out

@@ -22,6 +22,7 @@ class Episode:
         self.tokens: list[int] = chat.system(env.system_prompt) + chat.user_turn(observation)
         self.turn = 0
         self.attempt = 0
+        self.returned = 0  # attempts a worker handed back before running (not failures)
         self.rows: list[dict] = []
         self.done = False
         self.rerouted = False

@@ -22,6 +22,7 @@ class RolloutReport:
     aborted_turns: int = 0  # surplus turns aborted in engines (dynamic sampling)
     interrupted: dict[str, int] = field(default_factory=dict)  # worker -> turns it aborted (rerouted)
     handed_back: int = 0  # borrowed turns taken back for idle dedicated workers (tail hand-back)
+    returned_unstarted: int = 0  # turns a serving worker handed back before running (rerouted)
     sampling: dict = field(default_factory=dict)
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (unix time, what, worker)
 

@@ -197,7 +197,11 @@ class RolloutScheduler:
             if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
                 self.router.on_turn_aborted(tid, worker)
                 self.pool.on_abort(worker)
-                self.report.interrupted[worker] = self.report.interrupted.get(worker, 0) + 1
+                if result.finished_reason == "returned":  # handed back unstarted: no attempt lost
+                    self.by_id[tid].returned += 1
+                    self.report.returned_unstarted += 1
+                else:
+                    self.report.interrupted[worker] = self.report.interrupted.get(worker, 0) + 1
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)
@@ -242,7 +246,7 @@ class RolloutScheduler:
 
     def _give_back(self, tid: str, why: str) -> None:
         ep = self.by_id[tid]
-        if ep.attempt >= self.config.max_attempts_per_turn * (ep.turn + 1):
+        if ep.attempt - ep.returned >= self.config.max_attempts_per_turn * (ep.turn + 1):
             raise RolloutStuck(f"trajectory {tid} turn {ep.turn} failed {ep.attempt} attempts "
                                f"(last: {why})")
         ep.give_back()

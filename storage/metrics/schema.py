@@ -30,6 +30,11 @@ SERVING_SCHEMA = pa.schema([
     ("ttft_p99_s", pa.float64()), ("tpot_p99_s", pa.float64()),
     ("slo_ttft_s", pa.float64()), ("slo_tpot_s", pa.float64()), ("slo_attainment", pa.float64()),
     ("rollout_admitted", pa.int64()), ("rollout_aborted", pa.int64()),
+    # rollout steps admission denied over the step, by reason; turns handed back unstarted;
+    # users the rollout side yielded to (docs/step_metrics_schema.md)
+    ("rollout_denied_tpot", pa.int64()), ("rollout_denied_ttft", pa.int64()),
+    ("rollout_denied_kv", pa.int64()), ("rollout_denied_yielded", pa.int64()),
+    ("rollout_returned_unstarted", pa.int64()), ("rollout_yielded_to_users", pa.int64()),
 ], metadata=META)
 
 

@@ -58,6 +58,9 @@ class EndpointMetrics:
                               buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("rose_serving_tpot_seconds", "time per output token after the first",
                               buckets=TPOT_BUCKETS, registry=r)
+        self.yielded_to_users = Counter("rose_serving_rollout_yielded",
+                                        "users the rollout side yielded to (admitted, not refused)",
+                                        registry=r)
         if executor is not None:
             r.register(ExecutorCollector(executor))
         self.content_type = CONTENT_TYPE_LATEST

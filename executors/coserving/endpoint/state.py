@@ -1,7 +1,12 @@
 """What one serving endpoint holds: its executor, tokenizer, model facts, metrics, and what it
 has admitted. A request beyond what the engine can serve within its SLO (the serving profile's
 prediction, executors/policies/endpoint_admission.py) is answered 503 with Retry-After at once,
-never queued; an executor with no profile (a stand-in) gets the fixed bound alone."""
+never queued; an executor with no profile (a stand-in) gets the fixed bound alone.
+
+Serving first at the door: the refusal is judged at serving's own slowdown (measured on serving
+steps). Where the device's contended slowdown (the rollout steps' too) would refuse a user that
+serving alone could serve, and rollout turns hold the device, the rollout side yields instead
+(no rollout step for the TTFT SLO, a KV cut where serving lacks room) and the user is admitted."""
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol
@@ -54,8 +59,17 @@ class EndpointState:
         return len(self.admitted)
 
     def slowdown(self) -> float:
-        """The executor's measured / profiled step time (1.0 where it measures none)."""
-        return float(getattr(getattr(self.executor, "admission", None), "slowdown", 1.0))
+        """Serving's own measured / profiled step time (1.0 where the executor measures none)."""
+        return float(getattr(self.executor, "serving_slowdown", 1.0))
+
+    def shared_slowdown(self) -> float:
+        """The device's slowdown with the rollout steps' counted in (the larger of the two)."""
+        rollout = float(getattr(getattr(self.executor, "admission", None), "slowdown", 1.0))
+        return max(self.slowdown(), rollout)
+
+    def _rollout_busy(self) -> bool:
+        busy = getattr(self.executor, "rollout_busy", None)
+        return bool(busy()) if busy is not None else False
 
     def admit(self, rid: str, prompt_len: int) -> None:
         """Admit request `rid` or refuse it at once (503, Retry-After): the requests admitted
@@ -64,8 +78,14 @@ class EndpointState:
             if self.in_flight >= self.max_in_flight:
                 self._refuse(f"at its limit of {self.max_in_flight} requests in flight")
         else:
+            if self.admission.slo is not getattr(self.executor, "slo", self.admission.slo):
+                self.admission = endpoint_admission(self.executor, self.max_in_flight)  # SLO set anew
             d = self.admission.decide(prompt_len, self.waiting_tokens, self.in_flight,
                                       self.slowdown())
+            if d.admitted and self._rollout_busy() and not self.admission.decide(
+                    prompt_len, self.waiting_tokens, self.in_flight, self.shared_slowdown()).admitted:
+                self.executor.yield_to_user(prompt_len)  # serving first: rollout steps back off
+                self.metrics.yielded_to_users.inc()
             if d.reason == "hard_cap":
                 self._refuse(f"at its limit of {self.max_in_flight} requests in flight")
             if d.reason == "decode_batch":
