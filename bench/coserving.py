@@ -77,6 +77,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sweep", action="store_true",
                     help="harvest across loads (bench/coserving_sweep.py); --quick: shorter loads")
     ap.add_argument("--sweep-s", type=float, default=None, help="replay seconds per sweep load")
+    ap.add_argument("--min-requests", type=int, default=100,
+                    help="sweep: serving requests per load point at least (its window grows)")
+    ap.add_argument("--chat-output-median", type=float, default=129.0,
+                    help="sweep's chat load: generated tokens, median (public chat traffic)")
+    ap.add_argument("--chat-output-mean", type=float, default=211.0, help="... and mean")
+    ap.add_argument("--chat-prompt-median", type=float, default=1020.0,
+                    help="sweep's chat load: prompt tokens before --length-scale, median")
+    ap.add_argument("--chat-prompt-mean", type=float, default=1350.0, help="... and mean")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--single", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, default=None, help=argparse.SUPPRESS)
@@ -250,9 +258,10 @@ def sweep_main(args, console: Console) -> None:
     runs = {"serving_only": run_config("serving_only", spec, console)}
     spec["scales"] = runs["serving_only"]["scales"]
     spec["slos"] = sw.slos_from(runs["serving_only"], args.slo_factor)
-    console.print(f"  calibration: busy {runs['serving_only']['calibration']['busy_fraction']:.0%} at "
+    cal = runs["serving_only"]["calibration"]
+    console.print(f"  calibration: busy {cal['busy_fraction']:.0%} (chat {cal['chat_busy_fraction']:.0%}) at "
                   f"{1 / sw.BASE_SCALE:g}x; loads " + ", ".join(
-                      f"{k}: {1 / v[0]:.1f}x, {v[1]:.0%} of requests" if k != "bursty"
+                      f"{k}: {1 / v[0]:.1f}x, {v[1]:.0%} of arrivals" if k != "bursty"
                       else f"bursty: {v:.1f} req/s" for k, v in spec["scales"].items()))
     for name, (ttft, tpot) in spec["slos"].items():
         console.print(f"  SLO {name}: TTFT {ttft * 1e3:.0f} ms, TPOT {tpot * 1e3:.0f} ms "

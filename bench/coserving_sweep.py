@@ -10,7 +10,11 @@ shared by concurrent requests; a long request keeps the engine stepping), so eac
 is measured once at busy ~ rate and, if its busy fraction is more than 25% off its target,
 corrected once from the measured fraction and measured again (the second is the one used).
 Plus a synthetic bursty load (gamma inter-arrivals, CV 4, the 30% load's mean rate, lengths
-drawn from the trace). Per load, the SLO is 2x the serving-alone P99 (TTFT and TPOT), printed.
+drawn from the trace), and a long-output conversation load ("chat"): the trace's arrival times,
+prompts and outputs drawn from log-normals with the figures of public chat traffic (outputs
+median 129, mean 211 tokens; prompts median ~1k tokens, scaled as the trace's), at rates set in
+the same run for serving-alone busy near 30% and 80% (--chat-* options set other figures).
+Every point replays at least --min-requests requests (its window grows where the rate is low). Per load, the SLO is 2x the serving-alone P99 (TTFT and TPOT), printed.
 One process per configuration; its engines run every load in turn (a fresh rollout stream each,
 in-flight turns drained between loads). Harvest = co-served rollout tok/s (in+out) / a dedicated
 rollout worker's; harvest efficiency = harvest / (1 - busy fraction).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from pathlib import Path
 
@@ -28,6 +33,8 @@ from rose.serve.trace import ReplayRequest, Scaling, load_trace, plan
 
 SWEEP_CONFIGS = ("serving_only", "dedicated", "static_partition", "unaware", "prefix", "rose")
 TARGETS = (0.1, 0.3, 0.5, 0.8)
+CHAT_TARGETS = (0.3, 0.8)
+MAX_WINDOW_S = 240.0  # a point's replay window is grown for --min-requests up to this
 BASE_SCALE = 0.5  # calibration: 2x faster than the trace
 START_S = 600.0  # trace seconds: past the first minutes' ramp-up
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again
@@ -60,10 +67,59 @@ def bursty_load(args, rate: float, duration_s: float, cv: float = 4.0) -> list[R
             for i, (t, p) in enumerate(zip(at, picks))]
 
 
+def lognormal(median: float, mean: float) -> tuple[float, float]:
+    """(mu, sigma) of the log-normal with this median and mean (mean >= median)."""
+    if not 0 < median <= mean:
+        raise ValueError(f"a log-normal needs 0 < median <= mean, got {median}, {mean}")
+    return math.log(median), math.sqrt(2 * math.log(mean / median))
+
+
+def chat_load(args, time_scale: float, duration_s: float, sample: float = 1.0) -> list[ReplayRequest]:
+    """Long-output conversation traffic: the trace's arrivals (its timing and burstiness), each
+    request's prompt and output drawn (seeded) from the --chat-* log-normals; prompts scaled
+    by --length-scale as the trace's are, outputs capped by the context."""
+    arrivals = trace_load(args, time_scale, duration_s, sample)
+    rng = np.random.default_rng(args.seed + 7)
+    out_mu, out_sigma = lognormal(args.chat_output_median, args.chat_output_mean)
+    in_mu, in_sigma = lognormal(args.chat_prompt_median, args.chat_prompt_mean)
+    reqs = []
+    for r in arrivals:
+        ctx = max(1, int(rng.lognormal(in_mu, in_sigma)))
+        gen = max(1, int(rng.lognormal(out_mu, out_sigma)))
+        prompt = min(max(1, round(ctx * args.length_scale)), 2047)
+        tokens = min(max(1, round(gen * args.output_scale)), 2048 - prompt)
+        reqs.append(ReplayRequest(r.index, r.trace_row, r.trace_arrival_s, r.send_at_s, prompt, tokens,
+                                  ctx, gen))
+    return reqs
+
+
+def window_for(make, time_scale: float, duration_s: float, sample: float, min_requests: int) -> float:
+    """The replay seconds that hold at least `min_requests` requests at this rate (>= duration_s,
+    at most MAX_WINDOW_S)."""
+    n = len(make(time_scale, duration_s, sample))
+    if n >= min_requests or n == 0:
+        return duration_s
+    return min(MAX_WINDOW_S, duration_s * 1.1 * min_requests / n)
+
+
+def _load(kind: str, args, scale: tuple[float, float]) -> list[ReplayRequest]:
+    make = (lambda ts, d, smp: chat_load(args, ts, d, smp)) if kind == "chat" else \
+        (lambda ts, d, smp: trace_load(args, ts, d, smp))
+    span = window_for(make, scale[0], args.sweep_s, scale[1], args.min_requests)
+    return make(scale[0], span, scale[1])
+
+
 def loads_for(args, scales: dict) -> dict[str, list[ReplayRequest]]:
-    out = {name: trace_load(args, s[0], args.sweep_s, s[1]) for name, s in scales.items() if name != "bursty"}
-    out["bursty"] = bursty_load(args, scales["bursty"], args.sweep_s)
+    out = {name: _load("chat" if name.startswith("chat") else "trace", args, s)
+           for name, s in scales.items() if name != "bursty"}
+    rate = scales["bursty"]
+    out["bursty"] = bursty_load(args, rate, max(args.sweep_s, min(MAX_WINDOW_S, 1.1 * args.min_requests / rate)))
     return out
+
+
+def span_of(reqs: list[ReplayRequest], sweep_s: float) -> float:
+    """A load's replay window: the sweep's, or longer where it was grown for --min-requests."""
+    return max(sweep_s, max((r.send_at_s for r in reqs), default=0.0) + 1.0)
 
 
 def _busy(worker) -> tuple[float, dict]:
@@ -84,15 +140,16 @@ def _set_slo(worker, ttft: float, tpot: float) -> None:
 def _counters(m: dict) -> dict:
     r = m.get("rollout", {})
     return {"admitted": r.get("admitted", 0), "denied": sum((r.get("denied") or {}).values()),
-            "denied_by": dict(r.get("denied") or {}),
+            "denied_by": dict(r.get("denied") or {}), "step_sizes": dict(r.get("step_sizes") or {}),
             **{k: r.get(k, 0) for k in ("aborted_cut", "aborted_stall", "aborted_evict", "aborted_other",
                                         "empty_steps", "steps", "stall_kept", "finished",
-                                        "aborted_started", "returned_unstarted")}}
+                                        "aborted_started", "returned_unstarted", "start_declined")}}
 
 
 def _delta(a: dict, b: dict) -> dict:
     out = {k: b[k] - a[k] for k in b if isinstance(b[k], (int, float))}
-    out["denied_by"] = {k: v - a["denied_by"].get(k, 0) for k, v in b["denied_by"].items()}
+    for key in ("denied_by", "step_sizes"):
+        out[key] = {k: v - a[key].get(k, 0) for k, v in b[key].items() if v - a[key].get(k, 0)}
     return out
 
 
@@ -116,8 +173,8 @@ def run_sweep_single(mode: str, spec: dict, args, build, run_load) -> dict:
         slo = (spec.get("slos") or {}).get(name)
         if slo:
             _set_slo(worker, *slo)
-        out["loads"][name] = done.get(name) or measure(worker, submit, run_load, reqs, args.sweep_s,
-                                                       mode != "serving_only", slo)
+        out["loads"][name] = done.get(name) or measure(worker, submit, run_load, reqs,
+                                                       span_of(reqs, args.sweep_s), mode != "serving_only", slo)
     worker.close()
     return out
 
@@ -136,25 +193,29 @@ def measure(worker, submit, run_load, reqs, span, rollout: bool, slo=None) -> di
 
 def calibrate(worker, submit, args, run_load) -> tuple[dict, dict, dict]:
     """Rate per target busy fraction: busy measured at 2x the trace, each target's rate set from
-    it (busy ~ rate), measured, and corrected once when more than RETRY_OFF off.
-    Returns (scales, what was tried, each trace load's last measurement)."""
-    first = measure(worker, submit, run_load, trace_load(args, BASE_SCALE, args.sweep_s), args.sweep_s, False)
-    frac = first["busy_fraction"]
-    cal = {"time_scale": BASE_SCALE, "busy_fraction": frac, "tries": {}}
-    scales, done = {}, {}
-    for x in TARGETS:
-        name, rate, tries = f"trace {int(100 * x)}%", x / max(frac, 1e-3), []
-        for attempt in range(2):
-            load = rate_to_load(rate)
-            done[name] = measure(worker, submit, run_load, trace_load(args, load[0], args.sweep_s, load[1]),
-                                 args.sweep_s, False)
-            busy = done[name]["busy_fraction"]
-            tries.append({"rate": rate, "time_scale": load[0], "sample": load[1], "busy_fraction": busy})
-            if abs(busy - x) <= RETRY_OFF * x or attempt:
-                break
-            rate *= min(4.0, max(0.25, x / max(busy, 1e-3)))
-        scales[name] = rate_to_load(rate)
-        cal["tries"][name] = tries
+    it (busy ~ rate), measured, and corrected once when more than RETRY_OFF off; the same for the
+    chat load's targets from a chat measurement at 2x. Returns (scales, what was tried, each
+    load's last measurement)."""
+    cal, scales, done = {"time_scale": BASE_SCALE, "tries": {}}, {}, {}
+    for kind, targets in (("trace", TARGETS), ("chat", CHAT_TARGETS)):
+        first_reqs = _load(kind, args, (BASE_SCALE, 1.0))
+        first = measure(worker, submit, run_load, first_reqs, span_of(first_reqs, args.sweep_s), False)
+        frac = first["busy_fraction"]
+        cal["busy_fraction" if kind == "trace" else "chat_busy_fraction"] = frac
+        for x in targets:
+            name, rate, tries = f"{kind} {int(100 * x)}%", x / max(frac, 1e-3), []
+            for attempt in range(2):
+                load = rate_to_load(rate)
+                reqs = _load(kind, args, load)
+                done[name] = measure(worker, submit, run_load, reqs, span_of(reqs, args.sweep_s), False)
+                busy = done[name]["busy_fraction"]
+                tries.append({"rate": rate, "time_scale": load[0], "sample": load[1], "busy_fraction": busy,
+                              "requests": len(reqs)})
+                if abs(busy - x) <= RETRY_OFF * x or attempt:
+                    break
+                rate *= min(4.0, max(0.25, x / max(busy, 1e-3)))
+            scales[name] = rate_to_load(rate)
+            cal["tries"][name] = tries
     load30 = scales["trace 30%"]
     scales["bursty"] = len(trace_load(args, load30[0], args.sweep_s, load30[1])) / args.sweep_s
     return scales, cal, done
@@ -179,8 +240,9 @@ def report(runs: dict, slos: dict, args, console) -> dict:
     alone = runs["serving_only"]["loads"]
     table = Table(title=f"Co-serving sweep: SLO = 2x serving-alone P99 per load; dedicated rollout "
                         f"{ded:.0f} tok/s (in+out); {args.sweep_s:g} s per load")
-    cols = ("load", "busy", "SLO TTFT/TPOT", "config", "TTFT P99", "TPOT P99", "attained",
-            "rollout tok/s", "harvest", "harv. eff.", "turns started", "aborted", "returned", "prefix-hit tok")
+    cols = ("load", "busy", "req", "SLO TTFT/TPOT", "config", "TTFT P99", "TPOT P99", "attained",
+            "rollout tok/s", "harvest", "harv. eff.", "turns started", "aborted", "returned",
+            "steps admitted / denied (why)")
     for c in cols:
         table.add_column(c, justify="left" if c in ("load", "config") else "right")
     rows = []
@@ -214,7 +276,9 @@ def report(runs: dict, slos: dict, args, console) -> dict:
             rows.append(row)
             ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
             att = row["slo_attainment"]
-            table.add_row(load, f"{busy:.0%}", f"{slo[0] * 1e3:.0f}/{slo[1] * 1e3:.0f} ms", mode,
+            why = ", ".join(f"{v:,} {k.replace('_slack', '').replace('_headroom', '')}"
+                            for k, v in sorted(ex.get("denied_by", {}).items(), key=lambda kv: -kv[1]))
+            table.add_row(load, f"{busy:.0%}", str(s["requests"]), f"{slo[0] * 1e3:.0f}/{slo[1] * 1e3:.0f} ms", mode,
                           ms(row["ttft_p99_s"]), ms(row["tpot_p99_s"]),
                           "-" if att is None else (f"{att:.1%}" if att >= 0.99 else f"[red]{att:.1%}[/]"),
                           "-" if harvest is None else f"{row['rollout_tokens_per_s']:.0f}",
@@ -223,7 +287,8 @@ def report(runs: dict, slos: dict, args, console) -> dict:
                           "-" if harvest is None else str(started),
                           "-" if harvest is None else str(row["turns_aborted"]),
                           "-" if harvest is None else str(row["turns_returned_unstarted"]),
-                          "-" if harvest is None else f"{hits:,}")
+                          "-" if mode != "rose" else f"{ex.get('admitted', 0):,} / {ex.get('denied', 0):,}"
+                          + (f" ({why})" if why else ""))
     console.print(table)
     return {"rows": rows, "scales": runs["serving_only"].get("scales"),
             "calibration": runs["serving_only"].get("calibration"), "dedicated": runs["dedicated"]["rollout"]}

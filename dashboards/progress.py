@@ -41,7 +41,7 @@ def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
 
 
 def serving_users_table(users, summaries: list[dict], alone=None,
-                        first_s: float = 60.0) -> tuple[Table, dict]:
+                        first_s: float = 60.0, slo_note: str | None = None) -> tuple[Table, dict]:
     """What the serving users saw (rose.serve.background.BackgroundReplay), against the serving
     workers' own SLO: with `alone` (the same traffic's first `first_s` seconds replayed before
     the run, nothing training) also those same requests while lent, side by side; and the
@@ -67,8 +67,32 @@ def serving_users_table(users, summaries: list[dict], alone=None,
                       f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
                       f"{_ms(r['tpot_p50_s'])} / {_ms(r['tpot_p99_s'])}",
                       "n/a" if att is None else f"{att:.1%}")
-    table.caption = f"rollout tokens generated on the serving workers: {borrowed:.0%}"
-    return table, {"rows": rows, "borrowed_share": borrowed, "slo": slo}
+    refused = sum(r.get("refused", 0) for r in rows.values())
+    table.caption = (f"rollout tokens generated on the serving workers: {borrowed:.0%}; "
+                     f"users refused (503): {refused}"
+                     + (f"\nSLO {slo_note}" if slo_note else ""))
+    return table, {"rows": rows, "borrowed_share": borrowed, "slo": slo, "slo_derivation": slo_note}
+
+
+ADMISSION_COLS = (("rollout_admitted", "steps admitted"), ("rollout_denied_tpot", "denied: TPOT"),
+                  ("rollout_denied_ttft", "denied: TTFT"), ("rollout_denied_kv", "denied: KV"),
+                  ("rollout_denied_yielded", "denied: yielding"),
+                  ("rollout_returned_unstarted", "turns handed back"),
+                  ("rollout_aborted", "turns aborted"), ("rollout_yielded_to_users", "users yielded to"))
+
+
+def admission_table(summaries: list[dict]) -> Table:
+    """Per step, the serving workers' admission: rollout steps admitted and denied by reason,
+    turns handed back before they started, turns aborted, users the rollout side yielded to."""
+    table = Table(title="Admission on the serving workers (rollout steps; turns; users)",
+                  header_style="bold cyan")
+    table.add_column("step", justify="right")
+    for _, name in ADMISSION_COLS:
+        table.add_column(name, justify="right")
+    for s in summaries:
+        workers = list((s.get("serving") or {}).values())
+        table.add_row(str(s["step"]), *[f"{sum(w.get(k) or 0 for w in workers):,}" for k, _ in ADMISSION_COLS])
+    return table
 
 
 def _ms(v) -> str:

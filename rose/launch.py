@@ -83,17 +83,18 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
     from contextlib import nullcontext
     from dataclasses import replace
 
-    from dashboards.progress import live_progress, serving_users_table, step_table
+    from dashboards.progress import admission_table, live_progress, serving_users_table, step_table
     from flows.train import train
     from rose.serve.background import BackgroundReplay
 
-    users = alone = None
+    users = alone = slo_note = None
     if traffic is not None and handle.endpoints:
         endpoints = list(handle.endpoints.values())
         with console.status(f"serving alone first: the first {BASELINE_S:.0f} s of the same "
                             "traffic, nothing training (the reference for the run)"):
             alone = BackgroundReplay(endpoints, replace(
                 traffic, window_s=BASELINE_S / traffic.time_scale)).play()
+        slo_note = derive_run_slo(handle, alone, console)
         users = BackgroundReplay(endpoints, traffic)
     with users or nullcontext():
         if live:
@@ -106,8 +107,9 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
             console.print(step_table(summaries))
     served = None
     if users is not None:
-        table, served = serving_users_table(users, summaries, alone, BASELINE_S)
+        table, served = serving_users_table(users, summaries, alone, BASELINE_S, slo_note)
         console.print(table)
+        console.print(admission_table(summaries))
     write_atomic(cfg.run_dir() / "summary.json", json.dumps(
         {"run": cfg.run_id, "steps": summaries, "serving_users": served}, indent=1, default=str))
     data = cfg.trajectories_dir() / f"run={cfg.run_id}"
@@ -118,6 +120,27 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
     console.print(f"[bold]Prefect UI[/]: {handle.prefect_ui_url}  (flow runs: rl_step, train)")
     console.print("stop the stack with [bold]rose down[/]")
     return summaries
+
+
+def derive_run_slo(handle, alone, console: Console):
+    """The serving workers hold the run to an SLO serving alone met on this machine just now
+    (slo_from_serving_alone over the reference replay's requests; the profile's SLO is the
+    floor); the derivation is printed and goes into /metrics as the SLO's source."""
+    from distributed import Client
+
+    from executors.policies.slo_admission import slo_from_serving_alone
+    from rose.stack.serving import current_slo, hold_serving_slo
+
+    ok = [r for r in alone.records if r.ok]
+    with Client(handle.dask_scheduler, timeout=30) as client:
+        floor = current_slo(client)
+        if floor is None or not ok:
+            return None
+        _, how = slo_from_serving_alone([r.ttft_s for r in ok], [r.tpot_s for r in ok], floor)
+        slo, how = slo_from_serving_alone([r.ttft_s for r in ok], [r.tpot_s for r in ok], floor)
+        hold_serving_slo(client, slo, f"serving alone over the run's first {BASELINE_S:.0f} s: {how}")
+    console.print(f"[bold]serving SLO[/] for this run: {how}")
+    return how
 
 
 def dashboard_hint() -> str:

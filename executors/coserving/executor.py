@@ -155,6 +155,17 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
     def admitting(self) -> bool:
         return self._admitting
 
+    def set_slo(self, slo: SLOConfig, source: str) -> None:
+        """A new SLO (e.g. derived from a serving-alone measurement): admission and the endpoint
+        hold to it from the next decision on; `source` says how it was derived (/metrics)."""
+        if not isinstance(slo, SLOConfig):
+            raise TypeError(f"slo must be an SLOConfig, got {type(slo).__name__}")
+
+        def swap():
+            self.slo, self.slo_source = slo, source
+            self.admission = self.new_admission()
+        self._call(swap)
+
     def rollout_busy(self) -> bool:
         """Rollout turns hold the device now (read without the loop: a dict's length)."""
         return self.rollout is not None and bool(self.rollout.live)

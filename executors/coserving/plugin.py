@@ -192,6 +192,24 @@ def start_coserving_step() -> bool:
     return True
 
 
+def serving_slo(dask_worker=None) -> dict | None:
+    """Runs on a serving worker (Client.run): the SLO its admission holds to now, and whence."""
+    plugin = coserving_plugin(dask_worker)
+    return plugin.executor.metrics(fresh=True)["slo"] if plugin is not None else None
+
+
+def set_serving_slo(ttft_s: float, tpot_s: float, source: str, dask_worker=None) -> dict | None:
+    """Runs on a serving worker (Client.run): hold admission and the endpoint to this SLO.
+    Returns the SLO now in force, None where the worker has no executor."""
+    from executors.policies.slo_admission import SLOConfig
+
+    plugin = coserving_plugin(dask_worker)
+    if plugin is None:
+        return None
+    plugin.executor.set_slo(SLOConfig(ttft_s=ttft_s, tpot_s=tpot_s), source)
+    return plugin.executor.metrics(fresh=True)["slo"]
+
+
 def coserving_step_report() -> dict | None:
     """Runs on a serving worker: its step report (CoServingPlugin.step_report), else None."""
     plugin = coserving_plugin()

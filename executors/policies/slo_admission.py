@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Sequence
 
 from executors.policies.latency_profile import LatencyProfile, PrefillMode, PREFILL_MODES
 
@@ -71,6 +71,38 @@ class SLOConfig:
             raise ValueError("SLO factors must exceed 1, else serving alone breaks its SLO")
         return cls(ttft_s=max(min_ttft_s, ttft_factor * profile.prefill(prompt_len, prefill_mode)),
                    tpot_s=max(min_tpot_s, tpot_factor * profile.decode_step(batch)))
+
+
+def slo_from_serving_alone(ttft_s: Sequence[float], tpot_s: Sequence[float], floor: SLOConfig,
+                           factor: float = 2.0, attain: float = 0.995) -> tuple[SLOConfig, str]:
+    """An SLO serving alone meets on this machine, from its own TTFTs and mean TPOTs measured
+    over a reference window (NaN: a one-token request, no TPOT): per side
+    T = max(floor, factor x P99, Q_q) with q = 1 - (1 - attain) / 2, so each side misses at
+    most (1 - attain) / 2 of the requests and both together at most 1 - attain (at least
+    `attain` of them meet it). Returns the SLO and its derivation in words."""
+    if factor < 1 or not 0 < attain < 1:
+        raise ValueError(f"need factor >= 1 and attain in (0, 1), got {factor}, {attain}")
+    q = 1 - (1 - attain) / 2
+    sides, words = [], []
+    for name, xs, low in (("TTFT", ttft_s, floor.ttft_s), ("TPOT", tpot_s, floor.tpot_s)):
+        xs = sorted(x for x in xs if math.isfinite(x))
+        if not xs:
+            sides.append(low)
+            words.append(f"{name} {low * 1e3:.0f} ms (the profile's: nothing measured)")
+            continue
+        p99, pq = _quantile(xs, 0.99), _quantile(xs, q)
+        t = max(low, factor * p99, pq)
+        sides.append(t)
+        why = ("the profile's floor" if t == low else f"{factor:g} x P99 {p99 * 1e3:.0f} ms"
+               if t == factor * p99 else f"P{100 * q:g} {pq * 1e3:.0f} ms")
+        words.append(f"{name} {t * 1e3:.0f} ms ({why})")
+    return SLOConfig(*sides), (f"max(profile floor, {factor:g} x serving-alone P99, its "
+                               f"P{100 * q:g}): " + ", ".join(words))
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of sorted xs, nearest rank."""
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
 @dataclass(frozen=True)

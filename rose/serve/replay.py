@@ -161,6 +161,7 @@ def summarize(records: list[RequestRecord], ttft_slo_s: float | None = None,
     ttft = np.array([r.ttft_s for r in ok])
     tpot = np.array([r.tpot_s for r in ok if r.output_tokens > 1])
     out = {"requests": len(records), "ok": len(ok), "errors": len(records) - len(ok),
+           "refused": sum(r.error.startswith("HTTP 503") for r in records),
            # what went wrong, most common first: a failed request names its cause
            "error_kinds": Counter(str(r.error)[:60] for r in records if not r.ok).most_common(),
            "output_tokens": int(sum(r.output_tokens for r in ok)),

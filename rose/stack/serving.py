@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from distributed import Client
 
-from executors.coserving.plugin import CoServingPlugin, serving_endpoint
+from executors.coserving.plugin import CoServingPlugin, serving_endpoint, serving_slo,
+                                     set_serving_slo
 from executors.policies.slo_admission import SLOConfig
 from rose.config import ModelsConfig, StackConfig
 
@@ -44,3 +45,19 @@ def endpoints(client: Client) -> dict[str, str]:
              client.scheduler_info(n_workers=-1)["workers"].items()}
     return {names[addr]: url for addr, url in client.run(serving_endpoint).items()
             if url and addr in names}
+
+
+def current_slo(client: Client) -> SLOConfig | None:
+    """The loosest SLO the serving workers hold now (each derives its own from its profile)."""
+    slos = [s for s in client.run(serving_slo).values() if s is not None]
+    if not slos:
+        return None
+    return SLOConfig(max(s["ttft_s"] for s in slos), max(s["tpot_s"] for s in slos))
+
+
+def hold_serving_slo(client: Client, slo: SLOConfig, source: str) -> dict[str, dict]:
+    """Every serving worker holds admission and its endpoint to `slo` from now on (a run's
+    derived SLO); serving worker -> the SLO it now reports."""
+    names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    got = client.run(set_serving_slo, slo.ttft_s, slo.tpot_s, source)
+    return {names[addr]: s for addr, s in got.items() if s is not None and addr in names}
