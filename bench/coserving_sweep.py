@@ -14,7 +14,8 @@ drawn from the trace), and a long-output conversation load ("chat"): the trace's
 prompts and outputs drawn from log-normals with the figures of public chat traffic (outputs
 median 129, mean 211 tokens; prompts median ~1k tokens, scaled as the trace's), at rates set in
 the same run for serving-alone busy near 30% and 80% (--chat-* options set other figures).
-Every point replays at least --min-requests requests (its window grows where the rate is low). Per load, the SLO is 2x the serving-alone P99 (TTFT and TPOT), printed.
+Every point replays at least --min-requests requests (its window grows where the rate is
+low). Per load, the SLO is 2x the serving-alone P99 (TTFT and TPOT), printed.
 One process per configuration; its engines run every load in turn (a fresh rollout stream each,
 in-flight turns drained between loads). Harvest = co-served rollout tok/s (in+out) / a dedicated
 rollout worker's; harvest efficiency = harvest / (1 - busy fraction).

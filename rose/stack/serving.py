@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from distributed import Client
 
-from executors.coserving.plugin import CoServingPlugin, serving_endpoint, serving_slo,
-                                     set_serving_slo
+from executors.coserving.plugin import (CoServingPlugin, serving_endpoint, serving_slo,
+                                        set_serving_slo)
 from executors.policies.slo_admission import SLOConfig
 from rose.config import ModelsConfig, StackConfig
 
