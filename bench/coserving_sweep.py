@@ -8,7 +8,9 @@ the requests (the same trace seconds, fewer requests: a low load is not a 3-requ
 the trace); a rate above it replays faster. Busy is not proportional to rate (decode steps are
 shared by concurrent requests; a long request keeps the engine stepping), so each load's rate
 is measured once at busy ~ rate and, if its busy fraction is more than 25% off its target,
-corrected once from the measured fraction and measured again (the second is the one used).
+corrected from the measured fraction and measured again, at most twice (the last is the one
+used). A correction takes busy = 1 - exp(-rate x service time), which a saturated engine (a
+long-output load at 90% busy) needs: busy ~ rate would barely move the rate.
 Plus a synthetic bursty load (gamma inter-arrivals, CV 4, the 30% load's mean rate, lengths
 drawn from the trace), and a long-output conversation load ("chat"): the trace's arrival times,
 prompts and outputs drawn from log-normals with the figures of public chat traffic (outputs
@@ -35,7 +37,7 @@ from rose.serve.trace import ReplayRequest, Scaling, load_trace, plan
 SWEEP_CONFIGS = ("serving_only", "dedicated", "static_partition", "unaware", "prefix", "rose")
 TARGETS = (0.1, 0.3, 0.5, 0.8)
 CHAT_TARGETS = (0.3, 0.8)
-MAX_WINDOW_S = 240.0  # a point's replay window is grown for --min-requests up to this
+MAX_WINDOW_S = 120.0  # a point's replay window is grown for --min-requests up to this
 BASE_SCALE = 0.5  # calibration: 2x faster than the trace
 START_S = 600.0  # trace seconds: past the first minutes' ramp-up
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again
@@ -205,21 +207,28 @@ def calibrate(worker, submit, args, run_load) -> tuple[dict, dict, dict]:
         cal["busy_fraction" if kind == "trace" else "chat_busy_fraction"] = frac
         for x in targets:
             name, rate, tries = f"{kind} {int(100 * x)}%", x / max(frac, 1e-3), []
-            for attempt in range(2):
+            for attempt in range(3):
                 load = rate_to_load(rate)
                 reqs = _load(kind, args, load)
                 done[name] = measure(worker, submit, run_load, reqs, span_of(reqs, args.sweep_s), False)
                 busy = done[name]["busy_fraction"]
                 tries.append({"rate": rate, "time_scale": load[0], "sample": load[1], "busy_fraction": busy,
                               "requests": len(reqs)})
-                if abs(busy - x) <= RETRY_OFF * x or attempt:
+                if abs(busy - x) <= RETRY_OFF * x or attempt == 2:
                     break
-                rate *= min(4.0, max(0.25, x / max(busy, 1e-3)))
+                rate *= correction(busy, x)
             scales[name] = rate_to_load(rate)
             cal["tries"][name] = tries
     load30 = scales["trace 30%"]
     scales["bursty"] = len(trace_load(args, load30[0], args.sweep_s, load30[1])) / args.sweep_s
     return scales, cal, done
+
+
+def correction(busy: float, target: float) -> float:
+    """Rate factor from a measured busy fraction to a target one, for busy = 1 - exp(-rate x S)
+    (S: a request's service time), kept within [1/16, 4]."""
+    busy = min(max(busy, 1e-3), 0.999)
+    return min(4.0, max(1 / 16, math.log(1 - target) / math.log(1 - busy)))
 
 
 async def drain(worker, timeout_s: float = 10.0) -> None:

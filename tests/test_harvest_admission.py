@@ -34,8 +34,6 @@ def test_mean_tpot_budget_spends_what_a_fast_decode_banked():
     # a request already over its mean has no budget, however many tokens it has
     late = ServingDecode(last_token_at=now, first_token_at=now - 10 * 0.02, tokens=11)
     assert adm.tpot_slack([late], now) < 0
-    adm.margin_s = 0.03  # the margin comes off every slack
-    assert adm.tpot_slack([banked], now) == pytest.approx(0.017 * 11 - 0.07 - 0.005 - 0.03)
 
 
 def test_serving_decode_rejects_inconsistent_times():
@@ -107,18 +105,23 @@ def test_smaller_steps_halve_down_to_the_efficiency_floor():
     assert [p.tokens for p in smaller_steps(chunk, ROLLOUT, 512)][:2] == [256, 128]
 
 
-def test_prediction_margin_is_a_high_quantile_of_overruns():
+def test_prediction_margin_is_a_high_quantile_of_overrun_ratios():
     m = PredictionMargin(quantile=0.9, min_samples=10)
     for i in range(9):
         m.observe(0.010, 0.012)
-    assert m.margin_s() == 0.0  # too few to judge
-    m.observe(0.010, 0.008)  # faster than predicted: no overrun
-    assert m.margin_s() == pytest.approx(0.002)
+    assert m.factor() == 1.0  # too few to judge: the prediction as it is
+    m.observe(0.010, 0.008)  # faster than predicted
+    assert m.factor() == pytest.approx(1.2)
     for _ in range(2):
-        m.observe(0.010, 0.060)  # two slow steps in 12: above the 90th percentile's rank
-    assert m.margin_s() == pytest.approx(0.050)
+        m.observe(0.020, 0.060)  # two steps 3x their prediction in 12: above the 90th percentile's rank
+    assert m.factor() == pytest.approx(3.0)
+    fast = PredictionMargin(min_samples=1)
+    fast.observe(0.010, 0.005)
+    assert fast.factor() == 1.0  # never below the prediction
     with pytest.raises(ValueError):
         m.observe(math.nan, 0.01)
+    with pytest.raises(ValueError):
+        m.observe(0.0, 0.01)
     with pytest.raises(ValueError):
         PredictionMargin(quantile=1.0)
 

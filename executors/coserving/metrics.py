@@ -16,7 +16,7 @@ def snapshot(ex) -> dict:
         "admitting": ex._admitting,
         "slo": {"ttft_s": ex.slo.ttft_s, "tpot_s": ex.slo.tpot_s, "source": ex.slo_source,
                 "slowdown": ex.admission.slowdown, "serving_slowdown": ex.serving_slowdown,
-                "margin_ms": 1e3 * ex.margin.margin_s()},
+                "p99_overrun": ex.margin.factor()},
         "serving": {"submitted": c["serving_submitted"], "finished": s.finished,
                     "in_flight": len(s.live),
                     "queued_prefills": sum(not x.times for x in s.live.values()),

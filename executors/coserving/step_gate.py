@@ -4,8 +4,9 @@ A mixin of CoServingExecutor (executors/coserving/executor.py), run on its loop 
 "rose" mode a rollout step runs only if DualSLOAdmission admits its predicted cost (the
 rollout profile's price of the plan: the chunk it will schedule, else the decode step of its
 batch) and the KV policy grants its blocks. When the full step does not fit the slack, smaller
-ones are tried, largest first (executors/policies/step_plan.py smaller_steps), and every slack
-keeps a margin: the P99 of how far steps overran their prediction (prediction_margin.py). A new
+ones are tried, largest first (executors/policies/step_plan.py smaller_steps), and the cost held
+against the slack is the step's P99, not its mean: the prediction times the P99 of how much
+longer rollout steps ran than predicted (prediction_margin.py). A new
 turn starts only when recent slack says it will finish (turn_start.py); otherwise it is handed
 back unstarted. KV is one emulated device pool of `total` pages
 (page = serving block); each engine's BudgetedScheduler gets a block cap so serving + rollout
@@ -44,7 +45,7 @@ class StepGate:
         if plan is None or plan.cost_s <= 0 or not self.wiring.admission:
             return
         a = self.admission
-        self.margin.observe(plan.cost_s * a.slowdown, took_s)
+        self.margin.observe(plan.cost_s * a.slowdown, took_s)  # before the slowdown moves
         ratio = min(max(took_s / plan.cost_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
         a.slowdown = (1 - SLOWDOWN_EWMA) * a.slowdown + SLOWDOWN_EWMA * ratio
 
@@ -56,14 +57,17 @@ class StepGate:
         return cost + sum(self.serving_profile.prefill(r.prompt_len) for r in queued)
 
     def observe_serving_step(self, predicted_s: float, took_s: float) -> None:
-        """A serving step ran: its own slowdown (what serving alone gets from this device, the
-        endpoint's measure) and, under admission, its overrun of the prediction (the margin)."""
+        """A serving step ran: its own slowdown, what serving alone gets from this device (the
+        endpoint judges refusals by it)."""
         if predicted_s <= 0:
             return
         ratio = min(max(took_s / predicted_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
         self.serving_slowdown = (1 - SLOWDOWN_EWMA) * self.serving_slowdown + SLOWDOWN_EWMA * ratio
-        if self.wiring.admission:
-            self.margin.observe(predicted_s * self.admission.slowdown, took_s)
+
+    def p99_cost(self, predicted_s: float) -> float:
+        """What admission holds against the slack for a step the profile prices at
+        `predicted_s`: scaled by the measured slowdown and the P99 overrun factor."""
+        return predicted_s * self.admission.slowdown * self.margin.factor()
 
     def turn_work_s(self, request: TurnRequest) -> float:
         """Seconds of rollout steps a turn needs on this device: its uncached prompt in chunks
@@ -74,7 +78,7 @@ class StepGate:
         full, rest = divmod(todo, prof.chunk_size)
         prefill = full * prof.chunk(prof.chunk_size) + (prof.chunk(rest) if rest else 0.0)
         decode = request.max_tokens * prof.decode_step(min(len(r.live) + 1, self.cfg.max_num_seqs))
-        return self.admission.slowdown * (prefill + decode)
+        return self.p99_cost(prefill + decode)
 
     def should_start(self, request: TurnRequest, now: float) -> bool:
         """Start this turn now, or hand it back unstarted (serving leaves it too little slack)."""
@@ -138,12 +142,11 @@ class StepGate:
             r.slack_denied_at = now
             return None
         queued, active = self.serving.queued_prefills(), self.serving.active_decodes()
-        self.admission.margin_s = self.margin.margin_s()
         for plan, size in plans:
             # plans fit the room the policy grants (budget and reserve kept; a "preempt" step
             # takes no more than that room): the cap holds every step to it
             kv_ok = self.policy.state is not MemoryState.PRESSURE and plan.blocks <= room
-            d = self.admission.admit(plan.cost_s * self.admission.slowdown, queued, active, now, kv_ok)
+            d = self.admission.admit(self.p99_cost(plan.cost_s), queued, active, now, kv_ok)
             if d.admitted:
                 self.counters["admitted"] += 1
                 key = f"{plan.kind} {size}"
@@ -184,8 +187,8 @@ class StepGate:
         """Whether the smallest rollout step could run now: the turn start gate's history."""
         if self.rollout is None or not self.wiring.admission:
             return
-        could = (now >= self.yield_until and self.admission.slowdown
-                 * self.rollout_profile.decode_step(1) <= self._slack_now(now))
+        could = (now >= self.yield_until
+                 and self.p99_cost(self.rollout_profile.decode_step(1)) <= self._slack_now(now))
         self.turn_gate.observe(now, could)
 
     def _would_admit(self, now: float) -> bool:
@@ -202,7 +205,7 @@ class StepGate:
         if gate.longest_closed_s(now) >= gate.stall_timeout_s or \
                 gate.predicted_s(now, self._turn_work) > max(gate.stall_timeout_s, 2 * self._turn_work):
             return False
-        return self.admission.slowdown * self.rollout_profile.decode_step(len(r.live) + 1) <= self._slack_now(now)
+        return self.p99_cost(self.rollout_profile.decode_step(len(r.live) + 1)) <= self._slack_now(now)
 
 
 def _fraction(part: int, whole: int) -> str:

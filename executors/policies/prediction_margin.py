@@ -1,10 +1,14 @@
-"""The margin admission keeps: a high quantile of how far steps overran their prediction.
+"""The margin admission keeps: a high quantile of how much longer rollout steps ran than predicted.
 
-Admission holds a rollout step's predicted cost against serving's slack; a prediction is a
-median (the profile's) scaled by the measured slowdown, so about half of the steps run longer.
-The slack must absorb the overrun of the P99 step, not the mean one, so every slack is reduced
-by the `quantile` of recent overruns (took - predicted, seconds, >= 0), measured on this device
-in this run. Plain Python: callers pass both times.
+Admission holds a rollout step's predicted cost against serving's slack; a prediction is the
+profile's median scaled by the measured slowdown (a mean), so about half of the steps run
+longer. What must fit the slack is the P99 step, not the mean one: so the cost admission holds
+is the prediction times the `quantile` of recent ratios took / predicted (>= 1), measured on
+this device in this run. A ratio, not seconds, because the overrun grows with the step: a small
+decode step keeps a small margin, a full prefill chunk a large one, and steps sized to the slack
+(step_plan.smaller_steps) shrink until they fit with theirs. Serving steps are not counted:
+their noise is serving alone's too, already inside an SLO derived from serving alone.
+Plain Python: callers pass both times.
 """
 from __future__ import annotations
 
@@ -19,24 +23,24 @@ class PredictionMargin:
         if window < 1 or min_samples < 1:
             raise ValueError(f"window and min_samples must be >= 1, got {window}, {min_samples}")
         self.quantile, self.min_samples = quantile, min_samples
-        self._overruns: deque[float] = deque(maxlen=window)
-        self._sorted: list[float] | None = None
+        self._ratios: deque[float] = deque(maxlen=window)
+        self._factor: float | None = None
 
     def __len__(self) -> int:
-        return len(self._overruns)
+        return len(self._ratios)
 
     def observe(self, predicted_s: float, took_s: float) -> None:
-        """One step ran: it was predicted to take `predicted_s` and took `took_s`."""
-        if not (math.isfinite(predicted_s) and math.isfinite(took_s)) or took_s < 0:
-            raise ValueError(f"step times must be finite, got {predicted_s}, {took_s}")
-        self._overruns.append(max(0.0, took_s - predicted_s))
-        self._sorted = None
+        """One rollout step ran: it was predicted to take `predicted_s` and took `took_s`."""
+        if not (math.isfinite(predicted_s) and math.isfinite(took_s)) or predicted_s <= 0 or took_s < 0:
+            raise ValueError(f"step times must be finite (prediction > 0), got {predicted_s}, {took_s}")
+        self._ratios.append(took_s / predicted_s)
+        self._factor = None
 
-    def margin_s(self) -> float:
-        """The quantile of recent overruns; 0 until `min_samples` steps were seen."""
-        if len(self._overruns) < self.min_samples:
-            return 0.0
-        if self._sorted is None:
-            self._sorted = sorted(self._overruns)
-        xs = self._sorted
-        return xs[min(len(xs) - 1, math.ceil(self.quantile * len(xs)) - 1)]
+    def factor(self) -> float:
+        """The quantile of recent took / predicted ratios, at least 1; 1 until `min_samples`."""
+        if len(self._ratios) < self.min_samples:
+            return 1.0
+        if self._factor is None:
+            xs = sorted(self._ratios)
+            self._factor = max(1.0, xs[min(len(xs) - 1, math.ceil(self.quantile * len(xs)) - 1)])
+        return self._factor

@@ -11,8 +11,9 @@ The TPOT that is measured and promised is a request's mean time per output token
 decode knows its first token's time f_r and its n_r tokens so far, its slack is the budget it
 has banked: s_r = T_tpot * n_r - (t - f_r) - D(B) (after the next token, n_r gaps in
 t + c + D(B) - f_r seconds must average <= T_tpot). With n_r = 1 this is the gap rule above.
-A margin (seconds, the caller derives it from its measured prediction error) comes off both
-slacks, so the P99 step, not the mean one, fits.
+With next_step_prefills, the serving step after the rollout step is priced as vLLM batches it
+(D(B), every queued prefill, and an arrival's), in both slacks. The caller holds the P99 cost
+of the step, not its mean (executors/policies/prediction_margin.py).
 Every method takes `now` so a simulator and the real executor drive the same code.
 """
 from __future__ import annotations
@@ -177,8 +178,6 @@ class DualSLOAdmission:
         # measured / profiled step time (the caller tracks it): a profile taken at start-up
         # underestimates every step once the device is contended; 1.0 trusts the profile
         self.slowdown = 1.0
-        # seconds off every slack: the caller's measured high quantile of prediction error
-        self.margin_s = 0.0
 
     def next_step_s(self, queued: list[ServingPrefill], decodes: int) -> float:
         """The serving step that follows a rollout step, as vLLM batches it (next_step_prefills):
@@ -203,12 +202,12 @@ class DualSLOAdmission:
                 return INF
             step = self.next_step_s(queued, len(list(active)))
             oldest = min((r.arrival for r in queued), default=now)
-            return T - (now - oldest) - step - self.margin_s
+            return T - (now - oldest) - step
         slack = min((T - (now - r.arrival) - k * self.profile.prefill(r.prompt_len, m) for r in queued),
                     default=INF)
         if self.arrival_prompt_len > 0:  # a request arriving now
             slack = min(slack, T - k * self.profile.prefill(self.arrival_prompt_len, m))
-        return slack - self.margin_s
+        return slack
 
     def tpot_slack(self, active: Iterable[ServingDecode], now: float,
                    queued: Iterable[ServingPrefill] = ()) -> float:
@@ -221,7 +220,7 @@ class DualSLOAdmission:
             step = self.next_step_s(list(queued), len(active))
         else:  # D(B): the next serving step is due anyway
             step = self.slowdown * self.profile.decode_step(len(active))
-        return min(r.tpot_budget(self.slo.tpot_s, now) for r in active) - step - self.margin_s
+        return min(r.tpot_budget(self.slo.tpot_s, now) for r in active) - step
 
     def admit(self, cost_s: float, queued: Iterable[ServingPrefill],
               active: Iterable[ServingDecode], now: float, kv_ok: bool) -> AdmissionDecision:

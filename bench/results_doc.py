@@ -1,0 +1,122 @@
+"""docs/results.md from the committed result files: what the README's numbers come from.
+
+    .venv/bin/python bench/results_doc.py      # rewrites docs/results.md; no bench is run
+
+Sections: the co-serving sweep (bench/results/coserving_sweep.json: per load, serving-alone
+busy, the SLO derived in that run, ROSE's attainment, harvest and turns, the SLO-unaware bound
+beside it, and the issue's goals checked on those numbers) and `make demo` from fresh clones
+(bench/results/demo_fresh.json). A section whose file is missing says so.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+from storage.atomic import write_atomic  # noqa: E402
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:.0f}"
+
+
+def sweep_section(doc: dict, name: str) -> list[str]:
+    rows = doc["rows"]
+    ded = doc["dedicated"]["total_tokens_per_s"]
+    modes = sorted({r["mode"] for r in rows})
+    by = {(r["load"], r["mode"]): r for r in rows}
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    m = doc.get("machine", {})
+    out = [f"## Co-serving sweep (`bench/results/{name}`)", "",
+           f"`python bench/coserving.py --sweep` ({doc.get('sweep_s', '?')} s per load at least, "
+           f"{doc.get('total_s', 0) / 60:.0f} min, configurations {', '.join(modes)}; "
+           f"{m.get('cpus', '?')} cores, load average at the end "
+           f"{', '.join(f'{x:.1f}' for x in m.get('load_avg', []))}). "
+           f"SLO per load = {doc.get('slo_factor', 2):g} x serving-alone P99 measured in the same run; "
+           f"harvest = co-served rollout tok/s (in+out) / a dedicated rollout worker's ({ded:,.0f} tok/s); "
+           "efficiency = harvest / (1 - busy); turns started = the engine computed some of them, "
+           "aborted = started then thrown away, returned = handed back before anything ran.", "",
+           "| load | requests | busy | SLO TTFT/TPOT ms | ROSE P99 TTFT/TPOT ms | ROSE attained "
+           "| ROSE harvest (eff.) | turns started / aborted / returned | rollout steps admitted / denied (why) "
+           "| SLO-unaware: attained, harvest |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    checks = []
+    for load in loads:
+        r, u = by.get((load, "rose")), by.get((load, "unaware"))
+        if r is None:
+            continue
+        ex = r["executor"]
+        why = ", ".join(f"{v:,} {k.replace('_slack', '').replace('_headroom', '')}"
+                        for k, v in sorted(ex.get("denied_by", {}).items(), key=lambda kv: -kv[1]) if v)
+        eff = "-" if r["harvest_efficiency"] is None else f"{r['harvest_efficiency']:.2f}"
+        out.append(f"| {load} | {r['requests']} | {r['busy_fraction']:.0%} "
+                   f"| {_ms(r['slo_ttft_s'])}/{_ms(r['slo_tpot_s'])} "
+                   f"| {_ms(r['ttft_p99_s'])}/{_ms(r['tpot_p99_s'])} | {_pct(r['slo_attainment'])} "
+                   f"| {r['harvest']:.0%} ({eff}) | {r['turns_started']} / {r['turns_aborted']} / "
+                   f"{r['turns_returned_unstarted']} | {ex.get('admitted', 0):,} / {ex.get('denied', 0):,}"
+                   f"{f' ({why})' if why else ''} | "
+                   + ("-" if u is None else f"{_pct(u['slo_attainment'])}, {u['harvest']:.0%}") + " |")
+        checks.append((load, r))
+    out += ["", "Against issue 36's goals, on these rows:", ""]
+    for load, r in checks:
+        goals = [("attainment >= 99%", r["slo_attainment"] is not None and r["slo_attainment"] >= 0.99),
+                 (">= 100 requests", r["requests"] >= 100),
+                 ("aborted <= 1% of started", r["turns_aborted"] <= 0.01 * max(1, r["turns_started"]))]
+        if r["busy_fraction"] <= 0.30:
+            goals.append(("harvest >= 50% (busy <= 30%)", r["harvest"] >= 0.5))
+        elif r["busy_fraction"] <= 0.80 and load.startswith("chat"):
+            goals.append(("harvest >= 25% (chat, busy <= 80%)", r["harvest"] >= 0.25))
+        out.append(f"- {load}: " + "; ".join(f"{g} **{'met' if ok else 'not met'}**" for g, ok in goals))
+    return out
+
+
+def demo_section(doc: dict, name: str) -> list[str]:
+    out = [f"## `make demo` from fresh clones (`bench/results/{name}`)", "",
+           f"`python bench/demo_fresh.py --runs {len(doc['rows'])}`: each run a `git clone` of "
+           f"{doc['commit'][:7]} into a new directory, then `make demo` (set-up with a warm pip cache, "
+           "models, stack, 60 s of serving alone, 5 RL steps under the code-trace replay). "
+           "Attainment is against the SLO the run derived from its own serving-alone replay.", "",
+           "| run | wall | SLO TTFT/TPOT ms | serving alone, first 60 s | lent, same 60 s | lent, whole run "
+           "| requests | refused (503) | failed | rollout tokens borrowed | load avg (start, end) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r, run in zip(doc["rows"], doc["runs"]):
+        load = ", ".join(f"{x:.1f}" for x in run["load_avg_1m"])
+        out.append(f"| {r['run']} | {r['wall_s'] / 60:.1f} min | {_ms(r['slo_ttft_s'])}/{_ms(r['slo_tpot_s'])} "
+                   f"| {_pct(r['alone_60s'])} | {_pct(r['lent_60s'])} | {_pct(r['lent_whole'])} | {r['requests']} "
+                   f"| {r['refused']} | {r['failed']} | {r['borrowed_share']:.0%} | {load} |")
+    deriv = {r["slo_derivation"] for r in doc["rows"] if r.get("slo_derivation")}
+    out += ["", "How each run's SLO was derived (printed in its table caption): "
+            + "; ".join(sorted(deriv)) if deriv else "", ""]
+    ok = [(r["lent_60s"] is not None and r["alone_60s"] is not None and r["alone_60s"] - r["lent_60s"] <= 0.01
+           and r["alone_60s"] - r["lent_whole"] <= 0.01, r["refused"] == 0, r["borrowed_share"] >= 0.2,
+           r["alone_60s"] is not None and r["alone_60s"] >= 0.995) for r in doc["rows"]]
+    names = ("lent within 1 point of serving alone (same 60 s and whole run)", "0 users refused",
+             ">= 20% of rollout tokens borrowed", "serving alone >= 99.5% of its SLO")
+    out += ["Against issue 43's goals: " + "; ".join(
+        f"{n} **{sum(o[i] for o in ok)} of {len(ok)} runs**" for i, n in enumerate(names))]
+    return out
+
+
+def main() -> None:
+    lines = ["# Results", "", "Generated by `python bench/results_doc.py` from the JSON files named in each "
+             "section (committed under `bench/results/`); rerun it after a bench rewrites one.", ""]
+    for name, section in (("coserving_sweep.json", sweep_section), ("demo_fresh.json", demo_section)):
+        path = RESULTS / name
+        if path.is_file():
+            lines += section(json.loads(path.read_text()), name) + [""]
+        else:
+            lines += [f"## {name}", "", f"No `bench/results/{name}` yet.", ""]
+    out = ROOT / "docs" / "results.md"
+    write_atomic(out, "\n".join(lines))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
