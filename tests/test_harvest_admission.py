@@ -118,6 +118,11 @@ def test_prediction_margin_is_a_high_quantile_of_overrun_ratios():
     fast = PredictionMargin(min_samples=1)
     fast.observe(0.010, 0.005)
     assert fast.factor() == 1.0  # never below the prediction
+    serving = PredictionMargin(quantile=0.9, min_samples=10)
+    for _ in range(12):
+        serving.observe(0.010, 0.020)  # serving steps run 2x too: noise both see
+    assert m.factor(serving) == pytest.approx(1.5)  # only rollout's tail beyond it
+    assert m.factor(PredictionMargin()) == pytest.approx(3.0)  # nothing seen there: all of it
     with pytest.raises(ValueError):
         m.observe(math.nan, 0.01)
     with pytest.raises(ValueError):

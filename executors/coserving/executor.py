@@ -70,7 +70,8 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
         self.timeline = KVTimeline()  # the step's KV samples and events, for its step report
         self.recent_prompts: deque[int] = deque(maxlen=64)  # serving prompt lengths (admission)
         self._admitting = False
-        self.margin = PredictionMargin()  # P99 step overrun: every slack keeps it
+        self.margin = PredictionMargin()  # rollout steps' P99 took/predicted
+        self.serving_margin = PredictionMargin()  # ... serving steps': the noise both see
         self.turn_gate = TurnStartGate(cfg.stall_timeout_s)
         self._turn_work = 0.0  # the last turn's predicted work (s): the gate's typical turn
         self.serving_slowdown = 1.0  # serving steps' measured / profiled time (the endpoint's)

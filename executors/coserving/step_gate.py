@@ -6,7 +6,7 @@ rollout profile's price of the plan: the chunk it will schedule, else the decode
 batch) and the KV policy grants its blocks. When the full step does not fit the slack, smaller
 ones are tried, largest first (executors/policies/step_plan.py smaller_steps), and the cost held
 against the slack is the step's P99, not its mean: the prediction times the P99 of how much
-longer rollout steps ran than predicted (prediction_margin.py). A new
+longer rollout steps ran than predicted, beyond what serving steps see (prediction_margin.py). A new
 turn starts only when recent slack says it will finish (turn_start.py); otherwise it is handed
 back unstarted. KV is one emulated device pool of `total` pages
 (page = serving block); each engine's BudgetedScheduler gets a block cap so serving + rollout
@@ -61,13 +61,15 @@ class StepGate:
         endpoint judges refusals by it)."""
         if predicted_s <= 0:
             return
+        self.serving_margin.observe(predicted_s * self.serving_slowdown, took_s)
         ratio = min(max(took_s / predicted_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
         self.serving_slowdown = (1 - SLOWDOWN_EWMA) * self.serving_slowdown + SLOWDOWN_EWMA * ratio
 
     def p99_cost(self, predicted_s: float) -> float:
         """What admission holds against the slack for a step the profile prices at
-        `predicted_s`: scaled by the measured slowdown and the P99 overrun factor."""
-        return predicted_s * self.admission.slowdown * self.margin.factor()
+        `predicted_s`: scaled by the measured slowdown and the P99 overrun factor (rollout
+        steps' tail beyond serving steps')."""
+        return predicted_s * self.admission.slowdown * self.margin.factor(self.serving_margin)
 
     def turn_work_s(self, request: TurnRequest) -> float:
         """Seconds of rollout steps a turn needs on this device: its uncached prompt in chunks

@@ -6,8 +6,10 @@ longer. What must fit the slack is the P99 step, not the mean one: so the cost a
 is the prediction times the `quantile` of recent ratios took / predicted (>= 1), measured on
 this device in this run. A ratio, not seconds, because the overrun grows with the step: a small
 decode step keeps a small margin, a full prefill chunk a large one, and steps sized to the slack
-(step_plan.smaller_steps) shrink until they fit with theirs. Serving steps are not counted:
-their noise is serving alone's too, already inside an SLO derived from serving alone.
+(step_plan.smaller_steps) shrink until they fit with theirs. Noise every step on this device
+suffers (a page fault, the OS taking the core) is serving alone's too, already inside an SLO
+derived from serving alone: so the factor is taken relative to the serving steps' own tail
+(`relative_to`), i.e. only the overrun that rollout steps have beyond serving's.
 Plain Python: callers pass both times.
 """
 from __future__ import annotations
@@ -36,11 +38,20 @@ class PredictionMargin:
         self._ratios.append(took_s / predicted_s)
         self._factor = None
 
-    def factor(self) -> float:
-        """The quantile of recent took / predicted ratios, at least 1; 1 until `min_samples`."""
+    def tail(self) -> float | None:
+        """The quantile of recent took / predicted ratios; None until `min_samples`."""
         if len(self._ratios) < self.min_samples:
-            return 1.0
+            return None
         if self._factor is None:
             xs = sorted(self._ratios)
-            self._factor = max(1.0, xs[min(len(xs) - 1, math.ceil(self.quantile * len(xs)) - 1)])
+            self._factor = xs[min(len(xs) - 1, math.ceil(self.quantile * len(xs)) - 1)]
         return self._factor
+
+    def factor(self, relative_to: "PredictionMargin | None" = None) -> float:
+        """The tail ratio (at least 1; 1 until `min_samples`), divided by `relative_to`'s tail
+        where that has one (the overrun beyond what those steps see too)."""
+        mine = self.tail()
+        if mine is None:
+            return 1.0
+        base = relative_to.tail() if relative_to is not None else None
+        return max(1.0, mine / base if base else mine)
