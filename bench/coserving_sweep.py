@@ -37,7 +37,7 @@ from rose.serve.trace import ReplayRequest, Scaling, load_trace, plan
 SWEEP_CONFIGS = ("serving_only", "dedicated", "static_partition", "unaware", "prefix", "rose")
 TARGETS = (0.1, 0.3, 0.5, 0.8)
 CHAT_TARGETS = (0.3, 0.8)
-MAX_WINDOW_S = 120.0  # a point's replay window is grown for --min-requests up to this
+MAX_WINDOW_S = 90.0  # a point's replay window is grown for --min-requests up to this
 BASE_SCALE = 0.5  # calibration: 2x faster than the trace
 START_S = 600.0  # trace seconds: past the first minutes' ramp-up
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again

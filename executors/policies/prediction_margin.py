@@ -48,10 +48,13 @@ class PredictionMargin:
         return self._factor
 
     def factor(self, relative_to: "PredictionMargin | None" = None) -> float:
-        """The tail ratio (at least 1; 1 until `min_samples`), divided by `relative_to`'s tail
-        where that has one (the overrun beyond what those steps see too)."""
+        """The tail ratio (at least 1; 1 until `min_samples`); with `relative_to`, divided by its
+        tail (the overrun beyond what those steps see too), and 1 while it has none yet (no
+        serving steps to compare with: the SLO derived from serving alone holds its noise)."""
         mine = self.tail()
         if mine is None:
             return 1.0
-        base = relative_to.tail() if relative_to is not None else None
-        return max(1.0, mine / base if base else mine)
+        if relative_to is None:
+            return max(1.0, mine)
+        base = relative_to.tail()
+        return 1.0 if base is None else max(1.0, mine / base)
