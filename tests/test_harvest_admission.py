@@ -101,6 +101,8 @@ def test_smaller_steps_halve_down_to_the_efficiency_floor():
     # a flat curve (fixed cost per step): half the batch keeps half the rate, a quarter does not
     assert [p.tokens for p in smaller_steps(StepPlan("decode", 32, flat.decode_step(32), 0), flat, 512)] == [16]
     assert smaller_steps(StepPlan("preempt", 32, 0.02, 0), ROLLOUT, 512) == []
+    # no floor (serving idle: waiting does not raise the slack): every halving down to one
+    assert [p.tokens for p in smaller_steps(full, ROLLOUT, 512, floor=0.0)] == [16, 8, 4, 2, 1]
     chunk = StepPlan("prefill_chunk", 512, ROLLOUT.chunk(512), 17)
     assert [p.tokens for p in smaller_steps(chunk, ROLLOUT, 512)][:2] == [256, 128]
 

@@ -18,7 +18,7 @@ import math
 
 from executors.policies.kv_memory import MemoryState
 from executors.policies.slo_admission import DualSLOAdmission
-from executors.policies.step_plan import StepPlan, smaller_steps
+from executors.policies.step_plan import SIZE_FLOOR_EFFICIENCY, StepPlan, smaller_steps
 from executors.turns import TurnRequest
 
 ARRIVAL_QUANTILE = 0.9  # the TTFT slack holds for a new arrival this long among recent prompts
@@ -165,19 +165,23 @@ class StepGate:
         """Each plan then its smaller versions, labelled by size ("full", "1/2", ...): a step that
         fits the slack beats none when the SLO is tight. Prefill chunks are re-planned at half,
         a quarter, an eighth of the chunk (their KV need shrinks with them); decode steps run
-        part of the batch. Both stop at the efficiency floor (step_plan.smaller_steps)."""
+        part of the batch. Both stop at the efficiency floor (step_plan.smaller_steps) while serving
+        has work; with serving idle there is none."""
         r, out = self.rollout, []
+        # Waiting is cheaper than a tiny step only where the slack will grow: with serving idle
+        # it is the standing guard for an arrival, which waiting does not raise, so no floor.
+        floor = 0.0 if not self.serving.has_work() else SIZE_FLOOR_EFFICIENCY
         for plan in plans:
             out.append((plan, "full"))
             if plan.kind == "prefill_chunk" and chunk:
-                floor = [p.tokens for p in smaller_steps(plan, self.rollout_profile, chunk)]
+                smallest = [p.tokens for p in smaller_steps(plan, self.rollout_profile, chunk, floor)]
                 for c in (chunk // 2, chunk // 4, chunk // 8):
                     out += [(p, _fraction(p.tokens, plan.tokens)) for p in r.plans(c, room, admit)
                             if p.kind == "prefill_chunk" and p.tokens < plan.tokens
-                            and floor and p.tokens >= floor[-1]]
+                            and smallest and p.tokens >= smallest[-1]]
             elif plan.kind == "decode":
                 out += [(p, _fraction(p.tokens, plan.tokens))
-                        for p in smaller_steps(plan, self.rollout_profile, chunk)]
+                        for p in smaller_steps(plan, self.rollout_profile, chunk, floor)]
         return out
 
     def _slack_now(self, now: float) -> float:

@@ -104,6 +104,8 @@ def smaller_steps(plan: StepPlan, profile: LatencyProfile, chunk_tokens: int | N
     if plan.kind not in ("prefill_chunk", "decode") or plan.tokens < 2 or plan.cost_s <= 0:
         return []
     full_rate = plan.tokens / plan.cost_s
+    if not 0 <= floor < 1:
+        raise ValueError(f"size floor must be in [0, 1), got {floor}")
     out, n = [], plan.tokens // 2
     while n >= 1:
         if plan.kind == "decode":
