@@ -40,7 +40,9 @@ def step_summary(step: int, run_index: int = 0, serving: bool = True) -> dict:
             "worker": "serving-0", "requests": 100, "failed": 0, "ttft_p99_s": 0.08 * step,
             "tpot_p99_s": 0.02, "slo_ttft_s": 0.5, "slo_tpot_s": 0.03, "slo_met": 97,
             "slo_attainment": 0.97, "rollout_admitted": 12, "rollout_aborted": step - 1,
-            "kv_timeline": kv_timeline(step)}}
+            "rollout_denied_tpot": 5 * step, "rollout_denied_ttft": 3, "rollout_denied_kv": 0,
+            "rollout_denied_yielded": step - 1, "rollout_yielded_to_users": step - 1,
+            "rollout_returned_unstarted": 2, "kv_timeline": kv_timeline(step)}}
     return s
 
 

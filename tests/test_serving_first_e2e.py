@@ -35,8 +35,9 @@ def test_users_are_not_refused_while_a_saturating_rollout_is_cut(tmp_path_factor
     models = tmp_path_factory.mktemp("serving-first-models")
     policy, serving = (shutil.copytree(src / n, models / n) for n in ("policy", "serving"))
     # a tight KV pool: the rollout stream takes what serving leaves, so the burst must cut it
-    cfg = CoServingConfig(serving, policy, mode="rose", kv_blocks=48, max_model_len=512,
-                          chunk_tokens=128, max_num_seqs=16, profile_repeats=1, stall_timeout_s=3.0)
+    cfg = CoServingConfig(serving, policy, mode="rose", kv_blocks=96, max_model_len=512,
+                          chunk_tokens=128, max_num_seqs=16, profile_repeats=1, stall_timeout_s=3.0,
+                          usage_window_s=1.0)
     ex = CoServingExecutor(cfg, worker="first-0")
     stop, results, lock = threading.Event(), [], threading.Lock()
     try:
@@ -47,6 +48,8 @@ def test_users_are_not_refused_while_a_saturating_rollout_is_cut(tmp_path_factor
         assert len(served) == USERS and not refused and len(alone) == USERS
         slo, how = slo_from_serving_alone([r.ttft_s for r in alone], [r.tpot_s for r in alone], ex.slo)
         ex.set_slo(slo, how)
+        time.sleep(1.5)  # past the usage window: the next RL step's budget is the whole pool's
+        ex.start_step()
 
         def keep_rollout_busy(slot: int) -> None:  # each slot: one long turn after another
             n = 0
@@ -63,10 +66,10 @@ def test_users_are_not_refused_while_a_saturating_rollout_is_cut(tmp_path_factor
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while ex.metrics(fresh=True)["rollout"]["used_blocks"] < 8 and time.monotonic() < deadline:
+        while ex.metrics(fresh=True)["rollout"]["used_blocks"] < 16 and time.monotonic() < deadline:
             time.sleep(0.05)
         before = ex.metrics(fresh=True)
-        assert before["rollout"]["in_flight"] > 0, "the rollout stream never held the device"
+        assert before["rollout"]["used_blocks"] >= 16, "the rollout stream never held the device"
         t1 = time.monotonic()
         served, refused = _burst(ep, 2)
         lent = [r for r in ex.served_since(t1)]
@@ -85,6 +88,6 @@ def test_users_are_not_refused_while_a_saturating_rollout_is_cut(tmp_path_factor
                       f"{[(round(r.ttft_s, 3), round(r.tpot_s, 3)) for r in lent]}")
     cut = after["kv"].get("cuts", 0) - before["kv"].get("cuts", 0)
     yielded = after["rollout"]["yielded_to_users"] - before["rollout"]["yielded_to_users"]
-    assert cut + yielded > 0, "the burst neither cut nor stopped the rollout"
+    assert cut + yielded > 0, ("the burst neither cut nor stopped the rollout", after["kv"])
     assert all(r.finished_reason in ("stop", "length", "abort", "returned") for r in results)
     assert any(r.ok for r in results)  # the rollout made progress, before and after the burst
