@@ -91,6 +91,17 @@ def demo_section(doc: dict, name: str) -> list[str]:
         out.append(f"| {r['run']} | {r['wall_s'] / 60:.1f} min | {_ms(r['slo_ttft_s'])}/{_ms(r['slo_tpot_s'])} "
                    f"| {_pct(r['alone_60s'])} | {_pct(r['lent_60s'])} | {_pct(r['lent_whole'])} | {r['requests']} "
                    f"| {r['refused']} | {r['failed']} | {r['borrowed_share']:.0%} | {load} |")
+    out.append("")
+    for r, run in zip(doc["rows"], doc["runs"]):
+        worst = [(st["step"], w) for st in run["summary"]["steps"] for w in (st.get("serving") or {}).values()
+                 if w.get("slo_attainment") is not None and w["slo_attainment"] < 0.99]
+        if worst:
+            out.append(f"- run {r['run']}, steps under 99%: " + "; ".join(
+                f"step {step} ({w['requests']} requests, {_pct(w['slo_attainment'])}, P99 TTFT/TPOT "
+                f"{_ms(w['ttft_p99_s'])}/{_ms(w['tpot_p99_s'])} ms; rollout steps admitted "
+                f"{w.get('rollout_admitted', 0)}, denied "
+                f"{sum(w.get(k) or 0 for k in w if k.startswith('rollout_denied_'))}, users yielded to "
+                f"{w.get('rollout_yielded_to_users') or 0})" for step, w in worst))
     deriv = {r["slo_derivation"] for r in doc["rows"] if r.get("slo_derivation")}
     out += ["", "How each run's SLO was derived (printed in its table caption): "
             + "; ".join(sorted(deriv)) if deriv else "", ""]
