@@ -39,8 +39,10 @@ class Episode:
                            stop_token_ids=[self.chat.eos_id],
                            min_policy_version=self.min_policy_version)
 
-    def give_back(self) -> None:
-        """The turn was lost (worker died, aborted, stale): it will be re-prefilled elsewhere."""
+    def give_back(self, unstarted: bool = False) -> None:
+        """The turn was lost (worker died, aborted, stale) or handed back before it started
+        (`unstarted`: that attempt is not a failure): it will be re-prefilled elsewhere."""
+        self.returned += unstarted
         self.rerouted = True
         self.ready_since = time.monotonic()
 

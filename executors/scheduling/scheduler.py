@@ -197,10 +197,9 @@ class RolloutScheduler:
             if not result.ok:  # aborted: emergency KV cut or stall on a co-serving executor
                 self.router.on_turn_aborted(tid, worker)
                 self.pool.on_abort(worker)
-                if result.finished_reason == "returned":  # handed back unstarted: no attempt lost
-                    self.by_id[tid].returned += 1
-                    self.report.returned_unstarted += 1
-                else:
+                returned = result.finished_reason == "returned"  # handed back unstarted: no attempt lost
+                self.report.returned_unstarted += returned
+                if not returned:
                     self.report.interrupted[worker] = self.report.interrupted.get(worker, 0) + 1
                 self._give_back(tid, result.finished_reason)
                 continue
@@ -246,10 +245,10 @@ class RolloutScheduler:
 
     def _give_back(self, tid: str, why: str) -> None:
         ep = self.by_id[tid]
+        ep.give_back(unstarted=why == "returned")
         if ep.attempt - ep.returned >= self.config.max_attempts_per_turn * (ep.turn + 1):
             raise RolloutStuck(f"trajectory {tid} turn {ep.turn} failed {ep.attempt} attempts "
                                f"(last: {why})")
-        ep.give_back()
         self.report.rerouted_turns += 1
         self.ready.append(tid)
 
