@@ -154,6 +154,5 @@ def test_turn_start_gate_hands_back_while_serving_leaves_no_slack_and_recovers()
         g.observe(t, True)
         t += 0.01
     assert g.should_start(t, 0.5)
-    assert (g.started, g.handed_back) == (3, 2)
     with pytest.raises(ValueError):
         TurnStartGate(0.0)

@@ -270,8 +270,9 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
                     ran = True
         self._busy = self.serving.has_work() or ran
         now = time.monotonic()
-        self._observe_turn_gate(now)
-        self._admitting = self._would_admit(now)
+        slack = self._slack_now(now) if self.rollout is not None and self.wiring.admission else None
+        self._observe_turn_gate(now, slack)
+        self._admitting = self._would_admit(now, slack)
         self.counters["iterations"] += 1
         self.counters["loop_s"] += time.perf_counter() - t_iter - engine_s
         if not self._busy or not self._snap or now - self._snap["at"] >= 0.05:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from executors.policies.kv_memory import MemoryState
+from executors.policies.prediction_margin import nearest_rank
 from executors.policies.slo_admission import DualSLOAdmission
 from executors.policies.step_plan import SIZE_FLOOR_EFFICIENCY, StepPlan, smaller_steps
 from executors.turns import TurnRequest
@@ -95,8 +96,7 @@ class StepGate:
         self.admission.arrival_prompt_len = self._arrival_len()
 
     def _arrival_len(self) -> int:
-        xs = sorted(self.recent_prompts)
-        return xs[min(len(xs) - 1, int(ARRIVAL_QUANTILE * len(xs)))] if xs else 0
+        return int(nearest_rank(sorted(self.recent_prompts), ARRIVAL_QUANTILE)) if self.recent_prompts else 0
 
     def _serving_cap(self) -> int | None:
         """Serving's share of the emulated device pool: what rollout does not hold."""
@@ -189,15 +189,15 @@ class StepGate:
         return min(self.admission.ttft_slack(queued, now, active),
                    self.admission.tpot_slack(active, now, queued))
 
-    def _observe_turn_gate(self, now: float) -> None:
-        """Whether the smallest rollout step could run now: the turn start gate's history."""
+    def _observe_turn_gate(self, now: float, slack: float) -> None:
+        """Whether the smallest rollout step could run now (`slack`: _slack_now's): the turn
+        start gate's history."""
         if self.rollout is None or not self.wiring.admission:
             return
-        could = (now >= self.yield_until
-                 and self.p99_cost(self.rollout_profile.decode_step(1)) <= self._slack_now(now))
+        could = now >= self.yield_until and self.p99_cost(self.rollout_profile.decode_step(1)) <= slack
         self.turn_gate.observe(now, could)
 
-    def _would_admit(self, now: float) -> bool:
+    def _would_admit(self, now: float, slack: float | None = None) -> bool:
         r = self.rollout
         if r is None or len(r.live) >= self.cfg.max_num_seqs:
             return False
@@ -205,14 +205,10 @@ class StepGate:
             return False
         if not self.wiring.admission:
             return True
-        if now < self.yield_until:
-            return False
-        gate = self.turn_gate  # a new turn would be handed back: do not send one
-        if gate.longest_closed_s(now) >= gate.stall_timeout_s or \
-                gate.predicted_s(now, self._turn_work) > max(gate.stall_timeout_s, 2 * self._turn_work):
-            return False
-        return self.p99_cost(self.rollout_profile.decode_step(len(r.live) + 1)) <= self._slack_now(now)
-
+        if now < self.yield_until or not self.turn_gate.should_start(now, self._turn_work):
+            return False  # a new turn would be handed back: do not send one
+        slack = self._slack_now(now) if slack is None else slack
+        return self.p99_cost(self.rollout_profile.decode_step(len(r.live) + 1)) <= slack
 
 def _fraction(part: int, whole: int) -> str:
     """A smaller step's size as the nearest power-of-two fraction of the full one ("1/2")."""

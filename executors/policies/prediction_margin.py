@@ -18,6 +18,11 @@ import math
 from collections import deque
 
 
+def nearest_rank(xs: list[float], q: float) -> float:
+    """The q-quantile of the sorted, non-empty `xs` (nearest rank: a value that occurred)."""
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
 class PredictionMargin:
     def __init__(self, quantile: float = 0.99, window: int = 512, min_samples: int = 20) -> None:
         if not 0 < quantile < 1:
@@ -43,8 +48,7 @@ class PredictionMargin:
         if len(self._ratios) < self.min_samples:
             return None
         if self._factor is None:
-            xs = sorted(self._ratios)
-            self._factor = xs[min(len(xs) - 1, math.ceil(self.quantile * len(xs)) - 1)]
+            self._factor = nearest_rank(sorted(self._ratios), self.quantile)
         return self._factor
 
     def factor(self, relative_to: "PredictionMargin | None" = None) -> float:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Iterable, Literal, Sequence
 
 from executors.policies.latency_profile import LatencyProfile, PrefillMode, PREFILL_MODES
+from executors.policies.prediction_margin import nearest_rank
 
 InstanceMode = Literal["prefill", "decode", "mixed"]
 INSTANCE_MODES: tuple[str, ...] = ("prefill", "decode", "mixed")
@@ -91,7 +92,7 @@ def slo_from_serving_alone(ttft_s: Sequence[float], tpot_s: Sequence[float], flo
             sides.append(low)
             words.append(f"{name} {low * 1e3:.0f} ms (the profile's: nothing measured)")
             continue
-        p99, pq = _quantile(xs, 0.99), _quantile(xs, q)
+        p99, pq = nearest_rank(xs, 0.99), nearest_rank(xs, q)
         t = max(low, factor * p99, pq)
         sides.append(t)
         why = ("the profile's floor" if t == low else f"{factor:g} x P99 {p99 * 1e3:.0f} ms"
@@ -99,11 +100,6 @@ def slo_from_serving_alone(ttft_s: Sequence[float], tpot_s: Sequence[float], flo
         words.append(f"{name} {t * 1e3:.0f} ms ({why})")
     return SLOConfig(*sides), (f"max(profile floor, {factor:g} x serving-alone P99, its "
                                f"P{100 * q:g}): " + ", ".join(words))
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    """The q-quantile of sorted xs, nearest rank."""
-    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
 
 
 @dataclass(frozen=True)

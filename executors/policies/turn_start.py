@@ -25,7 +25,6 @@ class TurnStartGate:
             raise ValueError(f"window must be a positive number of seconds, got {window_s}")
         self._spans: deque[tuple[float, float, bool]] = deque()  # (from, to, could run)
         self._last: tuple[float, bool] | None = None
-        self.started = self.handed_back = 0
 
     def observe(self, now: float, could_run: bool) -> None:
         """Whether a rollout step could have run at `now` (admission's answer)."""
@@ -69,12 +68,8 @@ class TurnStartGate:
         return math.inf if f <= 0 else work_s / f
 
     def should_start(self, now: float, work_s: float) -> bool:
+        """Whether a turn of `work_s` seconds of steps would finish (see the module's rule)."""
         if not (math.isfinite(work_s) and work_s >= 0):
             raise ValueError(f"turn work must be finite seconds >= 0, got {work_s}")
-        ok = (self.longest_closed_s(now) < self.stall_timeout_s
-              and self.predicted_s(now, work_s) <= max(self.stall_timeout_s, 2 * work_s))
-        if ok:
-            self.started += 1
-        else:
-            self.handed_back += 1
-        return ok
+        return (self.longest_closed_s(now) < self.stall_timeout_s
+                and self.predicted_s(now, work_s) <= max(self.stall_timeout_s, 2 * work_s))

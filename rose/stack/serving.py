@@ -39,12 +39,15 @@ def start_serving(client: Client, models: ModelsConfig, stack: StackConfig) -> d
     return endpoints(client)
 
 
+def _by_name(client: Client, answers: dict) -> dict:
+    """Client.run's answers (worker address -> answer) by worker name, the None ones left out."""
+    names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    return {names[addr]: a for addr, a in answers.items() if a is not None and addr in names}
+
+
 def endpoints(client: Client) -> dict[str, str]:
     """Serving worker name -> endpoint URL, for the workers whose endpoint is up."""
-    names = {addr: str(w["name"]) for addr, w in
-             client.scheduler_info(n_workers=-1)["workers"].items()}
-    return {names[addr]: url for addr, url in client.run(serving_endpoint).items()
-            if url and addr in names}
+    return {name: url for name, url in _by_name(client, client.run(serving_endpoint)).items() if url}
 
 
 def current_slo(client: Client) -> SLOConfig | None:
@@ -58,6 +61,4 @@ def current_slo(client: Client) -> SLOConfig | None:
 def hold_serving_slo(client: Client, slo: SLOConfig, source: str) -> dict[str, dict]:
     """Every serving worker holds admission and its endpoint to `slo` from now on (a run's
     derived SLO); serving worker -> the SLO it now reports."""
-    names = {addr: str(w["name"]) for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
-    got = client.run(set_serving_slo, slo.ttft_s, slo.tpot_s, source)
-    return {names[addr]: s for addr, s in got.items() if s is not None and addr in names}
+    return _by_name(client, client.run(set_serving_slo, slo.ttft_s, slo.tpot_s, source))
