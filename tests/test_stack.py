@@ -198,12 +198,12 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     try:
         # every service listens on loopback only (Dask's /health and /metrics HTTP servers
         # bound 0.0.0.0 until told otherwise); checked before any worker opens a Mooncake
-        # client, whose transfer engine listens on all interfaces (README, Reliability)
+        # client, whose transfer engine listens on all interfaces (docs/reliability.md, ports)
         def exposed() -> list:
             return [(c.laddr, pid) for pid in family
                     for c in psutil.Process(pid).net_connections()
                     if c.status == psutil.CONN_LISTEN and c.laddr.ip not in ("127.0.0.1", "::1")]
-        # the one exception (README, Reliability): the store client's transfer engine, 2 ports
+        # the one exception (docs/reliability.md, ports): the store client's transfer engine, 2 ports
         store_client = {p.pid for p in handle.processes if p.name == "mooncake-store-client"}
         assert handle.mooncake_client and len(store_client) == 1
         assert {pid for _, pid in exposed()} == store_client and len(exposed()) == 2, exposed()
