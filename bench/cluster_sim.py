@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import fleet_settings, load_fleet, sweep_settings  # noqa: E402
+from sim.report import rate_text, speedup  # noqa: E402
 from sim.workload import fit_from_arrow  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
@@ -48,7 +49,7 @@ ABLATIONS = [("rose", "pinned"), ("rose", "turnwise")]
 
 def run(cfg: SimConfig) -> dict:
     r = ClusterSim(cfg).run()
-    print(f"  {cfg.gpus:>5} GPUs {cfg.config:>11} {cfg.mode:>17}: {r['tokens_per_s']:>10,.0f} tok/s, "
+    print(f"  {cfg.gpus:>5} GPUs {cfg.config:>11} {cfg.mode:>17}: {rate_text(r):>10} tok/s, "
           f"wall {r['wall_s']:.1f} s", flush=True)
     return r
 
@@ -73,12 +74,12 @@ def sweep(args: argparse.Namespace) -> list[dict]:
         todo = ROWS[1:] + (ABLATIONS if gpus == args.ablation_scale else [])
         for config, mode in todo:
             r = run(replace(base, config=config, mode=mode, **slo))
-            r["speedup_vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+            r["speedup_vs_fixed"] = speedup(r, fixed)
             rows.append(r)
         if gpus == args.ablation_scale:  # the serving worker's own (tight) SLO rule: admission binds
             for config in ("fixed", "rose", "slo_unaware"):
                 r = run(replace(base, config=config))
-                r["speedup_vs_fixed"] = r["tokens_per_s"] / fixed["tokens_per_s"]
+                r["speedup_vs_fixed"] = speedup(r, fixed)
                 r["slo_rule"] = "profile"
                 rows.append(r)
     return rows
@@ -92,7 +93,7 @@ def pipeline(args: argparse.Namespace) -> list[dict]:
         for config in ("fixed", "rose"):
             sync = run(replace(base, config=config, **slo))
             piped = run(replace(base, config=config, off_policy=1, **slo))
-            piped["speedup_vs_synchronous"] = piped["tokens_per_s"] / sync["tokens_per_s"]
+            piped["speedup_vs_synchronous"] = speedup(piped, sync)
             rows += [sync, piped]
     return rows
 
@@ -163,6 +164,10 @@ def timing(seed: int) -> dict:
             "tokens_per_s": r["tokens_per_s"]}
 
 
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def table(rows: list[dict]) -> str:
     def ms(x):
         return "-" if x is None else f"{1000 * x:.0f}"
@@ -173,8 +178,8 @@ def table(rows: list[dict]) -> str:
         att = "-" if r["slo_attainment"] is None else f"{100 * r['slo_attainment']:.1f}%"
         mode = r["mode"] + (", profile SLO" if r.get("slo_rule") else "")
         lines.append(
-            f"| {r['gpus']} / {r['serving_gpus']} | {r['config']} | {mode} | {r['tokens_per_s']:,.0f} | "
-            f"{r.get('speedup_vs_fixed', 1.0):.2f}x | {r['step_s_mean']:.2f} | {ms(r['ttft_p99_s'])} / "
+            f"| {r['gpus']} / {r['serving_gpus']} | {r['config']} | {mode} | {rate_text(r)} | "
+            f"{_x(r.get('speedup_vs_fixed', 1.0))} | {r['step_s_mean']:.2f} | {ms(r['ttft_p99_s'])} / "
             f"{ms(r['tpot_p99_s'])} ({ms(r['slo_ttft_s'])} / {ms(r['slo_tpot_s'])}) | {att} | "
             f"{100 * r['borrowed_share']:.0f}% | {100 * r['affinity_hit_rate']:.0f}% |")
     return "\n".join(lines)
@@ -290,10 +295,10 @@ def pipeline_main(args: argparse.Namespace, t0: float) -> None:
              "| --- " * 7 + "|"]
     for r in rows:
         att = "-" if r["slo_attainment"] is None else f"{100 * r['slo_attainment']:.1f}%"
-        gain = f"{r['speedup_vs_synchronous']:.2f}x" if "speedup_vs_synchronous" in r else ""
+        gain = _x(r["speedup_vs_synchronous"]) if "speedup_vs_synchronous" in r else ""
         lines.append(f"| {r['gpus']} / {r['serving_gpus']} | {r['config']} | "
                      f"{'one-step off-policy' if r['off_policy'] else 'synchronous'} | "
-                     f"{r['tokens_per_s']:,.0f} | {r['step_s_mean']:.2f} | {att} | {gain} |")
+                     f"{rate_text(r)} | {r['step_s_mean']:.2f} | {att} | {gain} |")
     print("\n".join(lines))
     out = args.out or OUT.with_name("cluster_sim_pipeline.json")
     out.write_text(json.dumps({"bench": "cluster_sim --pipeline", "args": {

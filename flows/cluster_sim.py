@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
 from sim.fleet import load_fleet, sweep_settings
+from sim.report import rate_text, speedup
 
 
 class SimSweep(BaseModel):
@@ -81,7 +82,7 @@ def sweep_on_dask(sweep: SimSweep) -> list[dict]:
     rows = [r.result() for r in runs]
     by_scale = {r["gpus"]: r for r in rows if r["config"] == "fixed" and not r["off_policy"]}
     for r in rows:
-        r["speedup_vs_fixed"] = r["tokens_per_s"] / by_scale[r["gpus"]]["tokens_per_s"]
+        r["speedup_vs_fixed"] = speedup(r, by_scale[r["gpus"]])
     return rows
 
 
@@ -97,8 +98,9 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
     create_table_artifact([{k: r.get(k) for k in keys} for r in rows], key="cluster-sim",
                           description="cluster simulation sweep (sim/)")
     for r in rows:
+        gain = "-" if r["speedup_vs_fixed"] is None else f"{r['speedup_vs_fixed']:.2f}x"
         print(f"{r['gpus']:>5} GPUs {r['config']:>11} off-policy {r['off_policy']}: "
-              f"{r['tokens_per_s']:>12,.0f} tok/s ({r['speedup_vs_fixed']:.2f}x fixed)")
+              f"{rate_text(r):>12} tok/s ({gain} fixed)")
     return rows
 
 

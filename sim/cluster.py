@@ -23,6 +23,7 @@ from executors.policies.stall import StallDetector
 from executors.policies.tail_handback import TailHandback
 from sim.config import SimConfig
 from sim.device import Device, Turn
+from sim.engine_cost import ContextCost
 from sim.events import EventLoop
 from sim.handback import HandbackSide
 from sim.profiles import PROFILE_DIR, load_profile, scaled
@@ -30,7 +31,7 @@ from sim.report import summarize
 from sim.staleness import policy_floor
 from sim.workload import StepModel, WorkloadSpec, p90, serving_arrivals
 
-MAX_STEP_S = 600.0
+MAX_STEP_S = 7200.0  # the horizon per step: a step not done by then is reported unfinished
 DEFAULT_STEP_MODEL = StepModel(1.0633637e-4, 1.2176131,
                                "median over 24 fixed-rollout steps of bench/results/learning_fidelity.json")
 
@@ -74,8 +75,10 @@ class ClusterSim(HandbackSide):
     # ---- fleet ------------------------------------------------------------------------------
     def _build(self) -> None:
         c = self.cfg
+        ctx = ContextCost(c.rollout_kv_s_per_token, c.rollout_attn_s_per_pair)
         for i in range(c.rollout_gpus):
-            self._add(Device(self.loop, f"rollout-{i}", "rollout", self.rollout_prof, self._done, self._abort))
+            self._add(Device(self.loop, f"rollout-{i}", "rollout", self.rollout_prof, self._done, self._abort,
+                             context=ctx, kv_pool=c.rollout_kv_blocks))
         arrival_len = p90([r.prompt for r in _sample_prompts(c)])
         for j in range(c.serving_gpus):
             arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600), c.serving_length_scale,
@@ -88,7 +91,9 @@ class ClusterSim(HandbackSide):
                 dev = Device(self.loop, name, "serving", None, self._done, self._abort,
                              serving=scaled(self.serving_prof, 2.0), arrivals=arrivals)
                 half = Device(self.loop, f"{name}-r", "rollout", scaled(self.rollout_prof, 2.0),
-                              self._done, self._abort)
+                              self._done, self._abort,
+                              context=ContextCost(2 * ctx.kv_s_per_token, 2 * ctx.attn_s_per_pair),
+                              kv_pool=c.kv_blocks // 2)
                 half.borrowed = True
                 self._add(half)
             else:
@@ -97,7 +102,8 @@ class ClusterSim(HandbackSide):
                 dev = Device(self.loop, name, "serving", self.rollout_prof, self._done, self._abort,
                              serving=self.serving_prof, admission=admission,
                              memory=KVMemoryPolicy(c.kv_blocks), stall=StallDetector(2.0),
-                             arrivals=arrivals, slo_aware=c.config == "rose", on_iter=self._on_iter)
+                             arrivals=arrivals, slo_aware=c.config == "rose", on_iter=self._on_iter,
+                             context=ctx)
                 self.router.register_worker(WorkerInfo(name, "serving"))
                 self.router.set_admitting(name, False)
                 self.flags[name], self.version[name] = False, 0
@@ -128,6 +134,7 @@ class ClusterSim(HandbackSide):
     def _start_step(self, step: int) -> None:
         now = self.loop.now
         self._step, self._step_started, self._step_tokens = step, now, 0
+        self._traj_s: list[float] = []  # this step's trajectory times, launch to last turn
         self._borrowed0 = self.counts["borrowed_tokens"]
         # a serving GPU's turns lag the trainer at most max_staleness in all, and at least the
         # pipeline's own lag (flows/rl_step.serving_lag_cfg)
@@ -159,7 +166,7 @@ class ClusterSim(HandbackSide):
         self._published_at[step] = published
         self.steps.append(dict(step=step, rollout_s=rollout_s, train_s=train_s, publish_s=sm.publish_s,
                                step_s=published - self._step_started, end_s=published,
-                               tokens=self._step_tokens,
+                               tokens=self._step_tokens, trajectory_s=_quantiles(self._traj_s),
                                borrowed_tokens=self.counts["borrowed_tokens"] - self._borrowed0))
         for name in self.version:  # serving GPUs pull the new version in the background
             self.loop.at(published + self.cfg.pull_s, self._pulled, (name, step))
@@ -237,6 +244,7 @@ class ClusterSim(HandbackSide):
                 self.counts["later_turns"] += 1
                 self.counts["affine"] += p.affine
         del self.trajs[tid]
+        self._traj_s.append(self.loop.now - self._step_started)
         self.counts["finished"] += 1
         self._left -= 1
         if self._left == 0:  # the rollout task ends after its own overhead (Arrow write, ...)
@@ -265,6 +273,15 @@ class ClusterSim(HandbackSide):
     def _set_flag(self, name: str, flag: bool) -> None:
         self.flags[name] = flag
         self.router.set_admitting(name, flag)
+
+
+def _quantiles(xs: list[float]) -> dict:
+    """P50 / P75 / P90 / max of a step's trajectory times (nearest rank)."""
+    s = sorted(xs)
+    if not s:
+        return {}
+    return {f"p{q}": s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] for q in (50, 75, 90)} | \
+        {"max": s[-1]}
 
 
 def _sample_prompts(c: SimConfig):

@@ -50,6 +50,11 @@ class SimConfig:
     # the RL step's train and publish model; None: fitted from the local stack's measured steps
     train_s_per_token: float | None = None
     publish_s: float | None = None
+    # what long contexts add to rollout steps (sim/engine_cost.py; a fleet derives them, 0: none)
+    rollout_kv_s_per_token: float = 0.0
+    rollout_attn_s_per_pair: float = 0.0
+    # a dedicated rollout GPU's KV pool in blocks (None: unbounded); co-serving GPUs share kv_blocks
+    rollout_kv_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
@@ -70,6 +75,10 @@ class SimConfig:
             raise ValueError("give both train_s_per_token and publish_s, or neither")
         if self.train_s_per_token is not None and (self.train_s_per_token < 0 or self.publish_s < 0):
             raise ValueError("train_s_per_token and publish_s must be >= 0")
+        if self.rollout_kv_s_per_token < 0 or self.rollout_attn_s_per_pair < 0:
+            raise ValueError("rollout context cost terms must be >= 0")
+        if self.rollout_kv_blocks is not None and self.rollout_kv_blocks < 1:
+            raise ValueError(f"rollout_kv_blocks must be >= 1 or None, got {self.rollout_kv_blocks}")
 
     @property
     def train_gpus(self) -> int:

@@ -18,6 +18,7 @@ from executors.policies.latency_profile import LatencyProfile
 from executors.policies.slo_admission import DualSLOAdmission
 from executors.policies.stall import StallDetector, keep_stalled
 from executors.policies.step_plan import plan_steps
+from sim.engine_cost import ContextCost
 from sim.events import EventLoop
 from sim.serving import BLOCK, ServingEngine, ServingStats
 from sim.workload import ServingRequest
@@ -36,6 +37,12 @@ class Turn:
     rid: int = 0
     started: bool = False  # the engine computed some of it (aborting it loses work)
     cached: int = 0  # prompt tokens served from the prefix cache
+    blocks: int = 0  # KV blocks it holds in a dedicated GPU's pool
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens in its KV cache now: the prompt prefilled (or cached) so far and its output."""
+        return self.context - self.prefill_left + self.response - self.out_left
 
 
 class Device:
@@ -44,7 +51,8 @@ class Device:
                  serving: LatencyProfile | None = None, admission: DualSLOAdmission | None = None,
                  memory: KVMemoryPolicy | None = None, stall: StallDetector | None = None,
                  arrivals: Iterator[ServingRequest] | None = None, slo_aware: bool = True,
-                 on_iter: Callable[["Device"], None] | None = None) -> None:
+                 on_iter: Callable[["Device"], None] | None = None, context: ContextCost | None = None,
+                 kv_pool: int | None = None) -> None:
         self.loop, self.name, self.kind = loop, name, kind
         self.rollout, self.serving, self.admission = rollout, serving, admission
         self.memory, self.stall, self.slo_aware = memory, stall, slo_aware
@@ -57,7 +65,9 @@ class Device:
         self.busy = False
         self.eligible = rollout is not None  # staleness: holds a policy version the step may use
         self.rollout_tokens = 0
-        self.aborted = self.stall_kept = 0
+        self.aborted = self.stall_kept = self.preempted = 0
+        self.context = context if context is not None and context.active else None
+        self.kv_pool, self.kv_used = kv_pool, 0  # a dedicated GPU's own KV pool (vLLM's preemption)
         self._kept: dict[int, int] = {}
         self._denied_at = -math.inf
         self._rids = 0
@@ -140,14 +150,24 @@ class Device:
         if not self.running:
             self._check_stalls(now)
             return 0.0 if self._serving_busy() else self._idle_poll()
-        decodes = sum(1 for t in self.running if t.prefill_left == 0)
-        prefill = sum(t.prefill_left for t in self.running)
+        decodes = prefill = held = 0
+        before = -1  # tokens cached before the first pending prefill's next chunk
+        for t in self.running:
+            if t.prefill_left == 0:
+                decodes += 1
+                held += t.kv_tokens
+            else:
+                prefill += t.prefill_left
+                if before < 0:
+                    before = t.context - t.prefill_left
         plans = plan_steps(decodes, prefill, 0, BLOCK, self.rollout, CHUNK)
         if self.admission is not None and self.slo_aware and plans and plans[0].kind == "prefill_chunk":
             # as the executor's step gate: smaller chunks after the full one, before decodes only
             plans[1:1] = [p for c in (CHUNK // 2, CHUNK // 4, CHUNK // 8)
                           for p in plan_steps(decodes, prefill, 0, BLOCK, self.rollout, c)
                           if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
+        if self.context is not None:  # long contexts: KV reads and attention to cached tokens
+            plans = [self.context.priced(p, decodes, held, before) for p in plans]
         plan = self._admit(plans, now)
         if plan is None:
             self._check_stalls(now)
@@ -171,8 +191,28 @@ class Device:
             self.running = [t for t in self.running if t.out_left > 0]
             for t in finished:
                 self._finish(t, end)
+        if self.kv_pool is not None:
+            self._grow_kv()
         self._check_stalls(end)
         return plan.cost_s
+
+    def _grow_kv(self) -> None:
+        """Blocks for the tokens the step wrote; when the pool runs out, vLLM preempts its youngest
+        running request (recompute: its KV is dropped, its prompt and output so far prefilled
+        again when it resumes, first in the queue)."""
+        for t in self.running:
+            need = -(-(t.kv_tokens + 1) // BLOCK) - t.blocks
+            if need > 0:
+                self.kv_used += need
+                t.blocks += need
+        while self.kv_used > self.kv_pool and len(self.running) > 1:
+            t = self.running.pop()
+            self.kv_used -= t.blocks
+            t.blocks, t.cached = 0, 0
+            t.prefill_left = t.context + t.response - t.out_left
+            t.context, t.response = t.prefill_left, t.out_left  # re-prefilled as a prompt
+            self.waiting.insert(0, t)
+            self.preempted += 1
 
     def _admit(self, plans, now: float):
         if self.admission is None or not self.slo_aware:
@@ -202,9 +242,17 @@ class Device:
                 if not self.memory.can_allocate(blocks):
                     return
                 self.memory.on_rollout_alloc(t.rid, blocks, now, t.tid)
+            if self.kv_pool is not None:  # vLLM admits a prompt whose whole KV fits the free pool
+                prompt = math.ceil((t.context + 1) / BLOCK)
+                if self.kv_used + prompt > self.kv_pool and self.running:
+                    return
+                t.blocks = prompt
+                self.kv_used += prompt
             self.running.append(self.waiting.pop(0))
 
     def _finish(self, t: Turn, now: float) -> None:
+        self.kv_used -= t.blocks
+        t.blocks = 0
         self.rollout_tokens += t.context + t.response
         if self.memory is not None:
             self.memory.on_rollout_free(t.rid)
@@ -240,6 +288,8 @@ class Device:
             return
         self.running = [x for x in self.running if x.rid != rid]
         self.waiting = [x for x in self.waiting if x.rid != rid]
+        self.kv_used -= t.blocks
+        t.blocks = 0
         if self.memory is not None:
             self.memory.on_rollout_free(rid)
         if self.stall is not None:

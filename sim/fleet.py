@@ -22,6 +22,7 @@ import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sim.engine_cost import ContextCost
 from sim.profiles import PROFILE_DIR, load_profile
 from sim.serving import BLOCK
 from sim.workload import trace_requests
@@ -41,6 +42,9 @@ class FleetSpec:
     serving_utilization: float = 0.189
     link_gbps: float = 200.0
     serving_max_len: int = 8192
+    # the device's published HBM bandwidth (TB/s), for what long contexts cost (sim/engine_cost.py)
+    memory_bandwidth_tb_s: float | None = None
+    bandwidth_source: str = ""
 
     def __post_init__(self) -> None:
         for shape in (self.rollout_shape, self.serving_shape):
@@ -50,6 +54,8 @@ class FleetSpec:
             raise ValueError("memory_utilization must be in (0, 1] and serving_utilization in (0, 1)")
         if self.gpu_memory_gb <= 0 or self.link_gbps <= 0 or self.serving_max_len < 2:
             raise ValueError("gpu_memory_gb and link_gbps must be > 0, serving_max_len >= 2")
+        if self.memory_bandwidth_tb_s is not None and not self.memory_bandwidth_tb_s > 0:
+            raise ValueError(f"memory_bandwidth_tb_s must be > 0, got {self.memory_bandwidth_tb_s}")
 
 
 def load_fleet(name: str) -> FleetSpec:
@@ -61,9 +67,13 @@ def load_fleet(name: str) -> FleetSpec:
     return FleetSpec(**{k: v for k, v in d.items() if k != "comment"})
 
 
+def shape_config(shape: str) -> dict:
+    return json.loads((SHAPES / shape / "config.json").read_text())
+
+
 def shape_numbers(shape: str) -> tuple[int, int]:
     """(parameters, KV bytes per token) of an architecture, from its config.json."""
-    c = json.loads((SHAPES / shape / "config.json").read_text())
+    c = shape_config(shape)
     h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     head_dim = c.get("head_dim") or h // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
@@ -120,6 +130,11 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
                     kv_blocks=kv_blocks, train_s_per_token=train_s_per_token, publish_s=publish_s,
                     serving_rate=serving_rate, serving_length_scale=1.0,
                     serving_max_len=spec.serving_max_len)
+    ctx = context_cost(spec)
+    if ctx.active:
+        settings.update(rollout_kv_s_per_token=ctx.kv_s_per_token, rollout_attn_s_per_pair=ctx.attn_s_per_pair,
+                        rollout_kv_blocks=int((spec.gpu_memory_gb * 1e9 * spec.memory_utilization
+                                               - BYTES * r_params) // (BLOCK * r_kv)))
     how = {"rollout_params": r_params, "serving_params": s_params,
            "kv_bytes_per_token": {"rollout": r_kv, "serving": s_kv},
            "kv_blocks": f"({spec.gpu_memory_gb} GB x {spec.memory_utilization} - bf16 weights) / "
@@ -127,5 +142,17 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
            "train_s_per_token": train_how,
            "publish_s": f"{BYTES * r_params / 1e9:.1f} GB at {spec.link_gbps:g} Gbps = {publish_s:.2f} s",
            "serving_rate": (f"{spec.serving_utilization:.1%} busy / ({busy:.3f} s per request alone x "
-                            f"{trace_rate:.2f} req/s of the trace) = x{serving_rate:.3f}")}
+                            f"{trace_rate:.2f} req/s of the trace) = x{serving_rate:.3f}"),
+           "context_cost": ctx.source}
     return settings, how
+
+
+def context_cost(spec: FleetSpec) -> ContextCost:
+    """The rollout model's long-context terms on this fleet's device (none without a bandwidth)."""
+    if spec.memory_bandwidth_tb_s is None:
+        return ContextCost.none()
+    c = shape_config(spec.rollout_shape)
+    params, kv = shape_numbers(spec.rollout_shape)
+    q_dim = c["num_attention_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
+    return ContextCost.derive(load_profile(spec.rollout_profile), params, c["num_hidden_layers"], q_dim, kv,
+                              spec.memory_bandwidth_tb_s, spec.bandwidth_source)

@@ -26,14 +26,22 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
     horizon = max(sim.loop.now, 1e-9)
     busy = [d.stats.busy_s / horizon for d in sim.serving_devices]
     in_flight = len(sim.trajs)
+    done = len(steps) == cfg.steps
+    rollout_mean = sum(s["rollout_s"] for s in steps) / max(1, len(steps))
+    p75 = [s["trajectory_s"]["p75"] / s["rollout_s"] for s in steps if s.get("trajectory_s") and s["rollout_s"] > 0]
     return {
         "config": cfg.config, "mode": cfg.mode, "gpus": cfg.gpus, "train_gpus": cfg.train_gpus,
         "rollout_gpus": cfg.rollout_gpus, "serving_gpus": cfg.serving_gpus, "steps": len(steps),
         "seed": cfg.seed, "serving_rate": cfg.serving_rate,
         "trajectories_per_step": cfg.traj_per_rollout_gpu * cfg.rollout_gpus,
-        "tokens_per_s": tokens / step_s if step_s else 0.0,
+        # a run that did not finish its steps within the horizon has no throughput, not 0 tok/s
+        "finished": done, "unfinished_steps": cfg.steps - len(steps),
+        "tokens_per_s": tokens / step_s if step_s and done else None,
         "step_s_mean": step_s / max(1, len(steps)), "off_policy": cfg.off_policy,
-        "rollout_s_mean": sum(s["rollout_s"] for s in steps) / max(1, len(steps)),
+        "rollout_s_mean": rollout_mean,
+        "rollout_share": rollout_mean * len(steps) / step_s if step_s else None,
+        "trajectory_p75_share": sum(p75) / len(p75) if p75 else None,
+        "preempted": sum(d.preempted for d in sim.devices.values()),
         "borrowed_share": c["borrowed_tokens"] / c["tokens"] if c["tokens"] else 0.0,
         "affinity_hit_rate": c["affine"] / c["later_turns"] if c["later_turns"] else 0.0,
         "prefix_hit_tokens": c["cached"] / c["prompt"] if c["prompt"] else 0.0,
@@ -50,3 +58,17 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "events": sim.loop.events, "sim_s": sim.loop.now, "wall_s": wall_s,
         "per_step": steps,
     }
+
+
+def speedup(run: dict, base: dict) -> float | None:
+    """run's throughput over base's; None where either did not finish its steps."""
+    a, b = run.get("tokens_per_s"), base.get("tokens_per_s")
+    return a / b if a is not None and b else None
+
+
+def rate_text(r: dict) -> str:
+    """A run's throughput for a table: unfinished runs say so."""
+    if r.get("tokens_per_s") is None:
+        left = r.get("unfinished_steps", 0)
+        return f"unfinished ({left} of {r.get('steps', 0) + left} steps)"
+    return f"{r['tokens_per_s']:,.0f}"

@@ -61,16 +61,32 @@ class Trajectory:
 
 
 class WorkloadSpec:
+    """Per-trajectory distributions (_COLUMNS), plus, optionally: "response_scale", one draw per
+    trajectory multiplying all its responses (a model that thinks long on a task does so every
+    turn, which is what makes whole trajectories long-tailed), `max_context` (the model's
+    context length: the turn that reaches it is cut there and ends the trajectory) and
+    `citations` (where each parameter comes from)."""
+
     def __init__(self, quantiles: dict[str, list[float]], success_rate: float, source: str = "",
-                 rollout_overhead_s: float = 0.0) -> None:
+                 rollout_overhead_s: float = 0.0, max_context: int | None = None,
+                 citations: dict[str, str] | None = None) -> None:
         missing = set(_COLUMNS) - set(quantiles)
         if missing:
             raise ValueError(f"workload lacks distributions {sorted(missing)}")
+        unknown = set(quantiles) - set(_COLUMNS) - {"response_scale"}
+        if unknown:
+            raise ValueError(f"workload has unknown distributions {sorted(unknown)}")
         if rollout_overhead_s < 0:
             raise ValueError(f"rollout_overhead_s must be >= 0, got {rollout_overhead_s}")
+        if max_context is not None and max_context < 2:
+            raise ValueError(f"max_context must be >= 2 tokens, got {max_context}")
+        for k, v in quantiles.items():
+            if len(v) != len(QUANTILES) or any(b < a for a, b in zip(v, v[1:])):
+                raise ValueError(f"distribution {k!r} needs {len(QUANTILES)} non-decreasing quantiles")
         self.q = {k: np.asarray(v, dtype=float) for k, v in quantiles.items()}
         self.success_rate, self.source = success_rate, source
-        self.rollout_overhead_s = rollout_overhead_s
+        self.rollout_overhead_s, self.max_context = rollout_overhead_s, max_context
+        self.citations = dict(citations or {})
         # per distribution: its values and segment slopes as Python floats, for _draw
         self._segments = {k: (tuple(map(float, v)), tuple(float((v[j + 1] - v[j]) / (QUANTILES[j + 1] - QUANTILES[j]))
                                                           for j in range(len(v) - 1)))
@@ -91,24 +107,52 @@ class WorkloadSpec:
 
     def sample(self, rng: random.Random) -> Trajectory:
         n = max(1, round(self._draw(rng, "turns")))
-        return Trajectory(max(1, round(self._draw(rng, "first_prompt"))),
-                          tuple(max(1, round(self._draw(rng, "obs_tokens"))) for _ in range(n - 1)),
-                          tuple(max(1, round(self._draw(rng, "response"))) for _ in range(n)),
-                          tuple(max(0.0, self._draw(rng, "env_s")) for _ in range(n)),
-                          tuple(max(0.0, self._draw(rng, "dispatch_s")) for _ in range(n - 1)),
-                          rng.random() < self.success_rate)
+        first = max(1, round(self._draw(rng, "first_prompt")))
+        obs = tuple(max(1, round(self._draw(rng, "obs_tokens"))) for _ in range(n - 1))
+        scale = self._draw(rng, "response_scale") if "response_scale" in self.q else 1.0
+        responses = tuple(max(1, round(scale * self._draw(rng, "response"))) for _ in range(n))
+        env = tuple(max(0.0, self._draw(rng, "env_s")) for _ in range(n))
+        dispatch = tuple(max(0.0, self._draw(rng, "dispatch_s")) for _ in range(n - 1))
+        success = rng.random() < self.success_rate
+        if self.max_context is not None:
+            first, obs, responses = _cut(first, obs, responses, self.max_context)
+            n = len(responses)
+        return Trajectory(first, obs[:n - 1], responses, env[:n], dispatch[:n - 1], success)
 
     def to_json(self) -> str:
-        return json.dumps({"source": self.source, "success_rate": self.success_rate,
-                           "rollout_overhead_s": self.rollout_overhead_s,
-                           "quantiles": {k: [round(float(x), 6) for x in v] for k, v in self.q.items()}},
-                          indent=1)
+        d = {"source": self.source, "success_rate": self.success_rate,
+             "rollout_overhead_s": self.rollout_overhead_s}
+        if self.max_context is not None:
+            d["max_context"] = self.max_context
+        if self.citations:
+            d["citations"] = self.citations
+        d["quantiles"] = {k: [round(float(x), 6) for x in v] for k, v in self.q.items()}
+        return json.dumps(d, indent=1)
 
     @classmethod
     def load(cls, path: str | Path = WORKLOAD_FILE) -> "WorkloadSpec":
         d = json.loads(Path(path).read_text())
         return cls(d["quantiles"], float(d["success_rate"]), d.get("source", ""),
-                   float(d.get("rollout_overhead_s", 0.0)))
+                   float(d.get("rollout_overhead_s", 0.0)), d.get("max_context"), d.get("citations"))
+
+
+def _cut(first: int, obs: tuple[int, ...], responses: tuple[int, ...],
+         max_context: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The trajectory ended at the model's context: the turn that reaches it is cut to fit, and
+    it is the last (a prompt that no longer fits ends it before that turn)."""
+    first = min(first, max_context - 1)
+    context, out = first, []
+    for k, r in enumerate(responses):
+        room = max_context - context
+        if room < 1 or (k and room < 2):
+            break
+        out.append(min(r, room))
+        context += out[-1]
+        if k + 1 < len(responses):
+            context += obs[k]
+            if context >= max_context:
+                break
+    return first, obs[:max(0, len(out) - 1)], tuple(out)
 
 
 def fit_from_arrow(parquet_glob: str, steps_glob: str | None = None) -> WorkloadSpec:

@@ -1,0 +1,146 @@
+"""The ROSE paper's workloads as simulator workload files (sim/profiles/workload_paper_*.json).
+
+The paper publishes a few statistics of its runs, not their distributions, so each workload is a
+small parametric model: log-normal distributions (median, sigma) written as the 21 quantiles
+WorkloadSpec reads. Every parameter carries its source in the file's "citations": a sentence of
+the paper (../shared/papers/rose.txt, the section named), or "chosen" with the reason where the
+paper gives no number. Two parameters are fitted, each to one published number, by
+bench/paper_figures.py --fit (the response median to the prefill-token share, the turn median to
+the 8-GPU rollout time); the other published statistics are then predictions the figures check.
+
+    python -m sim.paper_workloads   # (re)write the shipped files from the parameters below
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from statistics import NormalDist
+
+from sim.profiles import PROFILE_DIR
+from sim.workload import QUANTILES, WorkloadSpec
+
+TAIL = 0.001  # the 0th / 100th quantile written as this / 1 - this (a log-normal has no ends)
+
+
+@dataclass(frozen=True)
+class PaperWorkload:
+    name: str
+    turns_median: float
+    response_median: float  # tokens of one turn's response (thinking + action)
+    response_sigma: float = 0.8  # spread of a turn's response around its trajectory's level
+    trajectory_sigma: float = 1.6  # spread of trajectories' response level (the long tail)
+    turns_sigma: float = 0.5
+    max_turns: int = 20
+    first_prompt: float = 600.0
+    obs_tokens: float = 120.0
+    env_s: float = 0.2
+    max_context: int = 32768
+    success_rate: float = 0.5
+
+    def __post_init__(self) -> None:
+        if min(self.turns_median, self.response_median, self.first_prompt, self.obs_tokens) <= 0:
+            raise ValueError("medians must be > 0")
+        if min(self.response_sigma, self.trajectory_sigma, self.turns_sigma) < 0 or self.env_s < 0:
+            raise ValueError("sigmas and env_s must be >= 0")
+        if self.max_turns < 1 or self.max_context < 2:
+            raise ValueError("max_turns must be >= 1 and max_context >= 2")
+
+    def spec(self) -> WorkloadSpec:
+        q = {"turns": _lognormal(self.turns_median, self.turns_sigma, 1, self.max_turns),
+             "first_prompt": _lognormal(self.first_prompt, 0.1, 1, self.max_context),
+             "obs_tokens": _lognormal(self.obs_tokens, 0.1, 1, self.max_context),
+             "response": _lognormal(self.response_median, self.response_sigma, 1, self.max_context),
+             "response_scale": _lognormal(1.0, self.trajectory_sigma, 0.0, math.inf),
+             "env_s": _lognormal(self.env_s, 0.5, 0.0, math.inf) if self.env_s else [0.0] * len(QUANTILES),
+             "dispatch_s": [0.0] * len(QUANTILES)}
+        return WorkloadSpec(q, self.success_rate, f"paper workload {self.name}: {asdict(self)}", 0.0,
+                            self.max_context, CITATIONS)
+
+    def write(self, directory: Path = PROFILE_DIR) -> Path:
+        path = directory / f"workload_paper_{self.name}.json"
+        path.write_text(self.spec().to_json() + "\n")
+        return path
+
+
+CITATIONS = {
+    "max_context": "rose.txt §6: 'We use Qwen3-8B/32k for FrozenLake ... and Qwen3-32B/32k for ALFWorld'; §2: "
+                   "'configured with a maximum response length of 32k tokens'",
+    "batch": "rose.txt §6: 'we set the group size to 16 and use batch sizes of 256 and 1024 for Qwen3-8B and "
+             "Qwen3-32B' (trajectories per step: the SimConfig, 32 per rollout GPU at 8 rollout GPUs)",
+    "response": "fitted: the median so that prefill tokens are 'accounted for 77% (Qwen3-8B) and 86% "
+                "(Qwen3-32B) of total tokens' (rose.txt §2)",
+    "turns": "fitted: the median so that rollout at 8 GPUs takes 607 s ('the rollout time reduces from 607 s "
+             "to 435 s', rose.txt §2, Fig. 1c); sigma 0.5 and at most 20 turns chosen (not published)",
+    "response_scale": "chosen (not published): one log-normal level per trajectory, so whole trajectories "
+                      "are long-tailed ('most trajectories finish quickly, while a small fraction take much "
+                      "longer', §2); sigma 1.6 because at 0.8 or 1.2 the P75 trajectory took 46-64% of the "
+                      "rollout against the paper's 'at most 30%' (so that check is not independent); "
+                      "bench/paper_figures.py's sensitivity table varies it",
+    "response_sigma": "chosen (not published): a turn's spread around its trajectory's level, sigma 0.8",
+    "first_prompt": "chosen (not published): 600 tokens, a FrozenLake system prompt with rules and the grid",
+    "obs_tokens": "chosen (not published): 120 tokens, the grid rendered again and the move's feedback",
+    "env_s": "chosen (not published): median 0.2 s per environment step (a toy-text environment behind an "
+             "environment manager)",
+}
+
+QWEN3_8B_FROZENLAKE = PaperWorkload("qwen3_8b_frozenlake", turns_median=5.0, response_median=300.0)
+WORKLOADS = {w.name: w for w in (QWEN3_8B_FROZENLAKE,)}
+
+
+def _lognormal(median: float, sigma: float, low: float, high: float) -> list[float]:
+    """The 21 quantiles of a log-normal (median, sigma) clipped to [low, high]."""
+    nd = NormalDist()
+    out = []
+    for p in QUANTILES:
+        p = min(max(p, TAIL), 1 - TAIL)
+        out.append(min(high, max(low, median * math.exp(sigma * nd.inv_cdf(p)))))
+    return out
+
+
+def prefill_share(spec: WorkloadSpec, n: int = 4000, seed: int = 0) -> float:
+    """Prompt tokens (every turn's whole context) over all tokens, over `n` sampled trajectories."""
+    rng, prompt, total = random.Random(seed), 0, 0
+    for _ in range(n):
+        t = spec.sample(rng)
+        context = t.first_prompt
+        for k, r in enumerate(t.responses):
+            prompt += context
+            total += context + r
+            if k + 1 < t.turns:
+                context += r + t.obs[k]
+    return prompt / total
+
+
+def with_params(base: PaperWorkload, **changes) -> PaperWorkload:
+    return replace(base, **changes)
+
+
+def fit_response_median(base: PaperWorkload, share: float, n: int = 1500) -> PaperWorkload:
+    """The response median at which prompt tokens are `share` of all tokens (bisection: the
+    share falls as responses grow)."""
+    if not 0 < share < 1:
+        raise ValueError(f"prefill share must be in (0, 1), got {share}")
+    lo, hi = 1.0, float(base.max_context)
+    for _ in range(16):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if prefill_share(replace(base, response_median=mid).spec(), n) > share else (lo, mid)
+    return replace(base, response_median=round((lo * hi) ** 0.5, 1))
+
+
+def fit_turns_median(base: PaperWorkload, share: float, rollout_s: float, rollout_of, lo: float = 1.0,
+                     hi: float = 12.0, rounds: int = 7) -> PaperWorkload:
+    """The turn median (with the response median refitted to `share` at each) at which
+    `rollout_of(spec)` (simulated rollout seconds) is `rollout_s`; bisection, as rollout time
+    grows with turns at a fixed share."""
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        w = fit_response_median(replace(base, turns_median=mid), share)
+        lo, hi = (mid, hi) if rollout_of(w.spec()) < rollout_s else (lo, mid)
+    return fit_response_median(replace(base, turns_median=round((lo + hi) / 2, 2)), share)
+
+
+if __name__ == "__main__":
+    for w in WORKLOADS.values():
+        print(w.write(), f"prefill share {prefill_share(w.spec()):.3f}")
