@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
 from sim.fleet import load_fleet, sweep_settings
+from sim.profiles import PROFILE_DIR
 from sim.report import rate_text, speedup
 
 
@@ -35,6 +36,9 @@ class SimSweep(BaseModel):
     rate: float | None = Field(None, gt=0)  # trace speed-up per serving GPU (None: 6, or the fleet's)
     fleet: str | None = None  # sim/profiles/fleet_<name>.json: a GPU fleet (sim/fleet.py)
     serving_ratio: float = Field(1.0, ge=0)
+    # sim/profiles/<name>.json, e.g. workload_paper_qwen3_8b_frozenlake (sim/paper_workloads.py)
+    workload: str = "workload_frozenlake"
+    traj_per_rollout_gpu: int = Field(32, ge=1)
     seed: int = 0
     dask_scheduler: str | None = None  # None: the local stack's, else a local Dask cluster
 
@@ -56,8 +60,17 @@ class SimSweep(BaseModel):
                 raise ValueError(str(e)) from None
         return fleet
 
+    @field_validator("workload")
+    @classmethod
+    def _workload_exists(cls, workload: str) -> str:
+        if not (PROFILE_DIR / f"{workload}.json").is_file():
+            known = sorted(p.stem for p in PROFILE_DIR.glob("workload_*.json"))
+            raise ValueError(f"no workload {workload!r} in {PROFILE_DIR}; shipped: {known}")
+        return workload
+
     def base(self, gpus: int) -> SimConfig:
         return SimConfig(gpus=gpus, steps=self.steps, seed=self.seed, serving_ratio=self.serving_ratio,
+                         workload=self.workload, traj_per_rollout_gpu=self.traj_per_rollout_gpu,
                          **sweep_settings(self.fleet, self.rate))
 
 

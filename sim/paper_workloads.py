@@ -12,6 +12,7 @@ the 8-GPU rollout time); the other published statistics are then predictions the
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import asdict, dataclass, replace
@@ -59,9 +60,19 @@ class PaperWorkload:
                             self.max_context, CITATIONS)
 
     def write(self, directory: Path = PROFILE_DIR) -> Path:
+        """The workload file, with these parameters beside the quantiles (`load` reads them back)."""
         path = directory / f"workload_paper_{self.name}.json"
-        path.write_text(self.spec().to_json() + "\n")
+        doc = json.loads(self.spec().to_json()) | {"paper_params": asdict(self)}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
         return path
+
+    @classmethod
+    def load(cls, name: str, directory: Path = PROFILE_DIR) -> "PaperWorkload":
+        """The parameters a shipped (fitted) workload file was written from."""
+        path = directory / f"workload_paper_{name}.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no paper workload {name!r} in {directory}")
+        return cls(**json.loads(path.read_text())["paper_params"])
 
 
 CITATIONS = {

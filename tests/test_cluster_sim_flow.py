@@ -27,6 +27,14 @@ def test_sweep_takes_a_gpu_fleet_by_name():
     assert SimSweep().base(16).rollout_profile == "cpu_policy"
 
 
+def test_sweep_takes_the_papers_workload_by_name():
+    with pytest.raises(ValueError, match="workload_paper_qwen3_8b_frozenlake"):
+        SimSweep(workload="workload_paper_qwen3_8b")  # the message lists the shipped ones
+    base = SimSweep(fleet="h100_qwen3_8b", workload="workload_paper_qwen3_8b_frozenlake").base(16)
+    assert base.workload == "workload_paper_qwen3_8b_frozenlake"
+    assert base.rollout_kv_s_per_token > 0 and base.rollout_kv_blocks  # the fleet's long-context terms
+
+
 def test_sweep_runs_one_task_per_simulation_and_matches_a_local_run(monkeypatch, tmp_path):
     from dataclasses import asdict
 
