@@ -26,6 +26,7 @@ from sim.device import Device, Turn
 from sim.engine_cost import ContextCost
 from sim.events import EventLoop
 from sim.handback import HandbackSide
+from sim.redundant_sampling import RedundantSampling
 from sim.profiles import PROFILE_DIR, load_profile, scaled
 from sim.report import summarize
 from sim.staleness import policy_floor
@@ -36,7 +37,7 @@ DEFAULT_STEP_MODEL = StepModel(1.0633637e-4, 1.2176131,
                                "median over 24 fixed-rollout steps of bench/results/learning_fidelity.json")
 
 
-class ClusterSim(HandbackSide):
+class ClusterSim(HandbackSide, RedundantSampling):
     def __init__(self, cfg: SimConfig, workload: WorkloadSpec | None = None,
                  step_model: StepModel = DEFAULT_STEP_MODEL, router: TurnRouter | None = None) -> None:
         self.cfg, self.loop = cfg, EventLoop()
@@ -54,12 +55,12 @@ class ClusterSim(HandbackSide):
         self.devices: dict[str, Device] = {}
         self.serving_devices: list[Device] = []
         self.queue: deque[str] = deque()
-        self.trajs: dict[str, list] = {}  # tid -> [trajectory, turn index, context tokens]
+        self.trajs: dict[str, list] = {}  # tid -> [trajectory, turn index, context tokens, group]
         self.flags: dict[str, bool] = {}
         self.closed_until: dict[str, float] = {}
         self.version: dict[str, int] = {}
         self.counts = dict(started=0, finished=0, turns=0, rerouted=0, affine=0, later_turns=0,
-                           tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0)
+                           tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0, dropped=0)
         self.steps: list[dict] = []
         self._step_started, self._step_tokens, self._left = 0.0, 0, 0
         self._trainer_free, self._published_at = 0.0, {0: 0.0}  # the trainer's and publishes' timeline
@@ -69,6 +70,7 @@ class ClusterSim(HandbackSide):
         # tid -> (sent at, (tid, turn index)); and turns out on dedicated rollout GPUs
         self._borrowed: dict[str, tuple[float, tuple[str, int]]] = {}
         self._dedicated_out = 0
+        self._dropped: set[str] = set()  # DAPO: trajectories dropped once their step had its groups
         self._handback_at = math.inf  # the pending hand-back check, if any
         self._build()
 
@@ -144,14 +146,7 @@ class ClusterSim(HandbackSide):
             if name in self.version:
                 dev.eligible = self.version[name] >= floor
                 self._on_iter(dev)
-        n = self.cfg.traj_per_rollout_gpu * self.cfg.rollout_gpus
-        self._left = n
-        for i in range(n):
-            tid = f"s{step}-t{i}"
-            traj = self.workload.sample(self.rng)
-            self.trajs[tid] = [traj, 0, traj.first_prompt]
-            self.counts["started"] += 1
-            self.queue.append(tid)
+        self._launch_step(step)  # the batch, or DAPO's groups (sim/redundant_sampling.py)
         self._dispatch()
 
     def _end_rollout(self, _=None) -> None:
@@ -203,7 +198,7 @@ class ClusterSim(HandbackSide):
             self._place(q.popleft(), name)
 
     def _place(self, tid: str, name: str) -> None:
-        traj, k, context = self.trajs[tid]
+        traj, k, context, _ = self.trajs[tid]
         self._turn_out(tid, name, k)
         placement = self.router.on_turn_start(tid, name)
         turn = Turn(tid, context, traj.responses[k])
@@ -235,6 +230,9 @@ class ClusterSim(HandbackSide):
         self._hand_back_tail()
 
     def _ready(self, tid: str) -> None:
+        if tid in self._dropped:
+            self._forget_dropped(tid)
+            return
         self.queue.append(tid)
         self._dispatch()
 
@@ -243,17 +241,19 @@ class ClusterSim(HandbackSide):
             if p.turn > 0 and not p.rerouted:
                 self.counts["later_turns"] += 1
                 self.counts["affine"] += p.affine
-        del self.trajs[tid]
+        group = self.trajs.pop(tid)[3]
         self._traj_s.append(self.loop.now - self._step_started)
         self.counts["finished"] += 1
-        self._left -= 1
-        if self._left == 0:  # the rollout task ends after its own overhead (Arrow write, ...)
+        if self._rollout_done_with(tid, group):  # the rollout task ends after its own overhead
             self.loop.at(self.loop.now + self.workload.rollout_overhead_s, self._end_rollout)
 
     def _abort(self, dev: Device, turn: Turn) -> None:
         """A KV cut or stall gave the turn back: reroute it; close the worker's gate for a poll."""
         self.router.on_turn_aborted(turn.tid, dev.name)
         self._turn_left(dev, turn.tid)
+        if turn.tid in self._dropped:  # DAPO has its groups: forgotten, not rerouted
+            self._forget_dropped(turn.tid)
+            return
         self.counts["rerouted"] += 1
         self.closed_until[dev.name] = self.loop.now + self.cfg.admission_refresh_s
         self.loop.at(self.closed_until[dev.name], lambda d: self._on_iter(d), dev)

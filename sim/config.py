@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from executors.policies.router import MODES
 
 CONFIGS = ("fixed", "rose", "slo_unaware", "static")
+ALGORITHMS = ("grpo", "dapo")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class SimConfig:
     rollout_attn_s_per_pair: float = 0.0
     # a dedicated rollout GPU's KV pool in blocks (None: unbounded); co-serving GPUs share kv_blocks
     rollout_kv_blocks: int | None = None
+    # what a step launches (sim/redundant_sampling.py): GRPO's batch, or DAPO's groups until
+    # batch / group_size of them are valid, each valid with dapo_valid_rate (not published)
+    algorithm: str = "grpo"
+    group_size: int = 16
+    dapo_valid_rate: float = 0.5
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
@@ -77,6 +83,10 @@ class SimConfig:
             raise ValueError("train_s_per_token and publish_s must be >= 0")
         if self.rollout_kv_s_per_token < 0 or self.rollout_attn_s_per_pair < 0:
             raise ValueError("rollout context cost terms must be >= 0")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.group_size < 1 or not 0 < self.dapo_valid_rate <= 1:
+            raise ValueError("group_size must be >= 1 and dapo_valid_rate in (0, 1]")
         if self.rollout_kv_blocks is not None and self.rollout_kv_blocks < 1:
             raise ValueError(f"rollout_kv_blocks must be >= 1 or None, got {self.rollout_kv_blocks}")
 

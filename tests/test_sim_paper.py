@@ -107,3 +107,18 @@ def test_a_run_that_cannot_finish_its_steps_says_so(monkeypatch):
     r = ClusterSim(SimConfig(gpus=2, config="fixed", serving_ratio=0.0, steps=2, traj_per_rollout_gpu=8)).run()
     assert r["finished"] is False and r["unfinished_steps"] >= 1
     assert r["tokens_per_s"] is None  # never 0 tok/s
+
+
+def test_dapo_launches_groups_until_enough_are_valid_and_drops_the_rest():
+    cfg = SimConfig(gpus=4, config="fixed", serving_ratio=0.0, steps=3, traj_per_rollout_gpu=16,
+                    algorithm="dapo", group_size=4, dapo_valid_rate=0.4, seed=2)
+    sim = ClusterSim(cfg)
+    r = sim.run()
+    assert r["finished"] and r["steps"] == 3
+    # 2 rollout GPUs x 16 = 32 trajectories = 8 groups wanted; at a 40% valid rate more are launched
+    assert r["trajectories_started"] > 3 * 32
+    assert r["trajectories_started"] == r["trajectories_finished"] + r["trajectories_dropped"]
+    assert not sim.trajs and not sim.queue  # nothing of a dropped trajectory is left behind
+    assert all(not d.running and not d.waiting for d in sim.devices.values())
+    with pytest.raises(ValueError, match="algorithm"):
+        SimConfig(algorithm="ppo")
