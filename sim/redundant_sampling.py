@@ -7,8 +7,8 @@ non-zero reward variance", and "we adjust the maximum number of concurrent traje
 step based on the previous step" (rose.txt §6.1), so the trajectories launched vary per step,
 "with the maximum reaching the user specified batch size" (§2, Fig. 1d). Here a step wants
 batch / group_size valid groups and launches ceil(wanted / v) groups, v the valid share of the
-groups the previous step finished (the configured `dapo_valid_rate` at step 1), at most twice
-the batch in all; a group is valid with probability `dapo_valid_rate` (chosen: the paper gives
+groups the previous step finished (the configured `dapo_valid_rate` at step 1), with at most
+twice the batch out at once; a group is valid with probability `dapo_valid_rate` (chosen: the paper gives
 no share) when its last trajectory ends. When every launched group is done and too few were
 valid, the deficit is launched the same way. When enough are valid the rollout ends and the
 trajectories still out are dropped: their tokens were computed, so they count in the step's
@@ -25,7 +25,6 @@ class RedundantSampling:
         batch = cfg.traj_per_rollout_gpu * cfg.rollout_gpus
         self._index, self._groups = 0, {}
         self._valid = self._groups_done = self._groups_out = 0
-        self._launched = 0
         if cfg.algorithm == "grpo":
             self._left = batch
             self._launch(step, batch, None)
@@ -36,8 +35,8 @@ class RedundantSampling:
     def _launch_groups(self, step: int, wanted: int) -> None:
         cfg = self.cfg
         share = self._valid_share if getattr(self, "_valid_share", None) else cfg.dapo_valid_rate
-        room = 2 * self._wanted * cfg.group_size - self._launched  # at most twice the batch
-        n = min(math.ceil(wanted / max(share, 1e-3)), room // cfg.group_size)
+        out = self._groups_out * cfg.group_size  # at most twice the batch out at once
+        n = min(math.ceil(wanted / max(share, 1e-3)), (2 * self._wanted * cfg.group_size - out) // cfg.group_size)
         for _ in range(max(1, n)):
             gid = len(self._groups)
             self._groups[gid] = 0
@@ -51,7 +50,6 @@ class RedundantSampling:
             traj = self.workload.sample(self.rng)
             self.trajs[tid] = [traj, 0, traj.first_prompt, group]
             self.counts["started"] += 1
-            self._launched += 1
             self.queue.append(tid)
 
     def _rollout_done_with(self, tid: str, group: int | None) -> bool:
