@@ -15,7 +15,8 @@ Prints and writes bench/results/paper_figures.json and bench/results/paper_figur
   share, rollout seconds at 8 and 16 rollout GPUs;
 - Fig. 7a (GRPO, 8B): step throughput of the resource-fixed system (serving GPUs only serve;
   with ROSE's turn-wise routing, and with trajectories pinned to a GPU), ROSE, SLO-unaware
-  co-location and a static partition; the paper's ratio range beside;
+  co-location and a static partition; the paper's ratio range beside; and under DAPO's
+  redundant sampling (sim/redundant_sampling.py) at three valid-group shares;
 - Table 3: ROSE's routing ablation (pinned, turn-wise, + KV affinity), and the router's decision
   time P99 (the paper: under 10 ms);
 - Fig. 14 / App. E: rollout seconds against the serving-GPU quota 0/4/8/16;
@@ -55,7 +56,7 @@ PAPER = {  # rose.txt, the sentence each comes from
     "rollout_s_8": (607.0, "§2: 'the rollout time reduces from 607 s to 435 s' (Fig. 1c, 8 GPUs)"),
     "rollout_s_16": (435.0, "§2, the same sentence (16 GPUs)"),
     "grpo_vs_roll": ((1.31, 1.46), "abstract/§6.1: 1.31-1.46x over ROLL under GRPO"),
-    "dapo_vs_roll": ((1.42, 3.31), "§6.1: 1.42-3.31x over ROLL under DAPO (not simulated here)"),
+    "dapo_vs_roll": ((1.42, 3.31), "§6.1: 1.42-3.31x over ROLL under DAPO"),
     "table3": ("pinned < turn-wise < + affinity", "§6.4 Table 3; the factor was lost in the text extraction"),
     "fig14": ("reductions with 16 / 8 / 4 serving GPUs lost in the text extraction", "App. E, Fig. 14"),
     "route_p99_ms": (10.0, "the issue's bound for a routing decision"),
@@ -124,6 +125,20 @@ def end_to_end(args) -> tuple[dict, dict]:
     return rows, table3
 
 
+def dapo(args) -> list[dict]:
+    """Fig. 7 under DAPO: the resource-fixed system and ROSE at a few valid-group shares (the
+    paper gives none), each with its own SLO from serving alone."""
+    rows = []
+    for share in (0.3, 0.5, 0.8):
+        kw = dict(algorithm="dapo", dapo_valid_rate=share)
+        slo = slo_of(ClusterSim(base_config(args, config="fixed", **kw)).run())
+        fixed = run(base_config(args, config="fixed", **kw, **slo), label=f"DAPO {share:.0%} valid: fixed")
+        rose = run(base_config(args, config="rose", **kw, **slo), label=f"DAPO {share:.0%} valid: ROSE")
+        rows.append({"valid_share": share, "fixed": fixed, "rose": rose, "rose_vs_fixed": speedup(rose, fixed),
+                     "launched_per_step": fixed["trajectories_started"] / max(1, fixed["steps"])})
+    return rows
+
+
 def quota(args, slo: dict) -> dict:
     out = {}
     for n in (4, 8, 16):
@@ -173,9 +188,11 @@ def main() -> None:
     e2e, table3 = end_to_end(args)
     print("Fig. 14: serving-GPU quota")
     fig14 = {0: e2e["fixed"]} | quota(args, slo_of(e2e["fixed"]))
+    print("Fig. 7 under DAPO (redundant sampling)")
+    fig7_dapo = dapo(args)
     sens = [] if args.no_sensitivity else (print("Sensitivity") or sensitivity(args))
     doc = {"bench": "paper_figures", "args": {k: str(v) for k, v in vars(args).items()}, "paper": PAPER,
-           "fig1": fig1, "fig7a": e2e, "table3": table3, "fig14": fig14, "sensitivity": sens,
+           "fig1": fig1, "fig7a": e2e, "fig7_dapo": fig7_dapo, "table3": table3, "fig14": fig14, "sensitivity": sens,
            "total_s": time.perf_counter() - t0, "machine": platform.node()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str))
@@ -200,6 +217,18 @@ def report(doc: dict) -> str:
         lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
                      f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {_pct(r['slo_attainment'])} |")
     lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |", ""]
+    if doc.get("fig7_dapo"):
+        lo, hi = P["dapo_vs_roll"][0]
+        lines += ["| Fig. 7 (DAPO, 8B): valid groups | launched / step | fixed tokens/s | ROSE tokens/s | ROSE / fixed "
+                  "| fixed / ROSE rollout s | borrowed | serving SLO met |", "| --- " * 8 + "|"]
+        for d in doc["fig7_dapo"]:
+            f, r = d["fixed"], d["rose"]
+            cells = [f"{d['valid_share']:.0%} (chosen)", f"{d['launched_per_step']:.0f}", _num(f["tokens_per_s"]),
+                     _num(r["tokens_per_s"]), _x(d["rose_vs_fixed"]),
+                     f"{f['rollout_s_mean']:.0f} / {r['rollout_s_mean']:.0f}", f"{r['borrowed_share']:.0%}",
+                     _pct(r["slo_attainment"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += [f"| paper: ROSE vs ROLL | | | | {lo:.2f}-{hi:.2f}x | | | 100% |", ""]
     lines += ["| Table 3 routing (ROSE) | tokens/s | rollout s | route P99 ms |", "| --- | --- | --- | --- |"]
     for mode, r in doc["table3"].items():
         p99 = "-" if r["route_p99_ms"] is None else f"{r['route_p99_ms']:.3f}"
