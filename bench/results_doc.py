@@ -133,9 +133,9 @@ def paper_section(doc: dict, name: str) -> list[str]:
             "What bounds the rollout here: trajectories that reach the 32k context decode ~32k tokens one "
             "after another, so the phase lasts as long as the slowest of them at the batch it runs in; extra "
             "GPUs shorten it only by lowering that batch. The resource-fixed rows already use ROSE's turn-wise "
-            "routing (the paper's ROLL baseline is not modelled beyond pinned trajectories), DAPO's redundant "
-            "sampling (where the paper's largest gains are) is not simulated, nor are AReaL, RLBoost+ or "
-            "RollPacker."]
+            "routing (the paper's ROLL baseline is not modelled beyond pinned trajectories). Under DAPO the "
+            "valid-group share is not published, so three are shown. Not simulated: AReaL, RLBoost+, "
+            "RollPacker, the 32B workload."]
 
 
 def main() -> None:
