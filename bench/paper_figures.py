@@ -15,7 +15,8 @@ Prints and writes bench/results/paper_figures.json and bench/results/paper_figur
   share, rollout seconds at 8 and 16 rollout GPUs;
 - Fig. 7a (GRPO, 8B): step throughput of the resource-fixed system (serving GPUs only serve;
   with ROSE's turn-wise routing, and with trajectories pinned to a GPU), ROSE, SLO-unaware
-  co-location and a static partition; the paper's ratio range beside; and under DAPO's
+  co-location, a static partition and an AReaL-style asynchronous system (the fixed GPUs with
+  generation one step ahead of training); the paper's ratio ranges beside; and under DAPO's
   redundant sampling (sim/redundant_sampling.py) at three valid-group shares;
 - Table 3: ROSE's routing ablation (pinned, turn-wise, + KV affinity), and the router's decision
   time P99 (the paper: under 10 ms);
@@ -57,6 +58,7 @@ PAPER = {  # rose.txt, the sentence each comes from
     "rollout_s_16": (435.0, "§2, the same sentence (16 GPUs)"),
     "grpo_vs_roll": ((1.31, 1.46), "abstract/§6.1: 1.31-1.46x over ROLL under GRPO"),
     "dapo_vs_roll": ((1.42, 3.31), "§6.1: 1.42-3.31x over ROLL under DAPO"),
+    "vs_areal": ((1.44, 2.69), "abstract/§6.1: 1.44-2.69x over AReaL"),
     "table3": ("pinned < turn-wise < + affinity", "§6.4 Table 3; the factor was lost in the text extraction"),
     "fig14": ("reductions with 16 / 8 / 4 serving GPUs lost in the text extraction", "App. E, Fig. 14"),
     "route_p99_ms": (10.0, "the issue's bound for a routing decision"),
@@ -115,7 +117,13 @@ def end_to_end(args) -> tuple[dict, dict]:
                                 label="resource-fixed, pinned trajectories"),
             "rose": run(base_config(args, config="rose", **slo), label="ROSE"),
             "slo_unaware": run(base_config(args, config="slo_unaware", **slo), label="SLO-unaware co-location"),
-            "static": run(base_config(args, config="static", **slo), label="static partition")}
+            "static": run(base_config(args, config="static", **slo), label="static partition"),
+            # AReaL-style: the same fixed GPUs, generation asynchronous to training with staleness 1
+            # (the next step's rollout overlaps this step's train and publish: SimConfig.off_policy)
+            "areal_style": run(base_config(args, config="fixed", off_policy=1, **slo),
+                               label="AReaL-style asynchronous (staleness 1)"),
+            "rose_off_policy": run(base_config(args, config="rose", off_policy=1, **slo),
+                                   label="ROSE, one-step off-policy")}
     for name, r in rows.items():
         r["vs_fixed"] = speedup(r, fixed)
         r["vs_fixed_pinned"] = speedup(r, rows["fixed_pinned"])
@@ -216,7 +224,15 @@ def report(doc: dict) -> str:
     for name, r in doc["fig7a"].items():
         lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
                      f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {_pct(r['slo_attainment'])} |")
-    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |", ""]
+    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |"]
+    areal = doc["fig7a"].get("areal_style")
+    if areal:
+        lo, hi = P["vs_areal"][0]
+        lines += [f"| ROSE / AReaL-style | | {_x(speedup(doc['fig7a']['rose'], areal))} | | | | |",
+                  f"| ROSE one-step off-policy / AReaL-style | | "
+                  f"{_x(speedup(doc['fig7a']['rose_off_policy'], areal))} | | | | |",
+                  f"| paper: ROSE vs AReaL | | {lo:.2f}-{hi:.2f}x | | | | |"]
+    lines += [""]
     if doc.get("fig7_dapo"):
         lo, hi = P["dapo_vs_roll"][0]
         lines += ["| Fig. 7 (DAPO, 8B): valid groups | launched / step | fixed tokens/s | ROSE tokens/s | ROSE / fixed "

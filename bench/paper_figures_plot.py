@@ -24,7 +24,7 @@ def plot(doc: dict, png: Path) -> Path:
     names = list(e2e)
     ax = axes[0]
     ax.bar(names, [(e2e[n]["tokens_per_s"] or 0) / 1e3 for n in names],
-           color=["tab:gray", "silver", "tab:red", "tab:blue", "tab:green"][:len(names)])
+           color=["tab:gray", "silver", "tab:red", "tab:blue", "tab:green", "tab:purple", "salmon"][:len(names)])
     lo, hi = doc["paper"]["grpo_vs_roll"][0]
     base = e2e["fixed"]["tokens_per_s"] or 0
     ax.axhspan(lo * base / 1e3, hi * base / 1e3, color="tab:red", alpha=0.12, label=f"paper: ROSE {lo}-{hi}x ROLL")
