@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from storage.relay.base import Relay
 from storage.weights.buckets import CorruptBucket, Manifest
-from storage.weights.publisher import bucket_key, manifest_key, read_manifest
+from storage.weights.publisher import read_manifest
+from storage.weights.relay_keys import bucket_key, manifest_key
 
 GUESS_BYTES = 16 << 20  # read whole with the manifest up to this size (each value is copied)
 MANIFEST_SLOT = (16 << 10, 1 << 10)  # room guessed for a manifest: base + per entry held

@@ -1,22 +1,9 @@
 """Publish policy weights through a relay, and pull them back bit-exactly.
 
-Relay keys of a run (versions never share a key, so a reader never mixes two):
-  rose/<run>/v<version>/bucket-<i>   packed tensor payloads (storage/weights/buckets.py)
-  rose/<run>/v<version>/announce     written FIRST when the version is streamed: its kind, base
-                                     and attempt, so receivers start before the manifest
-  rose/<run>/v<version>/bucket-<i>.info  each bucket's info, right after the bucket (streamed)
-  rose/<run>/v<version>/manifest     written LAST: a version is complete once it exists; its
-                                     meta says kind "full" or "delta" (and the delta's base)
-  rose/<run>/v<version>/full/...     a full snapshot of a delta version, pushed on request
-                                     (`part="full"`, storage/weights/sparse_publisher.py)
-  rose/<run>/v<version>/full-request a receiver's request for that snapshot
-  rose/<run>/latest                  {"version": v}, replaced after the manifest
-  rose/<run>/versions                versions held, the one being pushed included (a failed
-                                     push's leftovers are pruned in turn); those older than
-                                     version-2 are removed before it (at most 3 held at once)
-
-Each payload carries its `encoding` in the entry metadata with dtype and shape ("raw", "rsdt"
-or one added with register_decoder): storage/weights/payloads.py, re-exported here.
+The relay keys a version is written under: storage/weights/relay_keys.py (the manifest is
+written last: a version is complete once it exists). Each payload carries its `encoding` in
+the entry metadata with dtype and shape ("raw", "rsdt" or one added with register_decoder):
+storage/weights/payloads.py, re-exported here.
 """
 from __future__ import annotations
 
@@ -38,41 +25,10 @@ from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # n
 from storage.weights.push_pipeline import BucketPusher
 from storage.weights.spans import Piece, SpanTargets, decode_entry, piece_bytes, pieces
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
+from storage.weights.relay_keys import (announce_key, bucket_info_key, bucket_key, latest_key, manifest_key,
+                                        version_prefix, versions_key)
 
 KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
-
-
-def version_prefix(run: str, version: int, part: str = "") -> str:
-    return f"rose/{run}/v{version}/" + (f"{part}/" if part else "")
-
-
-def bucket_key(run: str, version: int, index: int, part: str = "") -> str:
-    return f"{version_prefix(run, version, part)}bucket-{index}"
-
-
-def announce_key(run: str, version: int) -> str:
-    return f"{version_prefix(run, version)}announce"
-
-
-def bucket_info_key(run: str, version: int, index: int) -> str:
-    return f"{bucket_key(run, version, index)}.info"
-
-
-def manifest_key(run: str, version: int, part: str = "") -> str:
-    return f"{version_prefix(run, version, part)}manifest"
-
-
-def request_key(run: str, version: int) -> str:
-    """Where a receiver asks for a full snapshot of `version` (storage/weights/sparse_publisher.py)."""
-    return f"{version_prefix(run, version)}full-request"
-
-
-def latest_key(run: str) -> str:
-    return f"rose/{run}/latest"
-
-
-def _versions_key(run: str) -> str:
-    return f"rose/{run}/versions"
 
 
 @dataclass(frozen=True)
@@ -194,13 +150,13 @@ def _hold(relay: Relay, run: str, version: int, known: frozenset[int] | None = N
     caller knows them, else as the relay says)."""
     try:
         held = set(known) if known is not None else \
-            {int(v) for v in json.loads(relay.get(_versions_key(run)))}
+            {int(v) for v in json.loads(relay.get(versions_key(run)))}
     except (RelayKeyMissing, ValueError, TypeError):  # none yet, or unreadable: start afresh
         held = set()
     keep = {v for v in held if v >= version - KEEP_PREVIOUS} | {version}
     for old in sorted(held - keep):
         relay.remove_prefix(version_prefix(run, old))
-    relay.put(_versions_key(run), json.dumps(sorted(keep)).encode())
+    relay.put(versions_key(run), json.dumps(sorted(keep)).encode())
     return keep
 
 

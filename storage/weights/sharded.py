@@ -36,7 +36,8 @@ from storage.shards.layout import ParallelLayout, Rank, slice_for
 from storage.shards.plan import ParamSpec
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest
-from storage.weights.publisher import commit_version, manifest_key, read_manifest
+from storage.weights.publisher import commit_version, read_manifest
+from storage.weights.relay_keys import manifest_key
 from storage.weights.link_rate import LinkRate
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import PublishReport

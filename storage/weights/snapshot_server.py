@@ -16,7 +16,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from storage.relay.base import RelayError, RelayKeyMissing
-from storage.weights.publisher import manifest_key, read_manifest, request_key, version_prefix
+from storage.weights.publisher import read_manifest
+from storage.weights.relay_keys import manifest_key, request_key, version_prefix
 from storage.weights.transfer_metrics import PublishReport
 
 if TYPE_CHECKING:
