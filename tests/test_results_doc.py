@@ -1,0 +1,16 @@
+"""docs/results.md is generated from the committed bench/results JSON: a figure edited by hand,
+or a JSON rewritten by a bench without regenerating the page, fails here."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_results_page_is_what_the_committed_json_gives():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "results_doc.py"), "--check"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "matches the JSON" in done.stdout
