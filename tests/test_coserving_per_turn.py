@@ -44,10 +44,8 @@ def test_turns_on_a_serving_worker_come_back_one_by_one_without_holding_threads(
             Client(cl) as client:
         client.run(_install)
         reqs = [TurnRequest(f"t{i}/t0/a0", f"t{i}", [5, 6], n) for i, n in enumerate((10, 2, 2, 2))]
-        t0 = time.monotonic()
         futs = [client.submit(generate_turns_coserving, [r], pure=False) for r in reqs]
         short = futs[1].result(timeout=30)
-        short_done = time.monotonic() - t0
-        assert short[0].ok and not futs[0].done()  # back before the 1 s turn
-        assert short_done < 0.9  # on one thread without secede it would wait for the 1 s turn
+        # back before the 1 s turn: on one thread without secede it would wait for it
+        assert short[0].ok and not futs[0].done()
         assert all(f.result(timeout=30)[0].ok for f in futs)
