@@ -43,14 +43,14 @@ from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
-                                 prefill_share, with_params)
+                                 prefill_share)
 from sim.report import speedup  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "paper_figures.json"
 WORKLOAD = "workload_paper_qwen3_8b_frozenlake"
-PAPER = {  # rose.txt, the sentence each comes from
+PAPER = {  # the ROSE paper: the sentence each comes from
     "rollout_share_min": (0.70, "§2: 'The rollout stage accounts for over 70% of total time'"),
     "p75_share_max": (0.30, "§2: 'the 75th percentile (P75) is at most 30% of the end-to-end rollout time'"),
     "prefill_share": (0.77, "§2: 'prefill tokens account for 77% (Qwen3-8B)'"),
@@ -159,7 +159,7 @@ def sensitivity(args) -> list[dict]:
     fitted, rows = PaperWorkload.load(args.workload.removeprefix("workload_paper_")), []
     for sigma in (0.8, 1.6, 2.4):
         for env_s in (0.2, 2.0):
-            spec = with_params(fitted, trajectory_sigma=sigma, env_s=env_s).spec()
+            spec = replace(fitted, trajectory_sigma=sigma, env_s=env_s).spec()
             fixed = run(base_config(args, config="fixed"), spec, f"fixed, sigma {sigma}, env {env_s} s")
             # its SLO attainment is at the profile's rule: the row only sets ROSE's SLO
             rose = run(base_config(args, config="rose", **slo_of(fixed)), spec, f"ROSE, sigma {sigma}, env {env_s} s")

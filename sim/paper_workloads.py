@@ -3,12 +3,12 @@
 The paper publishes a few statistics of its runs, not their distributions, so each workload is a
 small parametric model: log-normal distributions (median, sigma) written as the 21 quantiles
 WorkloadSpec reads. Every parameter carries its source in the file's "citations": a sentence of
-the paper (../shared/papers/rose.txt, the section named), or "chosen" with the reason where the
-paper gives no number. Two parameters are fitted, each to one published number, by
-bench/paper_figures.py --fit (the response median to the prefill-token share, the turn median to
-the 8-GPU rollout time); the other published statistics are then predictions the figures check.
-
-    python -m sim.paper_workloads   # (re)write the shipped files from the parameters below
+the ROSE paper ("ROSE: Rollout On Serving GPUs via Cooperative Elasticity for Agentic RL", the
+section named), or "chosen" with the reason where the paper gives no number. Two parameters are
+fitted, each to one published number, by `python bench/paper_figures.py --fit`, which rewrites
+the file (the response median to the prefill-token share, the turn median to the 8-GPU rollout
+time); the other published statistics are then predictions the figures check. The file keeps
+the parameters it was written from ("paper_params"): `PaperWorkload.load` reads them back.
 """
 from __future__ import annotations
 
@@ -76,14 +76,14 @@ class PaperWorkload:
 
 
 CITATIONS = {
-    "max_context": "rose.txt §6: 'We use Qwen3-8B/32k for FrozenLake ... and Qwen3-32B/32k for ALFWorld'; §2: "
+    "max_context": "ROSE paper §6: 'We use Qwen3-8B/32k for FrozenLake ... and Qwen3-32B/32k for ALFWorld'; §2: "
                    "'configured with a maximum response length of 32k tokens'",
-    "batch": "rose.txt §6: 'we set the group size to 16 and use batch sizes of 256 and 1024 for Qwen3-8B and "
+    "batch": "ROSE paper §6: 'we set the group size to 16 and use batch sizes of 256 and 1024 for Qwen3-8B and "
              "Qwen3-32B' (trajectories per step: the SimConfig, 32 per rollout GPU at 8 rollout GPUs)",
     "response": "fitted: the median so that prefill tokens are 'accounted for 77% (Qwen3-8B) and 86% "
-                "(Qwen3-32B) of total tokens' (rose.txt §2)",
+                "(Qwen3-32B) of total tokens' (ROSE paper §2)",
     "turns": "fitted: the median so that rollout at 8 GPUs takes 607 s ('the rollout time reduces from 607 s "
-             "to 435 s', rose.txt §2, Fig. 1c); sigma 0.5 and at most 20 turns chosen (not published)",
+             "to 435 s', ROSE paper §2, Fig. 1c); sigma 0.5 and at most 20 turns chosen (not published)",
     "response_scale": "chosen (not published): one log-normal level per trajectory, so whole trajectories "
                       "are long-tailed ('most trajectories finish quickly, while a small fraction take much "
                       "longer', §2); sigma 1.6 because at 0.8 or 1.2 the P75 trajectory took 46-64% of the "
@@ -96,8 +96,8 @@ CITATIONS = {
              "environment manager)",
 }
 
+# the starting point of the fit: its two fitted medians are only first guesses
 QWEN3_8B_FROZENLAKE = PaperWorkload("qwen3_8b_frozenlake", turns_median=5.0, response_median=300.0)
-WORKLOADS = {w.name: w for w in (QWEN3_8B_FROZENLAKE,)}
 
 
 def _lognormal(median: float, sigma: float, low: float, high: float) -> list[float]:
@@ -124,10 +124,6 @@ def prefill_share(spec: WorkloadSpec, n: int = 4000, seed: int = 0) -> float:
     return prompt / total
 
 
-def with_params(base: PaperWorkload, **changes) -> PaperWorkload:
-    return replace(base, **changes)
-
-
 def fit_response_median(base: PaperWorkload, share: float, n: int = 1500) -> PaperWorkload:
     """The response median at which prompt tokens are `share` of all tokens (bisection: the
     share falls as responses grow)."""
@@ -151,7 +147,3 @@ def fit_turns_median(base: PaperWorkload, share: float, rollout_s: float, rollou
         lo, hi = (mid, hi) if rollout_of(w.spec()) < rollout_s else (lo, mid)
     return fit_response_median(replace(base, turns_median=round((lo + hi) / 2, 2)), share)
 
-
-if __name__ == "__main__":
-    for w in WORKLOADS.values():
-        print(w.write(), f"prefill share {prefill_share(w.spec()):.3f}")

@@ -4,7 +4,7 @@ sampling (paper §2, §6.1). A mixin of ClusterSim (sim/cluster.py).
 GRPO: the step launches its batch and its rollout ends with the last trajectory.
 DAPO: "the rollout stage continues until it collects the target number of trajectory groups with
 non-zero reward variance", and "we adjust the maximum number of concurrent trajectories at each
-step based on the previous step" (rose.txt §6.1), so the trajectories launched vary per step,
+step based on the previous step" (ROSE paper §6.1), so the trajectories launched vary per step,
 "with the maximum reaching the user specified batch size" (§2, Fig. 1d). Here a step wants
 batch / group_size valid groups and launches ceil(wanted / v) groups, v the valid share of the
 groups the previous step finished (the configured `dapo_valid_rate` at step 1), with at most

@@ -3,6 +3,7 @@ vLLM's preemption, trajectories cut at the model's context, the paper's workload
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -12,7 +13,7 @@ from sim.device import Device, Turn
 from sim.engine_cost import REFERENCE_CONTEXT, ContextCost
 from sim.events import EventLoop
 from sim.fleet import context_cost, load_fleet
-from sim.paper_workloads import QWEN3_8B_FROZENLAKE, prefill_share, with_params
+from sim.paper_workloads import QWEN3_8B_FROZENLAKE, prefill_share
 from sim.profiles import PROFILE_DIR, load_profile
 from sim.workload import WorkloadSpec
 
@@ -67,7 +68,7 @@ def test_long_contexts_make_the_same_turns_slower():
 
 
 def test_trajectories_end_at_the_models_context():
-    spec = with_params(QWEN3_8B_FROZENLAKE, max_context=4096, response_median=2000.0).spec()
+    spec = replace(QWEN3_8B_FROZENLAKE, max_context=4096, response_median=2000.0).spec()
     rng = random.Random(3)
     cut = 0
     for _ in range(500):
@@ -87,7 +88,7 @@ def test_the_shipped_paper_workload_reproduces_the_published_prefill_share():
     spec = WorkloadSpec.load(PROFILE_DIR / "workload_paper_qwen3_8b_frozenlake.json")
     assert spec.max_context == 32768 and "response_scale" in spec.q
     assert {"max_context", "response", "turns", "response_scale"} <= set(spec.citations)
-    assert prefill_share(spec, n=3000, seed=11) == pytest.approx(0.77, abs=0.02)  # rose.txt §2
+    assert prefill_share(spec, n=3000, seed=11) == pytest.approx(0.77, abs=0.02)  # ROSE paper §2
 
 
 def test_a_workload_file_is_checked():
