@@ -33,10 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from executors.policies.slo_admission import SLOConfig  # noqa: E402
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import fleet_settings, load_fleet, sweep_settings  # noqa: E402
-from sim.report import rate_text, speedup  # noqa: E402
+from sim.report import judged_at, rate_text, speedup  # noqa: E402
 from sim.workload import fit_from_arrow  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
@@ -48,29 +49,36 @@ ABLATIONS = [("rose", "pinned"), ("rose", "turnwise")]
 
 
 def run(cfg: SimConfig) -> dict:
-    r = ClusterSim(cfg).run()
+    return _printed(cfg, ClusterSim(cfg).run())
+
+
+def _printed(cfg: SimConfig, r: dict) -> dict:
     print(f"  {cfg.gpus:>5} GPUs {cfg.config:>11} {cfg.mode:>17}: {rate_text(r):>10} tok/s, "
           f"wall {r['wall_s']:.1f} s", flush=True)
     return r
 
 
-def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict]:
-    """The base config at `gpus`, and the SLO there: 2x the fixed configuration's P99s."""
+def scale_and_slo(args: argparse.Namespace, gpus: int) -> tuple[SimConfig, dict, dict, dict]:
+    """The base config at `gpus`, the SLO there (2x the fixed configuration's P99s), and that one
+    fixed run judged at the SLO it set and at the profile's (sim.report.judged_at: a fixed run's
+    serving GPUs never read the SLO, so one run stands for both)."""
     base = SimConfig(gpus=gpus, steps=args.steps, seed=args.seed, workload=args.workload,
                      **sweep_settings(args.fleet, args.rate, args.rollout_profile, args.serving_profile))
-    fixed = run(replace(base, config="fixed"))
-    if fixed["ttft_p99_s"] is None or fixed["tpot_p99_s"] is None:
+    cfg = replace(base, config="fixed")
+    sim = ClusterSim(cfg)
+    at_profile = _printed(cfg, sim.run())
+    if at_profile["ttft_p99_s"] is None or at_profile["tpot_p99_s"] is None:
         raise SystemExit(f"at {gpus} GPUs no serving request finished in {args.steps} step(s), so no SLO "
                          "can be derived: run more --steps, a larger scale or a higher --rate")
-    return base, dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+    slo = SLOConfig(2 * at_profile["ttft_p99_s"], 2 * at_profile["tpot_p99_s"])
+    return base, dict(slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s), judged_at(sim, at_profile, slo), at_profile
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
     rows = []
     for gpus in args.scales:
-        base, slo = scale_and_slo(args, gpus)
-        fixed = run(replace(base, config="fixed", **slo))  # its attainment at the SLO it set
-        rows.append(fixed)
+        base, slo, fixed, fixed_at_profile = scale_and_slo(args, gpus)
+        rows.append(fixed)  # its attainment at the SLO it set
         todo = ROWS[1:] + (ABLATIONS if gpus == args.ablation_scale else [])
         for config, mode in todo:
             r = run(replace(base, config=config, mode=mode, **slo))
@@ -78,7 +86,7 @@ def sweep(args: argparse.Namespace) -> list[dict]:
             rows.append(r)
         if gpus == args.ablation_scale:  # the serving worker's own (tight) SLO rule: admission binds
             for config in ("fixed", "rose", "slo_unaware"):
-                r = run(replace(base, config=config))
+                r = dict(fixed_at_profile) if config == "fixed" else run(replace(base, config=config))
                 r["speedup_vs_fixed"] = speedup(r, fixed)
                 r["slo_rule"] = "profile"
                 rows.append(r)
@@ -89,9 +97,9 @@ def pipeline(args: argparse.Namespace) -> list[dict]:
     """Synchronous vs one-step off-policy, fixed and ROSE, the SLO from the synchronous fixed run."""
     rows = []
     for gpus in args.scales:
-        base, slo = scale_and_slo(args, gpus)
+        base, slo, fixed, _ = scale_and_slo(args, gpus)
         for config in ("fixed", "rose"):
-            sync = run(replace(base, config=config, **slo))
+            sync = fixed if config == "fixed" else run(replace(base, config=config, **slo))
             piped = run(replace(base, config=config, off_policy=1, **slo))
             piped["speedup_vs_synchronous"] = speedup(piped, sync)
             rows += [sync, piped]

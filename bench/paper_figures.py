@@ -39,12 +39,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from executors.policies.prediction_margin import nearest_rank  # noqa: E402
+from executors.policies.slo_admission import SLOConfig  # noqa: E402
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
                                  prefill_share)
-from sim.report import speedup  # noqa: E402
+from sim.report import judged_at, speedup  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
@@ -66,13 +68,16 @@ PAPER = {  # the ROSE paper: the sentence each comes from
 
 
 def base_config(args, **kw) -> SimConfig:
-    return SimConfig(gpus=16, steps=args.steps, seed=args.seed, workload=args.workload, serving_ratio=2.0,
+    """The paper's 8B setting (the module's docstring), with `kw` changed."""
+    base = SimConfig(gpus=16, steps=args.steps, seed=args.seed, workload=args.workload, serving_ratio=2.0,
                      traj_per_rollout_gpu=32, cap_per_rollout_gpu=16, serving_max_turns=16,
-                     **sweep_settings(args.fleet, None)) if not kw else \
-        replace(base_config(args), **kw)
+                     **sweep_settings(args.fleet, None))
+    return replace(base, **kw)
 
 
-def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "") -> dict:
+def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "", own_slo: bool = False) -> dict:
+    """One simulation; with own_slo (a fixed configuration), judged at the SLO it sets: 2x its
+    serving P99s (sim.report.judged_at: its serving GPUs never read the SLO)."""
     sim = ClusterSim(cfg, workload=spec)
     route, took = sim.router.route, []
 
@@ -83,12 +88,14 @@ def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "") -> di
         return out
     sim.router.route = timed
     r = sim.run()
-    r["route_p99_ms"] = 1e3 * sorted(took)[int(0.99 * (len(took) - 1))] if took else None
+    if own_slo:
+        r = judged_at(sim, r, SLOConfig(2 * r["ttft_p99_s"], 2 * r["tpot_p99_s"]))
+    r["route_p99_ms"] = 1e3 * nearest_rank(sorted(took), 0.99) if took else None
     r["route_calls"] = len(took)
     tps = "unfinished" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f} tok/s"
     print(f"  {label or cfg.config:<34} {tps:>16}  rollout {r['rollout_s_mean']:6.0f} s  "
           f"borrowed {r['borrowed_share']:4.0%}  SLO {_pct(r['slo_attainment'])}  ({r['wall_s']:.1f} s)", flush=True)
-    return {k: v for k, v in r.items() if k != "per_step"} | {"per_step": r["per_step"]}
+    return r
 
 
 def _pct(x) -> str:
@@ -96,7 +103,8 @@ def _pct(x) -> str:
 
 
 def slo_of(fixed: dict) -> dict:
-    return dict(slo_ttft_s=2 * fixed["ttft_p99_s"], slo_tpot_s=2 * fixed["tpot_p99_s"])
+    """The SLO a fixed run judged at its own (run(..., own_slo=True)) set, as SimConfig fields."""
+    return dict(slo_ttft_s=fixed["slo_ttft_s"], slo_tpot_s=fixed["slo_tpot_s"])
 
 
 def characterization(args) -> dict:
@@ -110,8 +118,8 @@ def characterization(args) -> dict:
 
 
 def end_to_end(args) -> tuple[dict, dict]:
-    slo = slo_of(ClusterSim(base_config(args, config="fixed")).run())  # serving alone sets the SLO
-    fixed = run(base_config(args, config="fixed", **slo), label="resource-fixed, turn-wise routing")
+    fixed = run(base_config(args, config="fixed"), label="resource-fixed, turn-wise routing", own_slo=True)
+    slo = slo_of(fixed)  # serving alone sets the SLO
     rows = {"fixed": fixed,
             "fixed_pinned": run(base_config(args, config="fixed", mode="pinned", **slo),
                                 label="resource-fixed, pinned trajectories"),
@@ -139,9 +147,8 @@ def dapo(args) -> list[dict]:
     rows = []
     for share in (0.3, 0.5, 0.8):
         kw = dict(algorithm="dapo", dapo_valid_rate=share)
-        slo = slo_of(ClusterSim(base_config(args, config="fixed", **kw)).run())
-        fixed = run(base_config(args, config="fixed", **kw, **slo), label=f"DAPO {share:.0%} valid: fixed")
-        rose = run(base_config(args, config="rose", **kw, **slo), label=f"DAPO {share:.0%} valid: ROSE")
+        fixed = run(base_config(args, config="fixed", **kw), label=f"DAPO {share:.0%} valid: fixed", own_slo=True)
+        rose = run(base_config(args, config="rose", **kw, **slo_of(fixed)), label=f"DAPO {share:.0%} valid: ROSE")
         rows.append({"valid_share": share, "fixed": fixed, "rose": rose, "rose_vs_fixed": speedup(rose, fixed),
                      "launched_per_step": fixed["trajectories_started"] / max(1, fixed["steps"])})
     return rows
@@ -160,8 +167,7 @@ def sensitivity(args) -> list[dict]:
     for sigma in (0.8, 1.6, 2.4):
         for env_s in (0.2, 2.0):
             spec = replace(fitted, trajectory_sigma=sigma, env_s=env_s).spec()
-            fixed = run(base_config(args, config="fixed"), spec, f"fixed, sigma {sigma}, env {env_s} s")
-            # its SLO attainment is at the profile's rule: the row only sets ROSE's SLO
+            fixed = run(base_config(args, config="fixed"), spec, f"fixed, sigma {sigma}, env {env_s} s", own_slo=True)
             rose = run(base_config(args, config="rose", **slo_of(fixed)), spec, f"ROSE, sigma {sigma}, env {env_s} s")
             rows.append({"trajectory_sigma": sigma, "env_s": env_s, "fixed_rollout_s": fixed["rollout_s_mean"],
                          "rose_rollout_s": rose["rollout_s_mean"], "rose_vs_fixed": speedup(rose, fixed),

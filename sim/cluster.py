@@ -17,6 +17,7 @@ import time
 from collections import deque
 
 from executors.policies.kv_memory import KVMemoryPolicy
+from executors.policies.prediction_margin import nearest_rank
 from executors.policies.router import TurnRouter, WorkerInfo
 from executors.policies.slo_admission import DualSLOAdmission, SLOConfig
 from executors.policies.stall import StallDetector
@@ -276,12 +277,9 @@ class ClusterSim(HandbackSide, RedundantSampling):
 
 
 def _quantiles(xs: list[float]) -> dict:
-    """P50 / P75 / P90 / max of a step's trajectory times (nearest rank)."""
+    """P50 / P75 / P90 / max of a step's trajectory times."""
     s = sorted(xs)
-    if not s:
-        return {}
-    return {f"p{q}": s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] for q in (50, 75, 90)} | \
-        {"max": s[-1]}
+    return {f"p{q}": nearest_rank(s, q / 100) for q in (50, 75, 90)} | {"max": s[-1]} if s else {}
 
 
 def _sample_prompts(c: SimConfig):

@@ -67,16 +67,21 @@ def load_fleet(name: str) -> FleetSpec:
     return FleetSpec(**{k: v for k, v in d.items() if k != "comment"})
 
 
-def shape_config(shape: str) -> dict:
+def _config(shape: str) -> dict:
     return json.loads((SHAPES / shape / "config.json").read_text())
+
+
+def _widths(c: dict) -> tuple[int, int]:
+    """(query, key/value) projection widths: heads x head_dim."""
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    return c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
 
 
 def shape_numbers(shape: str) -> tuple[int, int]:
     """(parameters, KV bytes per token) of an architecture, from its config.json."""
-    c = shape_config(shape)
+    c = _config(shape)
     h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
-    head_dim = c.get("head_dim") or h // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * head_dim, c["num_key_value_heads"] * head_dim
+    q, kv = _widths(c)
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * c["intermediate_size"]
     embeddings = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
     return layers * per_layer + embeddings, layers * 2 * kv * BYTES
@@ -151,8 +156,7 @@ def context_cost(spec: FleetSpec) -> ContextCost:
     """The rollout model's long-context terms on this fleet's device (none without a bandwidth)."""
     if spec.memory_bandwidth_tb_s is None:
         return ContextCost.none()
-    c = shape_config(spec.rollout_shape)
+    c = _config(spec.rollout_shape)
     params, kv = shape_numbers(spec.rollout_shape)
-    q_dim = c["num_attention_heads"] * (c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"])
-    return ContextCost.derive(load_profile(spec.rollout_profile), params, c["num_hidden_layers"], q_dim, kv,
-                              spec.memory_bandwidth_tb_s, spec.bandwidth_source)
+    return ContextCost.derive(load_profile(spec.rollout_profile), params, c["num_hidden_layers"], _widths(c)[0],
+                              kv, spec.memory_bandwidth_tb_s, spec.bandwidth_source)

@@ -20,6 +20,8 @@ import math
 
 
 class RedundantSampling:
+    _valid_share: float | None = None  # valid / finished groups of the last DAPO step that ended
+
     def _launch_step(self, step: int) -> None:
         cfg = self.cfg
         batch = cfg.traj_per_rollout_gpu * cfg.rollout_gpus
@@ -34,7 +36,7 @@ class RedundantSampling:
 
     def _launch_groups(self, step: int, wanted: int) -> None:
         cfg = self.cfg
-        share = self._valid_share if getattr(self, "_valid_share", None) else cfg.dapo_valid_rate
+        share = self._valid_share or cfg.dapo_valid_rate
         out = self._groups_out * cfg.group_size  # at most twice the batch out at once
         n = min(math.ceil(wanted / max(share, 1e-3)), (2 * self._wanted * cfg.group_size - out) // cfg.group_size)
         for _ in range(max(1, n)):

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from executors.policies.slo_admission import SLOConfig
     from sim.cluster import ClusterSim
 
 
@@ -22,7 +23,6 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
     step_s = max((s["end_s"] for s in steps), default=0.0)
     tokens = sum(s["tokens"] for s in steps)
     served = [x for d in sim.serving_devices for x in d.stats.done]
-    ok = sum(1 for ttft, tpot in served if ttft <= sim.slo.ttft_s and tpot <= sim.slo.tpot_s)
     horizon = max(sim.loop.now, 1e-9)
     busy = [d.stats.busy_s / horizon for d in sim.serving_devices]
     in_flight = len(sim.trajs)
@@ -48,7 +48,7 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "serving_requests": len(served),
         "ttft_p99_s": p99([t for t, _ in served]), "tpot_p99_s": p99([t for _, t in served]),
         "slo_ttft_s": sim.slo.ttft_s, "slo_tpot_s": sim.slo.tpot_s,
-        "slo_attainment": ok / len(served) if served else None,
+        "slo_attainment": attainment(sim, sim.slo),
         "serving_busy_mean": sum(busy) / len(busy) if busy else 0.0,
         "trajectories_started": c["started"], "trajectories_finished": c["finished"],
         "trajectories_in_flight": in_flight, "turns": c["turns"], "turns_rerouted": c["rerouted"],
@@ -59,6 +59,21 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "events": sim.loop.events, "sim_s": sim.loop.now, "wall_s": wall_s,
         "per_step": steps,
     }
+
+
+def attainment(sim: "ClusterSim", slo: "SLOConfig") -> float | None:
+    """The share of finished serving requests within both sides of `slo` (None: none finished)."""
+    served = [x for d in sim.serving_devices for x in d.stats.done]
+    ok = sum(1 for ttft, tpot in served if ttft <= slo.ttft_s and tpot <= slo.tpot_s)
+    return ok / len(served) if served else None
+
+
+def judged_at(sim: "ClusterSim", result: dict, slo: "SLOConfig") -> dict:
+    """`result` of a fixed run judged at another SLO. Its serving GPUs only serve (no admission
+    reads the SLO), so that is what a run at `slo` gives: one run both sets an SLO and meets it."""
+    if sim.cfg.config != "fixed":
+        raise ValueError(f"only a fixed run ignores its SLO; {sim.cfg.config!r} admits rollout steps by it")
+    return result | {"slo_ttft_s": slo.ttft_s, "slo_tpot_s": slo.tpot_s, "slo_attainment": attainment(sim, slo)}
 
 
 def speedup(run: dict, base: dict) -> float | None:

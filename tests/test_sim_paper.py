@@ -123,3 +123,20 @@ def test_dapo_launches_groups_until_enough_are_valid_and_drops_the_rest():
     assert all(not d.running and not d.waiting for d in sim.devices.values())
     with pytest.raises(ValueError, match="algorithm"):
         SimConfig(algorithm="ppo")
+
+
+def test_a_fixed_run_judged_at_another_slo_is_the_run_at_that_slo():
+    from sim.report import judged_at
+
+    from executors.policies.slo_admission import SLOConfig
+
+    cfg = SimConfig(gpus=4, config="fixed", serving_ratio=1.0, steps=2, traj_per_rollout_gpu=16, serving_rate=24.0)
+    sim = ClusterSim(cfg)
+    at_profile = sim.run()
+    slo = SLOConfig(1.5 * at_profile["ttft_p99_s"], 1.5 * at_profile["tpot_p99_s"])
+    judged = judged_at(sim, at_profile, slo)
+    direct = ClusterSim(replace(cfg, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s)).run()
+    assert {k: v for k, v in judged.items() if k != "wall_s"} == {k: v for k, v in direct.items() if k != "wall_s"}
+    rose = ClusterSim(replace(cfg, config="rose"))
+    with pytest.raises(ValueError, match="admits rollout steps"):
+        judged_at(rose, rose.run(), slo)
