@@ -155,7 +155,7 @@ class Device:
         for t in self.running:
             if t.prefill_left == 0:
                 decodes += 1
-                held += t.kv_tokens
+                held += t.context + t.response - t.out_left  # its kv_tokens, without the call
             else:
                 prefill += t.prefill_left
                 if before < 0:
