@@ -107,7 +107,24 @@ class RolloutConfig(Strict):
         return self
 
 
+class TrainParallel(Strict):
+    """The megatron backend's layout: tensor, pipeline and data parallel sizes; the group has
+    tp x pp x dp ranks, one per trainer worker (`rose up --trainers N`)."""
+
+    tp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=64)
+    dp: int = Field(1, ge=1, le=1024)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
 class TrainConfig(Strict):
+    # hf: one process, the Hugging Face model (the demo's ~1M-parameter policy); megatron:
+    # megatron-core across tp x pp x dp ranks (executors/training/), as the paper trains
+    backend: Literal["hf", "megatron"] = "hf"
+    parallel: TrainParallel = TrainParallel()
     # tuned on the ~1M-parameter demo policy (docs/learning_curve.md): 2e-5 stays flat over 40
     # steps, 1e-3 collapses now and then, 5e-4 climbs steadily
     lr: float = Field(5e-4, gt=0)
@@ -121,6 +138,13 @@ class TrainConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     seed: int = 0
     keep_checkpoints: int = Field(3, ge=1)  # newest kept in <run dir>/checkpoints
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> "TrainConfig":
+        if self.backend == "hf" and self.parallel.world > 1:
+            raise ValueError(f"train.parallel {self.parallel.tp}x{self.parallel.pp}x{self.parallel.dp} "
+                             "needs train.backend: megatron (the hf backend is one process)")
+        return self
 
 
 class PublishConfig(Strict):

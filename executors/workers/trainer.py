@@ -16,8 +16,9 @@ import pyarrow as pa
 import torch
 from distributed import WorkerPlugin
 
+from executors.training.batch import MicroBatch, micro_batches, pad, samples_from_turns
 from rose.config import RunConfig
-from rose.grpo import assemble_trajectory, behaviour_tokens, grpo_loss, tis_weights, token_logprobs
+from rose.grpo import grpo_loss, tis_weights, token_logprobs
 from storage.weights.tensor_arena import arena_copy
 
 
@@ -81,72 +82,36 @@ class Trainer:
         return {n: p.to(torch.bfloat16).contiguous() for n, p in params.items()}
 
     # ---- GRPO ----
-    def _batch(self, trajectories: list[tuple]):
-        """(seq, mask, advantage, rollout logprobs, stale) per trajectory -> padded tensors;
-        per-token ones aligned with next-token log-probs (shifted by one)."""
-        longest = max(len(t[0]) for t in trajectories)
-        ids = torch.full((len(trajectories), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(trajectories), longest), dtype=torch.float32)
-        attn = torch.zeros((len(trajectories), longest), dtype=torch.long)
-        rollout_lp = torch.zeros((len(trajectories), longest), dtype=torch.float32)
-        stale = torch.zeros((len(trajectories), longest), dtype=torch.bool)
-        for i, (seq, m, _, blp, st) in enumerate(trajectories):
-            ids[i, : len(seq)] = torch.tensor(seq)
-            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-            attn[i, : len(seq)] = 1
-            rollout_lp[i, : len(blp)] = torch.tensor(blp, dtype=torch.float32)
-            stale[i, : len(st)] = torch.tensor(st, dtype=torch.bool)
-        adv = torch.tensor([t[2] for t in trajectories], dtype=torch.float32)
-        return ids, attn, mask[:, 1:], adv, rollout_lp[:, 1:], stale[:, 1:]
-
-    def _logprobs(self, model, ids, attn) -> torch.Tensor:
-        return token_logprobs(model(input_ids=ids, attention_mask=attn).logits, ids)
+    def _logprobs(self, model, mb: MicroBatch) -> torch.Tensor:
+        return token_logprobs(model(input_ids=mb.ids, attention_mask=mb.attn).logits, mb.ids)
 
     def train_step(self, turns: pa.Table) -> dict:
         """One GRPO update from a step's turn rows (with `advantage` filled by the reward task)."""
         t0 = time.perf_counter()
-        by_traj: dict[str, list[dict]] = defaultdict(list)
-        for row in turns.select(["trajectory", "turn", "prompt_ids", "response_ids",
-                                 "advantage", "logprobs", "policy_version"]).to_pylist():
-            by_traj[row["trajectory"]].append(row)
-        samples = []
-        for tid in sorted(by_traj):
-            rows = sorted(by_traj[tid], key=lambda r: r["turn"])
-            adv = rows[0]["advantage"]
-            if adv is None:
-                raise ValueError(f"trajectory {tid} has no advantage: run the reward task first")
-            seq, mask = assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in rows])
-            # the trainer holds version s-1 at step s: turns of that version are on-policy
-            blp, stale = behaviour_tokens([(r["prompt_ids"], r["response_ids"], r["logprobs"],
-                                            r["policy_version"]) for r in rows], self.version)
-            if adv != 0.0 and sum(mask) > 0:  # zero-advantage trajectories give no gradient
-                samples.append((seq, mask, float(adv), blp, stale))
-        samples.sort(key=lambda s: len(s[0]))  # similar lengths per micro-batch: less padding
+        samples, n_traj = samples_from_turns(turns, self.version)
         stats = defaultdict(float)
-        micro = self.cfg.train.micro_batch
-        batches = [samples[i: i + micro] for i in range(0, len(samples), micro)]
+        batches = [pad(b, self.pad_id) for b in micro_batches(samples, self.cfg.train.micro_batch)]
         with torch.no_grad():
-            old = [self._logprobs(self.model, *self._batch(b)[:2]) for b in batches]
-            ref = ([self._logprobs(self.reference, *self._batch(b)[:2]) for b in batches]
+            old = [self._logprobs(self.model, mb) for mb in batches]
+            ref = ([self._logprobs(self.reference, mb) for mb in batches]
                    if self.reference is not None else [None] * len(batches))
             # one correction for every turn: exactly 1 on tokens of the trainer's own version
             tis = []
-            for b, old_lp in zip(batches, old):
-                _, _, mask, _, rollout_lp, stale = self._batch(b)
-                tis.append(tis_weights(old_lp, rollout_lp, stale, self.cfg.train.tis_cap))
-                stats["stale_tokens"] += float((stale.float() * mask).sum())
-                stats["tis_weight_sum"] += float((tis[-1] * mask * stale.float()).sum())
+            for mb, old_lp in zip(batches, old):
+                tis.append(tis_weights(old_lp, mb.rollout_logprobs, mb.stale, self.cfg.train.tis_cap))
+                stats["stale_tokens"] += float((mb.stale.float() * mb.mask).sum())
+                stats["tis_weight_sum"] += float((tis[-1] * mb.mask * mb.stale.float()).sum())
         for _ in range(self.cfg.train.updates_per_step):
             self.optimizer.zero_grad(set_to_none=True)
-            for b, old_lp, ref_lp, w in zip(batches, old, ref, tis):
-                ids, attn, mask, adv, _, _ = self._batch(b)
-                logp = self._logprobs(self.model, ids, attn)
-                loss, ls = grpo_loss(logp, old_lp, adv, mask, self.cfg.train.clip_eps, ref_lp,
-                                     self.cfg.train.kl_coef, is_weights=w)
-                (loss * len(b) / len(samples)).backward()
-                stats["loss"] += ls.loss * len(b) / len(samples)
-                stats["clip_fraction"] += ls.clip_fraction * len(b) / len(samples)
-                stats["kl"] += ls.kl * len(b) / len(samples)
+            for mb, old_lp, ref_lp, w in zip(batches, old, ref, tis):
+                logp = self._logprobs(self.model, mb)
+                loss, ls = grpo_loss(logp, old_lp, mb.advantages, mb.mask, self.cfg.train.clip_eps,
+                                     ref_lp, self.cfg.train.kl_coef, is_weights=w)
+                share = mb.size / len(samples)
+                (loss * share).backward()
+                stats["loss"] += ls.loss * share
+                stats["clip_fraction"] += ls.clip_fraction * share
+                stats["kl"] += ls.kl * share
                 stats["train_tokens"] += ls.tokens
             if samples:
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -157,7 +122,7 @@ class Trainer:
         if stats["stale_tokens"]:  # mean TIS weight over tokens of older versions
             stats["tis_mean_weight"] = stats["tis_weight_sum"] / stats["stale_tokens"]
         stats.pop("tis_weight_sum", None)
-        stats.update(trajectories=len(by_traj), trained_trajectories=len(samples),
+        stats.update(trajectories=n_traj, trained_trajectories=len(samples),
                      version=self.version, train_s=time.perf_counter() - t0)
         return dict(stats)
 
