@@ -1,6 +1,7 @@
 """Long-lived work on Dask workers, by layer (lower layers never import higher ones; lint-imports
 checks it): `policies` (plain-Python decisions) < `engine` (vLLM) < `coserving` (the co-serving
-executor) and `training` (the megatron-core trainer) < `workers` (rollout worker, trainer, weight sync) < `scheduling` (the rollout dispatch
-loop). `turns.py` (the turn request/result records) is shared by all of them. Executors may import
-storage, rose (config, models, GRPO maths) and envs, never tasks or flows.
+executor) and `training` (the megatron-core trainer) < `workers` (rollout worker, trainer,
+weight sync) < `scheduling` (the rollout dispatch loop). `turns.py` (the turn request/result
+records) is shared by all of them. Executors may import storage, rose (config, models, GRPO
+maths) and envs, never tasks or flows.
 """

@@ -75,19 +75,37 @@ def save_checkpoint(dir: Path | str, step: int, model_state: dict[str, torch.Ten
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
-    root = Path(dir)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = new_partial(dir, step)
     try:
         info = {"format": FORMAT, "step": step, "saved_at": time.time(), "meta": meta or {}}
-        json_text = json.dumps(info, indent=1)  # fails early on non-JSON meta
+        json.dumps(info)  # fails early on non-JSON meta
         save_file(_unshared(model_state), str(tmp / MODEL_FILE), metadata={"step": str(step)})
         torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
-        (tmp / META_FILE).write_text(json_text)
-        for name in (MODEL_FILE, OPTIMIZER_FILE, META_FILE):
+        for name in (MODEL_FILE, OPTIMIZER_FILE):
             _fsync(tmp / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return commit_partial(tmp, step, info, keep)
+
+
+def new_partial(dir: Path | str, step: int) -> Path:
+    """A fresh hidden directory to write the checkpoint of `step` into (commit_partial makes
+    it the checkpoint); other writers' files (a distributed save's ranks) may go in it too."""
+    root = Path(dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-step-{step:08d}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_partial(tmp: Path, step: int, info: dict[str, Any], keep: int) -> Path:
+    """Write meta.json into a fully written partial checkpoint, then rename it into place
+    atomically (replacing a checkpoint of the same step) and keep the newest `keep`."""
+    root, final = tmp.parent, tmp.parent / f"step-{step:08d}"
+    try:
+        (tmp / META_FILE).write_text(json.dumps(info, indent=1))
+        _fsync(tmp / META_FILE)
         if final.exists():  # re-saving a step: move the old one aside, then swap
             old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
             final.rename(old)
@@ -105,6 +123,12 @@ def save_checkpoint(dir: Path | str, step: int, model_state: dict[str, torch.Ten
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def latest_step_dir(dir: Path | str) -> tuple[int, Path] | None:
+    """(step, path) of the newest checkpoint under `dir`, or None."""
+    dirs = _step_dirs(Path(dir))
+    return dirs[-1] if dirs else None
 
 
 def load_checkpoint(path: Path | str) -> Checkpoint:

@@ -57,3 +57,26 @@ def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> Non
                    os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave()
+
+
+def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> None:
+    """Train `steps` (resuming whatever checkpoint the run holds), checkpoint, save stats."""
+    from executors.training.megatron_trainer import MegatronTrainer
+    from executors.training.process_group import join, leave
+    from rose.config import RunConfig
+
+    cfg = RunConfig.model_validate_json(cfg_json)
+    torch.set_num_threads(1)
+    join(rank, cfg.train.parallel, "127.0.0.1", port)
+    try:
+        trainer = MegatronTrainer(cfg)
+        start = trainer.version
+        stats = []
+        for s in range(start + 1, start + steps + 1):
+            stats.append(trainer.train_step(step_turns(s, trainer.version)))
+            trainer.save_checkpoint()
+        torch.save({"start": start, "stats": stats, "weights": trainer.local_weights(torch.float32),
+                    "rank": (trainer.tp_rank, trainer.rank.pp_rank, trainer.dp_rank)},
+                   os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        leave()

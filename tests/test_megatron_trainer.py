@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_ranks import step_turns, tiny_policy, train_rank
+from megatron_ranks import checkpoint_rank, step_turns, tiny_policy, train_rank
 from rose.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
 from rose.stack.ports import free_port
 
@@ -22,16 +22,17 @@ def _cfg(policy, par: TrainParallel) -> RunConfig:
     return RunConfig(models=ModelsConfig(policy_dir=policy), train=train)
 
 
-def _megatron(policy, tmp_path, par: TrainParallel) -> tuple[list[dict], dict[str, torch.Tensor]]:
+def _megatron(policy, tmp_path, par: TrainParallel, fn=train_rank, steps: int = STEPS,
+              tag: str = "") -> tuple[list[dict], dict[str, torch.Tensor]]:
     import torch.multiprocessing as mp
 
     from storage.shards.plan import assemble
     from storage.shards.rules import infer_rule
     from transformers import AutoConfig
 
-    out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}"
+    out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
     out.mkdir()
-    mp.spawn(train_rank, args=(_cfg(policy, par).model_dump_json(), free_port(), str(out), STEPS),
+    mp.spawn(fn, args=(_cfg(policy, par).model_dump_json(), free_port(), str(out), steps),
              nprocs=par.world, join=True)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(par.world)]
     def same(s: list[dict]) -> list[dict]:
@@ -90,3 +91,18 @@ def test_megatron_layouts_train_what_the_hf_trainer_trains(tmp_path, monkeypatch
     _close(tp1, hf)
     for par in (TrainParallel(tp=2), TrainParallel(pp=2), TrainParallel(dp=2)):
         _close(_megatron(policy, tmp_path, par), tp1)
+
+
+@pytest.mark.timeout(600)
+def test_checkpoint_resumes_with_another_layout(tmp_path, monkeypatch) -> None:
+    """One step at TP=2, checkpointed through megatron's distributed checkpointing, then two
+    more at PP=2 from that checkpoint: the losses and weights of three uninterrupted steps."""
+    policy = tiny_policy(tmp_path / "policy")
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "straight"))
+    straight = _megatron(policy, tmp_path, TrainParallel(), checkpoint_rank, tag="-straight")
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "resumed"))
+    first = _megatron(policy, tmp_path, TrainParallel(tp=2), checkpoint_rank, steps=1, tag="-a")
+    rest = _megatron(policy, tmp_path, TrainParallel(pp=2), checkpoint_rank, steps=2, tag="-b")
+    _close((first[0] + rest[0], rest[1]), straight)
+    ckpts = sorted((tmp_path / "resumed" / "runs" / "demo" / "checkpoints").iterdir())
+    assert [p.name for p in ckpts] == ["step-00000001", "step-00000002", "step-00000003"]

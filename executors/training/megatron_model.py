@@ -91,9 +91,17 @@ class RankModel:
             _rope_on_cpu(self.model.rotary_pos_emb)
 
     def load_hf(self, full: dict[str, torch.Tensor]) -> None:
-        """Copy this rank's slices of the full Hugging Face tensors into the model: each tensor is
-        cut to this TP rank by its Hugging Face rule, then fused the way megatron-core holds it."""
-        stage = {n: t for n, t in full.items() if self._on_stage(n)}
+        """Copy this rank's slices of the full Hugging Face tensors into the model."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, t in self.local_megatron(full).items():
+                params[name].copy_(t.to(params[name].dtype))
+
+    def local_megatron(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's tensors, under the model's own names, from full Hugging Face tensors (the
+        weights, or anything shaped like them: AdamW's moments): each cut to this TP rank by
+        its Hugging Face rule, then fused the way megatron-core holds it."""
+        stage = {n: t for n, t in full.items() if self.on_stage(n)}
         mine = {n: split_full(t, infer_rule(n, tuple(t.shape), None, self.hf_config),
                               self.par.tp)[self.tp_rank] for n, t in stage.items()}
         local = to_megatron(mine, self.heads.local(self.par.tp), self.layer_offset)
@@ -103,22 +111,27 @@ class RankModel:
         if sorted(local) != sorted(params):
             raise KeyError(f"checkpoint and model differ: missing {sorted(set(params) - set(local))[:3]}, "
                            f"unexpected {sorted(set(local) - set(params))[:3]}")
-        with torch.no_grad():
-            for name, p in params.items():
-                if tuple(local[name].shape) != tuple(p.shape):
-                    raise ValueError(f"{name}: this rank's slice is {tuple(local[name].shape)}, "
-                                     f"the model holds {tuple(p.shape)}")
-                p.copy_(local[name].to(p.dtype))
+        for name, p in params.items():
+            if tuple(local[name].shape) != tuple(p.shape):
+                raise ValueError(f"{name}: this rank's slice is {tuple(local[name].shape)}, "
+                                 f"the model holds {tuple(p.shape)}")
+        return local
 
-    def _on_stage(self, hf_name: str) -> bool:
+    def hf_names(self) -> list[str]:
+        """The Hugging Face parameters this rank's stage holds (a slice of each)."""
+        return list(self.local_hf(None))
+
+    def on_stage(self, hf_name: str) -> bool:
         return self.pp_rank in stages_of(hf_name, int(self.hf_config.num_hidden_layers), self.par.pp,
                                          self.tied)
 
-    def local_hf(self, dtype: torch.dtype | None = torch.bfloat16) -> dict[str, torch.Tensor]:
-        """This rank's shards under Hugging Face names and layouts (what its publisher pushes)."""
-        params = {n: (p.detach() if dtype is None else p.detach().to(dtype))
-                  for n, p in self.model.named_parameters()}
-        return to_hf(params, self.heads.local(self.par.tp), self.layer_offset, tied=self.tied)
+    def local_hf(self, dtype: torch.dtype | None = torch.bfloat16,
+                 tensors: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """This rank's shards under Hugging Face names and layouts (what its publisher pushes);
+        `tensors`: others shaped like the parameters (by parameter name), e.g. AdamW moments."""
+        held = tensors if tensors is not None else {n: p.detach() for n, p in self.model.named_parameters()}
+        held = {n: (t if dtype is None else t.to(dtype)) for n, t in held.items()}
+        return to_hf(held, self.heads.local(self.par.tp), self.layer_offset, tied=self.tied)
 
 
 def _host_gpt():

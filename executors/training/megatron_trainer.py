@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
+from executors.training import megatron_checkpoint
 from executors.training.batch import MicroBatch, micro_batches, pad, samples_from_turns
 from executors.training.megatron_model import RankModel
 from executors.training.pipeline import Stage
@@ -85,6 +86,13 @@ class MegatronTrainer:
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self._replicated = {n for n, p in self.model.named_parameters() if self._is_replicated(n, p)}
         self.checkpoint_dir = cfg.run_dir() / "checkpoints"
+        held = megatron_checkpoint.resume(self, self.checkpoint_dir)
+        if held is not None:
+            self.version = held
+
+    def save_checkpoint(self) -> Path:
+        """The group's checkpoint of this version (every rank calls it; any layout resumes it)."""
+        return megatron_checkpoint.save(self, self.checkpoint_dir, self.cfg.train.keep_checkpoints)
 
     def _is_replicated(self, name: str, p: torch.Tensor) -> bool:
         module = type(self.model.get_submodule(name.rsplit(".", 1)[0])).__name__
