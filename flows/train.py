@@ -29,6 +29,7 @@ from rose.stack.run_lease import RunLease, driving
 from rose.stack.serving import start_serving
 from storage.atomic import write_atomic
 from tasks.publish import publish_and_sync
+from tasks.trainer_group import on_ranks
 
 ON_TRAINER = {"resources": {"train_gpu": 1}}
 RUN_CONFIG_FILE = "config.json"
@@ -55,13 +56,21 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
     from tasks.placement import require, workers_by_kind
 
     kinds = workers_by_kind(client)
-    require(kinds, "trainer"), require(kinds, "rollout")
+    trainers, _ = require(kinds, "trainer"), require(kinds, "rollout")
+    if cfg.train.backend == "hf" and len(trainers) > 1:
+        raise ValueError(f"train.backend hf trains in one process, the stack has {len(trainers)} trainer "
+                         "workers: use train.backend megatron with train.parallel, or `rose up --trainers 1`")
     client.register_plugin(RolloutWorkerPlugin(cfg.models.policy_path()), name="rose-rollout")
     start_serving(client, cfg.models, cfg.stack)  # serving workers: already up unless on a new cluster
     trainer = TrainerPlugin(cfg)
     client.register_plugin(trainer, name=trainer.name)
-    return client.submit(lambda run: local_trainer(run).version, cfg.run_id, pure=False,
-                         **ON_TRAINER).result()
+    if cfg.train.backend == "megatron":  # the group forms (or re-forms) here, before any step
+        return on_ranks(client, cfg, trainer_version)[0]
+    return client.submit(trainer_version, cfg, pure=False, **ON_TRAINER).result()
+
+
+def trainer_version(cfg: RunConfig) -> int:
+    return local_trainer(cfg.run_id).version
 
 
 def detach_serving(address: str) -> None:

@@ -60,7 +60,9 @@ def _config(config: Optional[Path], **stack):
 
 @app.command()
 @clear_errors
-def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers (rollout_gpu)."),
+def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train_gpu): the ranks of a "
+                                              "megatron trainer (train.parallel tp x pp x dp)."),
+       rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers (rollout_gpu)."),
        serving_workers: Optional[int] = typer.Option(None, help="Serving workers (serving_gpu)."),
        prefect_port: Optional[int] = typer.Option(None, help="Prefect server port (default: free)."),
        scheduler_port: Optional[int] = typer.Option(None, help="Dask scheduler port (default: free)."),
@@ -74,8 +76,9 @@ def up(rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers
     from rose.stack.local_stack import dead_parts, read_stack, start_stack
     from rose.stack.status import print_stack
 
-    cfg = _config(config, rollout_workers=rollout_workers, serving_workers=serving_workers,
-                  dask_scheduler=dask_scheduler, prefect_api_url=prefect_api_url)
+    cfg = _config(config, trainers=trainers, rollout_workers=rollout_workers,
+                  serving_workers=serving_workers, dask_scheduler=dask_scheduler,
+                  prefect_api_url=prefect_api_url)
     previous = read_stack(stack_dir())
     dead = dead_parts(previous) if previous else []
     reused = previous is not None and not dead

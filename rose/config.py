@@ -45,7 +45,8 @@ class ModelsConfig(Strict):
 class StackConfig(Strict):
     """The local stack, or addresses of an existing one (cluster mode)."""
 
-    trainers: int = Field(1, ge=1, le=1)  # one trainer process; data parallelism is out of scope on CPU
+    # trainer workers trainer-0..N-1; a megatron run uses train.parallel tp x pp x dp of them
+    trainers: int = Field(1, ge=1, le=64)
     rollout_workers: int = Field(1, ge=1, le=8)
     serving_workers: int = Field(0, ge=0, le=8)
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
@@ -202,6 +203,12 @@ class RunConfig(Strict):
         if self.rollout.groups * self.rollout.group_size < 2:
             raise ValueError("a step needs at least two trajectories")
         return self
+
+    @property
+    def publishes_sharded(self) -> bool:
+        """Versions go out as shards (storage/weights/sharded.py): asked for with
+        publish.shard_split, or a megatron trainer, whose every rank pushes its own shard."""
+        return self.publish.shard_split is not None or self.train.backend == "megatron"
 
     def run_dir(self) -> Path:
         return data_dir() / "runs" / self.run_id

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from rose.config import RunConfig, data_dir, stack_dir
+from rose.config_file import ConfigError
 from storage.atomic import write_atomic
 
 
@@ -64,6 +65,28 @@ def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
 BASELINE_S = 60.0  # wall seconds of serving-alone replay before a run with background traffic
 
 
+def check_trainer_layout(cfg: RunConfig) -> None:
+    """A megatron layout the policy cannot take (TP not dividing the heads, PP not dividing the
+    layers) or a stack to be started with fewer trainers than ranks: a ConfigError, before
+    anything starts. (A running stack's trainers are counted when the run attaches.)"""
+    if cfg.train.backend != "megatron":
+        return
+    from transformers import AutoConfig
+
+    from executors.training.megatron_model import check_layout
+
+    par = cfg.train.parallel
+    try:
+        check_layout(par, AutoConfig.from_pretrained(cfg.models.policy_path()))
+    except ValueError as e:
+        raise ConfigError(f"train.parallel: {e}") from None
+    from rose.stack.local_stack import read_stack
+
+    if read_stack(stack_dir()) is None and not cfg.stack.dask_scheduler and cfg.stack.trainers < par.world:
+        raise ConfigError(f"train.parallel tp={par.tp} pp={par.pp} dp={par.dp} needs {par.world} trainer "
+                          f"workers, stack.trainers is {cfg.stack.trainers} (or `rose up --trainers {par.world}`)")
+
+
 def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True,
                  traffic=None) -> list[dict]:
     """Models, stack, then the run. With `traffic` (rose.serve.background.BackgroundTraffic) and
@@ -77,6 +100,7 @@ def run_training(cfg: RunConfig, console: Console | None = None, live: bool = Tr
 
 def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list[dict]:
     ensure_models(cfg, console)
+    check_trainer_layout(cfg)
     handle = ensure_stack(cfg, console)
     console.print(dashboard_hint())  # live while the run trains
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # the live view is the log here

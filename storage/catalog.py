@@ -23,7 +23,8 @@ _TRANSFER_COLUMNS = (
     "raw_bytes BIGINT, encoded_bytes BIGINT, encode_s DOUBLE, pushed_bytes BIGINT, push_s DOUBLE, "
     "publish_s DOUBLE, pull_s_max DOUBLE, apply_s_max DOUBLE, load_s_max DOUBLE, "
     "pulled_bytes_max BIGINT, workers_synced BIGINT, full_fallbacks BIGINT, "
-    "workers_left_out VARCHAR, workers_skipped VARCHAR, link_gbps DOUBLE, cpu_speed VARCHAR, coders BIGINT")
+    "workers_left_out VARCHAR, workers_skipped VARCHAR, link_gbps DOUBLE, cpu_speed VARCHAR, coders BIGINT, "
+    "rank_bytes VARCHAR, worker_pulled_bytes VARCHAR")
 
 
 def connect(data_dir: Path | str) -> duckdb.DuckDBPyConnection:

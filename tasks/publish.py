@@ -32,12 +32,25 @@ import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from executors.workers.publishers import observe_pulls, publish_sharded, trainer_publisher
+from executors.workers.publishers import (
+    observe_pulls,
+    policy_full_specs,
+    publish_sharded,
+    sharded_publisher,
+    trainer_layout,
+    trainer_publisher,
+)
 from executors.workers.trainer import local_trainer
 from executors.workers.weight_sync import start_pulls, wait_versions
 from rose.config import RunConfig
 from storage.weights.transfer_metrics import worker_reasons, write_transfer_metrics
+from storage.relay.pool import shared_relay
+from storage.shards.plan import assemble
+from storage.weights.sharded import commit_sharded
+from storage.weights.sparse_publisher import tensors_digest
+from storage.weights.transfer_metrics import PublishReport
 from tasks.placement import require, workers_by_kind
+from tasks.trainer_group import on_ranks
 from tasks.worker_threads import client_outside_thread_pool
 
 WAIT_FOR = ("dedicated", "none", "all")
@@ -59,12 +72,13 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     `wait_for`; returns the step's transfer metrics (see the module docstring)."""
     if wait_for not in WAIT_FOR:
         raise ValueError(f"wait_for must be one of {WAIT_FOR}, got {wait_for!r}")
-    weights = weights_of(cfg.run_id, version, _shared(cfg))
+    group = cfg.train.backend == "megatron"  # its ranks push their own shards (publish_group)
+    weights = None if group else weights_of(cfg.run_id, version, _shared(cfg))
     # Out of the trainer worker's task thread (the client secedes) before the push: with
     # one thread there, the next update (max_staleness 1) starts beside encoding and puts
     # instead of queueing behind them. The version still becomes visible only once complete.
     with client_outside_thread_pool() as client:
-        sharded = cfg.publish.shard_split is not None
+        sharded = cfg.publishes_sharded
         kinds = workers_by_kind(client)
         dedicated = require(kinds, "rollout")
         serving = sorted(n for n, k in kinds.items() if k == "serving")
@@ -87,7 +101,9 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         streamed = publisher is not None and publisher.streams(version, weights)
         started = start(timeout_s) if streamed else None
         t_push = time.perf_counter()
-        if publisher is None:
+        if group:
+            report = publish_group(client, cfg, version)
+        elif publisher is None:
             report = publish_sharded(cfg, version, weights)
         else:
             report = publisher.publish(version, weights, copy=False)  # fresh tensors
@@ -120,6 +136,36 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
     return summary
 
 
+def publish_group(client, cfg: RunConfig, version: int) -> PublishReport:
+    """Every rank of a megatron trainer group pushes its own slices of `version` (parts of the
+    layout's ranks, storage/shards/grain.py), then one commit makes it visible. The digest the
+    engines are checked against is the whole model's, assembled here from the ranks' slices."""
+    t0 = time.perf_counter()
+    specs = policy_full_specs(cfg)
+    pushed = on_ranks(client, cfg, publish_rank, version, specs)
+    commit_sharded(shared_relay(cfg.stack.relay), cfg.run_id, version, trainer_layout(cfg), specs)
+    layout = trainer_layout(cfg).trainer
+    full = {}
+    for p in specs:  # bf16 travels through Dask as its int16 bits
+        held = {rank[0]: w[p.name].view(torch.bfloat16) for _, w, rank in pushed if p.name in w and rank[2] == 0}
+        full[p.name] = assemble([held[t] for t in range(layout.tp)], p.rule, p.shape)
+    reports = [r for parts, _, _ in pushed for _, r in sorted(parts.items())]
+    report = PublishReport.combine(version, reports, tensors_digest(full), time.perf_counter() - t0)
+    report.rank_bytes = {"r{}.{}.{}".format(*rank): sum(r.pushed_bytes for r in parts.values())
+                         for parts, _, rank in pushed}
+    return report
+
+
+def publish_rank(cfg: RunConfig, version: int, specs: list) -> tuple[dict, dict, tuple]:
+    """On one rank: push its parts of `version`; (part -> report, its bf16 slices, its rank)."""
+    trainer = local_trainer(cfg.run_id)
+    weights = weights_of(cfg.run_id, version)
+    pub = sharded_publisher(cfg, specs, rank=trainer.layout_rank)
+    parts = pub.publish(version, weights)
+    bits = {n: t.view(torch.int16) for n, t in weights.items()} if trainer.dp_rank == 0 else {}
+    return parts, bits, trainer.layout_rank
+
+
 def keep_snapshot(cfg: RunConfig, trainer) -> None:
     """Right after an update: keep its bf16 weights for publish, so the next update may start
     before this version is pushed (max_staleness = 1). Versions v-max_staleness..v are held."""
@@ -132,7 +178,7 @@ def keep_snapshot(cfg: RunConfig, trainer) -> None:
 
 def _shared(cfg: RunConfig) -> bool:
     """Whether snapshots go to shared memory, where the publisher's coder processes read them."""
-    return cfg.publish.coder_processes > 0 and cfg.publish.shard_split is None
+    return cfg.publish.coder_processes > 0 and not cfg.publishes_sharded
 
 
 def weights_of(run: str, version: int, shared: bool = False) -> dict[str, torch.Tensor]:

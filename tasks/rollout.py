@@ -91,7 +91,7 @@ def resync_from_relay(client, cfg: RunConfig, version: int):
     def resync(name: str, kind: str):
         return client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
                              cfg.publish.pull_batch_bytes,
-                             sharded=cfg.publish.shard_split is not None, workers=[name],
+                             sharded=cfg.publishes_sharded, workers=[name],
                              allow_other_workers=False, pure=False)
     return resync
 

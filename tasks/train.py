@@ -21,7 +21,8 @@ from storage.atomic import write_atomic
 from storage.checkpoints import checkpoint_steps
 from storage.trajectories.dataset import TrajectoryStore
 from tasks.publish import keep_snapshot
-from tasks.worker_threads import leave_thread_pool
+from tasks.trainer_group import on_ranks
+from tasks.worker_threads import client_outside_thread_pool, leave_thread_pool
 
 
 class InjectedFault(RuntimeError):
@@ -92,7 +93,16 @@ def train(cfg: RunConfig, step: int) -> dict:
         # driver and this step's publish start beside the update instead of queueing behind it.
         leave_thread_pool()
     inject_fault(cfg, step)
+    if cfg.train.backend == "megatron":  # every rank of the group trains; rank 0's metrics
+        with client_outside_thread_pool() as client:
+            return on_ranks(client, cfg, train_here, step)[0]
+    return train_here(cfg, step)
+
+
+def train_here(cfg: RunConfig, step: int) -> dict:
+    """The step's update by this process's trainer (a megatron group's rank: every rank runs it)."""
     trainer = local_trainer(cfg.run_id)
+    lead = getattr(trainer, "layout_rank", (0, 0, 0)) == (0, 0, 0)
     if trainer.version == step:  # resumed after this step's update: do not apply it twice
         metrics = {**_recorded(cfg, step), "resumed": True}
         keep_snapshot(cfg, trainer)
@@ -107,5 +117,6 @@ def train(cfg: RunConfig, step: int) -> dict:
     keep_snapshot(cfg, trainer)  # publish pushes these weights, even if the next update started
     if checkpoint_due(cfg, step):
         metrics["checkpoint"] = str(trainer.save_checkpoint())
-    _record(cfg, step, metrics)
+    if lead:
+        _record(cfg, step, metrics)
     return metrics

@@ -177,9 +177,11 @@ def trainer_and_worker_state(scheduler: str, run_id: str) -> tuple[dict, dict]:
     return trainer, worker
 
 
-def engine_mismatches(scheduler: str, run_id: str, worker: str = "rollout-0") -> list[str]:
+def engine_mismatches(scheduler: str, run_id: str, worker: str = "rollout-0",
+                      trainer_weights: dict | None = None) -> list[str]:
     """Names of the weights on which `worker`'s vLLM engine (read from the engine, packed GEMM
-    copies included) differs from the trainer's bf16 weights: [] means bit-identical."""
+    copies included) differs from the trainer's bf16 weights (`trainer_weights`, else the one
+    trainer process's): [] means bit-identical."""
     from distributed import Client
 
     from executors.engine.weights_view import HEAD
@@ -188,8 +190,11 @@ def engine_mismatches(scheduler: str, run_id: str, worker: str = "rollout-0") ->
 
     with Client(scheduler) as client:
         engine = client.submit(engine_weight_digests, workers=[worker], pure=False).result()
-        trained = client.submit(lambda run: weight_digests(local_trainer(run).weights_bf16()),
-                                run_id, resources={"train_gpu": 1}, pure=False).result()
+        if trainer_weights is not None:
+            trained = weight_digests(trainer_weights)
+        else:
+            trained = client.submit(lambda run: weight_digests(local_trainer(run).weights_bf16()),
+                                    run_id, resources={"train_gpu": 1}, pure=False).result()
     if HEAD not in trained:  # a tied head: the engine's GEMM copy must equal the embeddings
         trained[HEAD] = trained["model.embed_tokens.weight"]
     return [n for n in sorted(set(engine) | set(trained)) if engine.get(n) != trained.get(n)]

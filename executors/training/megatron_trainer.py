@@ -103,6 +103,16 @@ class MegatronTrainer:
         """This rank's shards under Hugging Face names (what its sharded publisher pushes)."""
         return self.rank.local_hf(dtype)
 
+    def weights_bf16(self, shared: bool = False) -> dict[str, torch.Tensor]:
+        """The Hugging Face Trainer's name for what a rank publishes: its bf16 shards (`shared`,
+        the coder processes' shared memory, is for unsharded publishing only)."""
+        return {n: t.contiguous() for n, t in self.local_weights(torch.bfloat16).items()}
+
+    @property
+    def layout_rank(self) -> tuple[int, int, int]:
+        """(tp, pp, dp) rank: the publish layout's name for this rank."""
+        return self.tp_rank, self.rank.pp_rank, self.dp_rank
+
     # ---- GRPO ----
     def _logprobs(self, stage: Stage, mb: MicroBatch) -> torch.Tensor | None:
         logits = stage.forward(mb)

@@ -2,11 +2,12 @@
 
 Unsharded (the default): one storage.weights.sparse_publisher.SparsePublisher per run; its bf16
 copy of the last version is the next delta's base, and its thread serves full snapshots on
-request. Sharded (`publish.shard_split`): a storage.weights.sharded.ShardedPublisher for the
-trainer's declared layout (one process: TP=1, split into `shard_split` slices per
-tensor-parallel tensor), one SparsePublisher per part, each serving its part's snapshots;
-`publish_sharded` pushes every part and commits the version (the trainer holds every part, so
-the commit never waits). Shard rules come from the parameter names and the policy's config.
+request. Sharded (`publish.shard_split`, or a megatron trainer group): a
+storage.weights.sharded.ShardedPublisher per trainer rank for the trainer's layout (one Hugging
+Face process: TP=1; a megatron group: its tp x pp x dp, each rank pushing its own slices; each
+tensor-parallel slice split `shard_split` ways), one SparsePublisher per part, each serving its
+part's snapshots; `publish_sharded` pushes every part of a one-process trainer and commits the
+version. Shard rules come from the parameter names and the policy's config.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from storage.weights.transfer_metrics import PublishReport
 _publishers: dict[tuple[str, str], SparsePublisher] = {}
 _sharded: dict[tuple[str, str], tuple[tuple, ShardedPublisher]] = {}  # -> (settings, publisher)
 _lock = threading.Lock()
-TRAINER_RANK = (0, 0, 0)  # the live trainer is one process
+TRAINER_RANK = (0, 0, 0)  # the Hugging Face trainer: one process
 
 
 def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool = True,
@@ -79,12 +80,39 @@ def _model_config(path: str):
     return AutoConfig.from_pretrained(path)
 
 
-def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True) -> ShardedPublisher:
-    """This process's sharded publisher of the run (kept across steps: its parts' bases), made
-    anew, its bases dropped, when the layout, the parameters or the publish settings change."""
+def trainer_layout(cfg: RunConfig) -> PublishLayout:
+    """What the trainer publishes by: a megatron group's tp x pp x dp (each rank its own shard),
+    else one process (TP=1); each tensor-parallel shard split publish.shard_split ways."""
+    par = cfg.train.parallel if cfg.train.backend == "megatron" else None
+    trainer = ParallelLayout(par.tp, par.pp, par.dp) if par else ParallelLayout(1)
+    return PublishLayout(trainer, cfg.publish.shard_split or 1)
+
+
+def policy_full_specs(cfg: RunConfig) -> list[ParamSpec]:
+    """Every published parameter's full shape and shard rule, from the policy's checkpoint
+    (a trainer rank holds only slices); the same list on every rank."""
+    from safetensors import safe_open
+
+    model_cfg = _model_config(str(cfg.models.policy_path()))
+    specs = []
+    for f in sorted(cfg.models.policy_path().glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                if name == "lm_head.weight" and getattr(model_cfg, "tie_word_embeddings", False):
+                    continue
+                shape = tuple(st.get_slice(name).get_shape())
+                specs.append(ParamSpec(name, shape, infer_rule(name, shape, None, model_cfg)))
+    return sorted(specs, key=lambda p: p.name)
+
+
+def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True,
+                      rank: tuple[int, int, int] = TRAINER_RANK) -> ShardedPublisher:
+    """This process's sharded publisher of the run as trainer rank `rank` (kept across steps:
+    its parts' bases), made anew, its bases dropped, when the layout, the parameters or the
+    publish settings change."""
     p = cfg.publish
-    layout = PublishLayout(ParallelLayout(1), p.shard_split or 1)
-    settings = (layout, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps, p.measure_link,
+    layout = trainer_layout(cfg)
+    settings = (layout, rank, tuple(specs), p.bucket_bytes, p.sparse, p.link_gbps, p.measure_link,
                 p.measure_cpu)
     key = (cfg.stack.relay, cfg.run_id)
     with _lock:
@@ -92,7 +120,7 @@ def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True
         if pub is None or held != settings:
             if pub is not None:
                 pub.stop_servers()
-            pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, TRAINER_RANK,
+            pub = ShardedPublisher(shared_relay(cfg.stack.relay), cfg.run_id, layout, rank,
                                    specs, p.bucket_bytes, p.sparse, p.link_gbps,
                                    link_rate=LinkRate() if p.measure_link else None,
                                    measure_cpu=p.measure_cpu)
@@ -108,7 +136,7 @@ def observe_pulls(cfg: RunConfig, records: Iterable[dict[str, Any]]) -> dict[str
     both legs as measured so far, None when it does not measure the link."""
     key = (cfg.stack.relay, cfg.run_id)
     with _lock:
-        pub = _publishers.get(key) if cfg.publish.shard_split is None else _sharded.get(key, ((), None))[1]
+        pub = _publishers.get(key) if not cfg.publishes_sharded else _sharded.get(key, ((), None))[1]
     if pub is None or pub.link_rate is None:
         return None
     for record in records:

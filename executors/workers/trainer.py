@@ -138,7 +138,9 @@ class TrainerPlugin(WorkerPlugin):
         self.trainer: Trainer | None = None
 
     def setup(self, worker) -> None:
-        if "train_gpu" in worker.state.total_resources:
+        # a megatron rank builds its trainer when its group forms (executors/workers/train_group.py)
+        megatron = RunConfig.model_validate_json(self.cfg_json).train.backend == "megatron"
+        if "train_gpu" in worker.state.total_resources and not megatron:
             # One thread by default: on a loaded 2-core machine two threads ran 4x slower.
             torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", "1")))
             self.trainer = Trainer(RunConfig.model_validate_json(self.cfg_json))
@@ -152,9 +154,14 @@ def plugin_name(run_id: str) -> str:
 
 
 def local_trainer(run_id: str) -> Trainer:
-    """The Trainer of this run on the current Dask worker (call from a task pinned to it)."""
+    """The Trainer of this run on the current Dask worker (call from a task pinned to it): a
+    megatron group's rank here if this process is one, else the plugin's."""
     from distributed import get_worker
 
+    from executors.workers.train_group import group_trainer, held_group
+
+    if held_group(run_id) is not None:
+        return group_trainer(run_id)
     plugin = get_worker().plugins.get(plugin_name(run_id))
     if plugin is None or plugin.trainer is None:
         raise RuntimeError(f"no trainer for run {run_id!r} on this worker: is it a train_gpu "

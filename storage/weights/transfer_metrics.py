@@ -69,6 +69,8 @@ class PublishReport:
     # (storage/delta/host_speed.py; None: the costs as fitted, or not chosen by time)
     cpu_speed: dict[str, list[float]] | None = None
     coders: int = 0  # coder processes its pieces were handed to (0: this process's threads)
+    # a version pushed by several trainer ranks: bucket bytes each pushed ("r<tp>.<pp>.<dp>")
+    rank_bytes: dict[str, int] | None = None
     tensors: list[TensorStat] = field(default_factory=list)
     # (stat, new, base) whose change count is taken when the report is read: a compare pass
     # over every tensor sent raw or ternary would otherwise sit between encode and push
@@ -116,7 +118,7 @@ class PublishReport:
                                       for k, (c, n) in sorted(layers.items())},
                 "encodings": encodings, "encode_s": self.encode_s, "push_s": self.push_s,
                 "publish_s": self.seconds, "link_gbps": self.link_gbps,
-                "cpu_speed": self.cpu_speed, "coders": self.coders}
+                "cpu_speed": self.cpu_speed, "coders": self.coders, "rank_bytes": self.rank_bytes}
 
     @classmethod
     def combine(cls, version: int, parts: list["PublishReport"], digest: str,
@@ -219,6 +221,10 @@ SCHEMA = pa.schema([
     # coder processes the delta's pieces were handed to (publish.coder_processes; 0: coded on
     # the trainer's threads, also where /dev/shm had no room). encode_s is coding time either way
     ("coders", pa.int64()),
+    # JSON {"r<tp>.<pp>.<dp>": bytes} of a version pushed by a trainer group, else null
+    ("rank_bytes", pa.string()),
+    # JSON {worker: bytes} each engine pulled of this version
+    ("worker_pulled_bytes", pa.string()),
 ])
 
 
@@ -252,7 +258,12 @@ def write_transfer_metrics(run_dir: Path | str, step: int, summary: dict[str, An
                  "link_gbps": summary.get("link_gbps"),
                  "cpu_speed": None if summary.get("cpu_speed") is None
                  else json.dumps(summary["cpu_speed"], sort_keys=True),
-                 "coders": summary.get("coders", 0)}
+                 "coders": summary.get("coders", 0),
+                 "rank_bytes": None if summary.get("rank_bytes") is None
+                 else json.dumps(summary["rank_bytes"], sort_keys=True),
+                 "worker_pulled_bytes": json.dumps({w["worker"]: int(w.get("bytes") or 0)
+                                                    for w in summary.get("workers", []) if "worker" in w},
+                                                   sort_keys=True)}
     rows = [{**step_cols, **{k: r[k] for k in ("name", "layer", "numel", "changed", "density",
                                                 "encoding", "raw_bytes", "encoded_bytes",
                                                 "encode_s")}} for r in tensor_rows]
