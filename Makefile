@@ -31,7 +31,7 @@ demo: setup
 
 test: setup check
 	$(KERNELS)
-	$(BIN)/pytest -q --timeout 900 tests  # no -x: one failure must not hide the rest
+	$(BIN)/pytest -q --timeout 900 --durations=15 tests  # no -x: one failure must not hide the rest; the slowest listed
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
 check: setup

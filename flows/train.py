@@ -21,7 +21,7 @@ from prefect_dask import DaskTaskRunner
 from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
 from executors.workers.rollout_worker import RolloutWorkerPlugin
-from executors.workers.trainer import TrainerPlugin, local_trainer
+from executors.workers.trainer import TrainerPlugin, trainer_version
 from flows.pipeline import run_pipelined
 from flows.rl_step import rl_step
 from rose.config import RunConfig
@@ -67,10 +67,6 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
     if cfg.train.backend == "megatron":  # the group forms (or re-forms) here, before any step
         return on_ranks(client, cfg, trainer_version)[0]
     return client.submit(trainer_version, cfg, pure=False, **ON_TRAINER).result()
-
-
-def trainer_version(cfg: RunConfig) -> int:
-    return local_trainer(cfg.run_id).version
 
 
 def detach_serving(address: str) -> None:

@@ -44,8 +44,11 @@ class Stage:
         self.model.set_input_tensor(received)
         ids = mb.ids.to(self.device)
         positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, -1)
-        out = self.model(ids, positions, causal_mask(t, self.device))
+        # on CUDA: bf16 compute over the fp32 master weights; activations cross stages in fp32
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            out = self.model(ids, positions, causal_mask(t, self.device))
         if not self.last:
+            out = out.to(self.dtype)
             dist.send(out.detach().contiguous(), self.next)
         return received, out
 

@@ -54,6 +54,12 @@ class Trainer:
     def _resume(self) -> None:
         from storage.checkpoints import load_latest_checkpoint
 
+        from storage.checkpoints import latest_step_dir
+
+        latest = latest_step_dir(self.checkpoint_dir)
+        if latest is not None and (latest[1] / "shard-t0-p0.safetensors").exists():
+            raise ValueError(f"checkpoint {latest[1]} was written by train.backend megatron: resume "
+                             "this run with the backend that wrote it")
         ckpt = load_latest_checkpoint(self.checkpoint_dir)
         if ckpt is None:
             return
@@ -167,3 +173,9 @@ def local_trainer(run_id: str) -> Trainer:
         raise RuntimeError(f"no trainer for run {run_id!r} on this worker: is it a train_gpu "
                            "worker and was TrainerPlugin registered?")
     return plugin.trainer
+
+
+def trainer_version(cfg: RunConfig) -> int:
+    """The policy version this worker's trainer of the run holds (submitted to it by name, so
+    it lives in a module every worker imports: a deployment loads flow files by path)."""
+    return local_trainer(cfg.run_id).version

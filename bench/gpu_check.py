@@ -1,0 +1,110 @@
+"""The megatron trainer's CUDA path, checked in one short run on a GPU machine (not part of the
+test suite: nothing here needs a GPU to pass `make test`).
+
+    python bench/gpu_check.py            # ~1-2 min on one GPU; writes bench/results/gpu_check.json
+
+One GRPO step of the demo-shaped policy (random weights, synthetic turns) by the megatron-core
+trainer twice from the same weights: on the CPU (gloo, fp32) and on CUDA (NCCL, bf16 compute
+over fp32 master weights). Checks: the two losses agree within bf16's tolerance, the updated
+weights too, and the CUDA trainer's weights published through the sharded publisher come back
+from the relay bit for bit. Exit status 1 when a check fails.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.result_file import print_table, write_result  # noqa: E402
+from bench.train_backends import SHAPES, _policy, _turns  # noqa: E402
+
+LOSS_RTOL = 3e-2  # bf16 compute against fp32: ~3 significant digits
+WEIGHT_ATOL = 5e-4  # one step at lr 1e-4: an update differs by at most about lr x a few
+
+
+def _rank(_: int, device: str, policy: str, out: str, port: int) -> None:
+    import torch
+
+    from executors.training.megatron_trainer import MegatronTrainer
+    from executors.training.process_group import join, leave
+    from rose.config import ModelsConfig, RunConfig, TrainConfig
+
+    os.environ["ROSE_DATA_DIR"] = str(Path(out) / f"data-{device}")
+    cfg = RunConfig(run_id=f"gpu-check-{device}", models=ModelsConfig(policy_dir=Path(policy)),
+                    train=TrainConfig(backend="megatron", micro_batch=4, lr=1e-4))
+    join(0, cfg.train.parallel, "127.0.0.1", port, device)
+    try:
+        trainer = MegatronTrainer(cfg, device)
+        stats = trainer.train_step(_turns(1, int(trainer.hf_config.vocab_size)))
+        weights = trainer.local_weights(torch.float32)
+        result = {"loss": stats["loss"], "grad_norm": stats["grad_norm"],
+                  "weights": {n: t.cpu() for n, t in weights.items()},
+                  "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+        result["published_equal"] = _publish_round_trip(cfg, trainer, Path(out) / f"relay-{device}")
+        torch.save(result, Path(out) / f"{device}.pt")
+    finally:
+        leave()
+
+
+def _publish_round_trip(cfg, trainer, root: Path) -> bool:
+    """The trainer's bf16 weights through the sharded publisher and a TP=1 receiver: equal bits?"""
+    import torch
+
+    from executors.workers.publishers import policy_full_specs
+    from storage.relay.filesystem import FilesystemRelay
+    from storage.shards.grain import PublishLayout
+    from storage.shards.layout import ParallelLayout
+    from storage.weights.sharded import ShardedPublisher, commit_sharded
+    from storage.weights.sharded_receiver import ShardedReceiver
+
+    relay, specs, layout = FilesystemRelay(root), policy_full_specs(cfg), PublishLayout(ParallelLayout(1))
+    held = {n: t.cpu() for n, t in trainer.weights_bf16().items()}
+    ShardedPublisher(relay, cfg.run_id, layout, trainer.layout_rank, specs).publish(1, held)
+    commit_sharded(relay, cfg.run_id, 1, layout, specs)
+    receiver = ShardedReceiver(relay, cfg.run_id, ParallelLayout(1))
+    receiver.pull(1)
+    return held.keys() == receiver.tensors.keys() and all(
+        torch.equal(held[n].view(torch.int16), receiver.tensors[n].view(torch.int16)) for n in held)
+
+
+def main() -> None:
+    import torch
+    import torch.multiprocessing as mp
+
+    from rose.stack.ports import free_port
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu_check.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = _policy(Path(tmp) / "policy", SHAPES["demo"])
+        for device in ("cpu", "cuda"):
+            mp.spawn(_rank, args=(device, str(policy), tmp, free_port()), nprocs=1, join=True)
+        cpu, cuda = (torch.load(Path(tmp) / f"{d}.pt") for d in ("cpu", "cuda"))
+    rel = abs(cuda["loss"] - cpu["loss"]) / max(abs(cpu["loss"]), 1e-12)
+    worst = max(float((cuda["weights"][n] - cpu["weights"][n]).abs().max()) for n in cpu["weights"])
+    grad_rel = abs(cuda["grad_norm"] - cpu["grad_norm"]) / max(cpu["grad_norm"], 1e-12)
+    checks = {"loss": rel <= LOSS_RTOL, "grad_norm": grad_rel <= LOSS_RTOL, "weights": worst <= WEIGHT_ATOL,
+              "published": cuda["published_equal"]}
+    print_table(f"megatron trainer, CPU (gloo, fp32) vs {cuda['device_name']} (NCCL, bf16 compute)",
+                ["check", "measured", "tolerance", "ok"],
+                [("loss", f"{cpu['loss']:+.6f} vs {cuda['loss']:+.6f} ({rel:.2e})", f"{LOSS_RTOL:g}",
+                  str(checks["loss"])),
+                 ("grad norm", f"{cpu['grad_norm']:.5f} vs {cuda['grad_norm']:.5f} ({grad_rel:.2e})",
+                  f"{LOSS_RTOL:g}", str(checks["grad_norm"])),
+                 ("weights, max |diff|", f"{worst:.2e}", f"{WEIGHT_ATOL:g}", str(checks["weights"])),
+                 ("published == trainer (bits)", str(cuda["published_equal"]), "exact", str(checks["published"]))])
+    write_result(args.out, "gpu_check", args, started, device=cuda["device_name"], loss_cpu=cpu["loss"],
+                 loss_cuda=cuda["loss"], loss_rel_diff=rel, weight_max_diff=worst, checks=checks)
+    sys.exit(0 if all(checks.values()) else 1)
+
+
+if __name__ == "__main__":
+    main()
