@@ -16,10 +16,7 @@ from distributed import Client
 
 from executors.workers.train_group import held_group, join_group, rendezvous_point
 from rose.config import RunConfig
-from rose.worker_kinds import KIND_RESOURCE
 from tasks.placement import require, workers_by_kind
-
-TRAIN_RESOURCE = KIND_RESOURCE["trainer"]
 
 
 def _rank_order(name: str) -> tuple[int, str]:
@@ -34,15 +31,19 @@ def trainer_ranks(client: Client, cfg: RunConfig, restart_wait_s: float = 120.0)
     deadline = time.monotonic() + restart_wait_s
     while True:
         names = sorted(require(workers_by_kind(client), "trainer"), key=_rank_order)
-        known = [w for w in client.scheduler_info(n_workers=-1)["workers"].values()
-                 if TRAIN_RESOURCE in w.get("resources", {})]
-        if len(names) >= par.world or len(known) < par.world or time.monotonic() > deadline:
+        if len(names) >= par.world or time.monotonic() > deadline or not _had_group(client, cfg, names):
             break
-        time.sleep(1.0)  # a rank's worker restarting: it registers again within seconds
+        time.sleep(1.0)  # a rank of this run's group is gone: its nanny restarts it within seconds
     if len(names) < par.world:
         raise ValueError(f"train.parallel tp={par.tp} pp={par.pp} dp={par.dp} needs {par.world} trainer "
                          f"workers, the stack has {len(names)}: start it with `rose up --trainers {par.world}`")
     return names[: par.world]
+
+
+def _had_group(client: Client, cfg: RunConfig, names: list[str]) -> bool:
+    """Whether a trainer still holds this run's group: then a missing rank is restarting (its
+    worker left the scheduler when it died), not absent from the stack."""
+    return any(g is not None for g in _each(client, names, held_group, cfg.run_id))
 
 
 def _each(client: Client, names: list[str], fn: Callable, *args: Any) -> list:
