@@ -1,6 +1,7 @@
 """The megatron-core backend trains exactly what the Hugging Face backend trains: from the same
 weights and trajectories, TP=2, PP=2 and DP=2 give the TP=1 run's losses and updated weights
-within float tolerance over 3 steps, and TP=1 gives the Hugging Face trainer's."""
+within float tolerance over 3 steps, TP=1 gives the Hugging Face trainer's, and a checkpoint
+resumes under another layout as if never interrupted. One test: the runs are shared."""
 from __future__ import annotations
 
 import pytest
@@ -79,6 +80,8 @@ def _close(a: tuple, b: tuple) -> None:
 
 @pytest.mark.timeout(600)
 def test_megatron_layouts_train_what_the_hf_trainer_trains(tmp_path, monkeypatch) -> None:
+    """TP=1 equals the HF trainer over 3 steps; TP=2, PP=2, DP=2 equal TP=1; and a checkpoint
+    written at TP=2 after step 1, resumed at PP=2 for steps 2-3, equals TP=1's 3 steps."""
     policy = tiny_policy(tmp_path / "policy")
     hf = _hf(policy, monkeypatch, tmp_path)
     assert hf[0][-1]["version"] == STEPS and all(s["stale_tokens"] > 0 for s in hf[0])
@@ -87,22 +90,14 @@ def test_megatron_layouts_train_what_the_hf_trainer_trains(tmp_path, monkeypatch
     start = load_file(policy / "model.safetensors")
     moved = max(float((hf[1][n] - start[n].float()).abs().max()) for n in hf[1])
     assert moved > 100 * WEIGHT_ATOL  # the update is far above the tolerance it is held to
-    tp1 = _megatron(policy, tmp_path, TrainParallel())
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "straight"))
+    tp1 = _megatron(policy, tmp_path, TrainParallel(), checkpoint_rank)
     _close(tp1, hf)
     for par in (TrainParallel(tp=2), TrainParallel(pp=2), TrainParallel(dp=2)):
         _close(_megatron(policy, tmp_path, par), tp1)
-
-
-@pytest.mark.timeout(600)
-def test_checkpoint_resumes_with_another_layout(tmp_path, monkeypatch) -> None:
-    """One step at TP=2, checkpointed through megatron's distributed checkpointing, then two
-    more at PP=2 from that checkpoint: the losses and weights of three uninterrupted steps."""
-    policy = tiny_policy(tmp_path / "policy")
-    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "straight"))
-    straight = _megatron(policy, tmp_path, TrainParallel(), checkpoint_rank, tag="-straight")
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "resumed"))
     first = _megatron(policy, tmp_path, TrainParallel(tp=2), checkpoint_rank, steps=1, tag="-a")
     rest = _megatron(policy, tmp_path, TrainParallel(pp=2), checkpoint_rank, steps=2, tag="-b")
-    _close((first[0] + rest[0], rest[1]), straight)
+    _close((first[0] + rest[0], rest[1]), tp1)
     ckpts = sorted((tmp_path / "resumed" / "runs" / "demo" / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == ["step-00000001", "step-00000002", "step-00000003"]

@@ -112,6 +112,6 @@ def test_run_config_refuses_a_factor_that_would_hand_back_turns_before_they_coul
 
 
 def test_pinned_trajectories_are_never_handed_back():
-    cfg = SimConfig(gpus=8, steps=2, traj_per_rollout_gpu=24, serving_rate=40.0, mode="pinned")
+    cfg = SimConfig(gpus=8, steps=1, traj_per_rollout_gpu=24, serving_rate=40.0, mode="pinned")
     assert ClusterSim(cfg).run()["turns_handed_back"] == 0
     assert ClusterSim(SimConfig(**{**cfg.__dict__, "mode": "turnwise_affinity"})).run()["turns_handed_back"] > 0
