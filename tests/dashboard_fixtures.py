@@ -64,7 +64,10 @@ def publish(run_dir, step: int, coders: int | None = None) -> None:
                # the host's speed, from the second publish on (the first: fitted costs)
                "cpu_speed": {"ef": [2.0, 3.0], "ternary": [1.0 + step, 2.5], "raw": [4.0, 4.0]}
                if step > 1 else None,
-               "coders": (2 if step < 3 else 0) if coders is None else coders}
+               "coders": (2 if step < 3 else 0) if coders is None else coders,
+               # pushed by a trainer group of two ranks; one engine pulled it
+               "rank_bytes": {"r0.0.0": 400_000, "r1.0.0": 200_000},
+               "workers": [{"worker": "rollout-0", "bytes": 600_000 * step}]}
     tensor = {"layer": 0, "numel": 500_000, "changed": 1000, "density": 0.002}
     write_transfer_metrics(run_dir, step, summary, [
         {**tensor, "name": "a", "encoding": "xor_zstd", "raw_bytes": 1_000_000,

@@ -86,7 +86,7 @@ def test_routing_page_draws_the_affinity_hit_rate(recorded):
 
 
 def test_transfer_page_draws_each_publish(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 8 + 2 * len(RUNS))
+    drawn = assert_all_drawn(build(transfer, recorded, list(RUNS)), 10 + 2 * len(RUNS))
     sent = {r.glyph.y: r.data_source.data for r in
             drawn["Bytes shipped per publish (dashed: the dense bf16 weights)"]}
     assert sent["sent_mb"]["sent_mb"] == pytest.approx([0.6] * 3)  # from the publish records
@@ -107,6 +107,12 @@ def test_transfer_page_draws_each_publish(recorded):
     coders = drawn["Coder processes each delta was coded in (0: the trainer's threads, e.g. "
                    "where /dev/shm had no room)"]
     assert coders[0].data_source.data["coders"] == [2 if s < 3 else 0 for s in STEPS]
+    # a trainer group's pushes per rank, an engine's pulls, one series each per run
+    ranks = {r.data_source: None for r in drawn["Bytes each trainer rank pushed (a megatron group: r<tp>.<pp>.<dp>)"]}
+    assert len(ranks) == 2 * len(RUNS)
+    assert sorted({tuple(src.data["mb"]) for src in ranks}) == [(0.2,) * 3, (0.4,) * 3]
+    pulled = drawn["Bytes each engine pulled"][0].data_source.data
+    assert pulled["mb"] == pytest.approx([0.6 * s for s in STEPS])
 
 
 def test_transfer_page_leaves_out_coders_where_threads_coded_every_delta(recorded):
@@ -115,7 +121,7 @@ def test_transfer_page_leaves_out_coders_where_threads_coded_every_delta(recorde
     shutil.rmtree(recorded / "runs" / "r1" / "transfer")  # publish.coder_processes off: 0
     for step in STEPS:
         publish(recorded / "runs" / "r1", step, coders=0)
-    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 9)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 11)
     assert not [title for title in drawn if title.startswith("Coder processes")]
 
 
@@ -129,7 +135,7 @@ def test_transfer_page_without_publish_records_ships_the_step_tables_bytes(recor
 
 
 def test_transfer_page_encoding_mix_stages_and_lag(recorded):
-    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 10)
+    drawn = assert_all_drawn(build(transfer, recorded, ["r1"]), 12)
     mix = drawn["Encoding mix: share of the bytes sent per encoding, r1"][0].data_source.data
     assert mix["xor_zstd"] == pytest.approx([1 / 6] * 3)  # of 0.6 MB, 0.1 xor_zstd, 0.5 dense
     assert mix["dense"] == pytest.approx([5 / 6] * 3)

@@ -46,7 +46,8 @@ _SQL = {
                  " any_value(push_s) AS push_s, any_value(pull_s_max) AS pull_s,"
                  " any_value(apply_s_max) AS apply_s, any_value(load_s_max) AS load_s,"
                  " any_value(link_gbps) AS link_gbps, any_value(cpu_speed) AS cpu_speed,"
-                 " any_value(coders) AS coders"
+                 " any_value(coders) AS coders, any_value(rank_bytes) AS rank_bytes,"
+                 " any_value(worker_pulled_bytes) AS worker_pulled_bytes"
                  " FROM transfer WHERE run IN ({runs}) GROUP BY run, step ORDER BY run, step",
 }
 

@@ -5,8 +5,8 @@ publish chose its encodings by (publish.link_gbps, or measured: storage/weights/
 this host's coding speed against the time model's fitted costs (publish.measure_cpu:
 storage/delta/host_speed.py), the coder processes each delta was coded in where a run has
 them (publish.coder_processes: a fall to 0 is the trainer's threads coding instead), the
-publish rate and version, and how many versions each worker's turns lagged the trainer (from
-`turns`)."""
+publish rate and version, the bytes each trainer rank pushed (a megatron group) and each engine
+pulled, and how many versions each worker's turns lagged the trainer (from `turns`)."""
 from __future__ import annotations
 
 import json
@@ -33,6 +33,10 @@ def data(frames: Frames) -> dict[tuple, Columns]:
                                    "link_gbps": c["link_gbps"], **{s: c[s] for s in STAGES},
                                    "coders": [NAN if n is None else n for n in c["coders"]],
                                    **_speeds(c["cpu_speed"])}
+    for (run,), c in groups(frames.publishes, "run").items():
+        for kind, column in (("rank_bytes", "rank_bytes"), ("pulled_bytes", "worker_pulled_bytes")):
+            for who, series in _per_party(c["step"], c.get(column, [])).items():
+                out[(kind, run, who)] = series
     for (run,), c in groups(frames.encodings, "run").items():
         steps = sorted(set(c["step"]))
         cols: Columns = {"step": steps}
@@ -45,6 +49,18 @@ def data(frames: Frames) -> dict[tuple, Columns]:
     for (run, worker), c in groups(frames.lag, "run", "worker").items():
         out[("lag", run, worker)] = {"step": c["step"], "mean_lag": c["mean_lag"],
                                      "max_lag": c["max_lag"]}
+    return out
+
+
+def _per_party(steps: list, records: list) -> dict[str, Columns]:
+    """JSON {party: bytes} per publish (a trainer rank's pushes, an engine's pull) -> one MB
+    series per party; a publish without the record (older runs, one trainer) is skipped."""
+    out: dict[str, Columns] = {}
+    for step, record in zip(steps, records):
+        for party, nbytes in (json.loads(record) if isinstance(record, str) else {}).items():
+            series = out.setdefault(party, {"step": [], "mb": []})
+            series["step"].append(step)
+            series["mb"].append(nbytes / 1e6)
     return out
 
 
@@ -97,6 +113,13 @@ def layout(sources: Sources):
                              "e.g. where /dev/shm had no room)", "processes")
         lines(coders, coded, "coders")
         figs.append(coders)
+    for kind, title in (("rank_bytes", "Bytes each trainer rank pushed (a megatron group: r<tp>.<pp>.<dp>)"),
+                        ("pulled_bytes", "Bytes each engine pulled")):
+        parties = pick(sources, kind)
+        if parties:
+            fig = step_figure(title, "MB")
+            lines(fig, {label(key, len(runs)): src for key, src in parties.items()}, "mb")
+            figs.append(fig)
     total = step_figure("Publish seconds (encode, relay, pull, reload)", "seconds")
     lines(total, runs, "publish_s")
     rate = step_figure("Publish rate", "MB/s")
