@@ -63,6 +63,10 @@ class StackConfig(Strict):
     serving_mode: Literal["rose", "static_partition", "preemption", "prefix", "unaware"] = "rose"
     serving_slo_ttft_s: float | None = Field(None, gt=0)
     serving_slo_tpot_s: float | None = Field(None, gt=0)
+    # serving endpoints' API keys: a file of keys, one per line (and ROSE_SERVING_API_KEY, read
+    # by `rose up`); none: open, as on the local stack's 127.0.0.1. Paths answered without a key:
+    serving_api_keys_file: Path | None = None
+    serving_open_paths: list[str] = ["/health", "/metrics"]
 
     @model_validator(mode="after")
     def _check_slo(self) -> "StackConfig":

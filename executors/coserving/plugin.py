@@ -29,9 +29,12 @@ class CoServingPlugin(WorkerPlugin):
     name = PLUGIN
 
     def __init__(self, serving_model_dir: str | Path, rollout_model_dir: str | Path,
-                 endpoint: bool = True, **config) -> None:
+                 endpoint: bool = True, api_keys: tuple[str, ...] = (),
+                 open_paths: tuple[str, ...] | None = None, **config) -> None:
         self.serving_model_dir, self.rollout_model_dir = str(serving_model_dir), str(rollout_model_dir)
         self.endpoint = endpoint
+        # the endpoint's API keys (executors/coserving/endpoint/api_keys.py); never logged
+        self.api_keys, self.open_paths = tuple(api_keys), open_paths
         self.config = dict(config)  # CoServingConfig fields (mode, slo, kv_blocks, ...)
         self.executor = None
         self.endpoint_url: str | None = None
@@ -54,8 +57,10 @@ class CoServingPlugin(WorkerPlugin):
             from executors.coserving.endpoint.app import start_endpoint
 
             try:
+                paths = {} if self.open_paths is None else {"open_paths": tuple(self.open_paths)}
                 ep = start_endpoint(self.executor, cfg.serving_model_dir, worker=worker.name,
-                                    port=int(os.environ.get(PORT_ENV, "0")))
+                                    port=int(os.environ.get(PORT_ENV, "0")), api_keys=self.api_keys,
+                                    **paths)
             except BaseException:
                 self.executor.close()
                 self.executor = None

@@ -114,6 +114,16 @@ def http_sender(endpoints: list[str], model: str, client, temperature: float = 0
     return send
 
 
+def auth_headers() -> dict[str, str]:
+    """The serving endpoints' key (ROSE_SERVING_API_KEY), as a client sends it; none if unset."""
+    import os
+
+    from executors.coserving.endpoint.api_keys import KEY_ENV
+
+    key = os.environ.get(KEY_ENV, "").strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def replay_over_http(requests: list[ReplayRequest], endpoints: list[str], model: str,
                      vocab_size: int, seed: int = 0,
                      stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
@@ -122,8 +132,8 @@ def replay_over_http(requests: list[ReplayRequest], endpoints: list[str], model:
 
     async def go():
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10),
-                                     limits=limits) as client:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10), limits=limits,
+                                     headers=auth_headers()) as client:
             return await replay(requests, http_sender(endpoints, model, client), vocab_size,
                                 seed, stop=stop)
 

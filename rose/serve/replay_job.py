@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rose.config import data_dir
-from rose.serve.replay import replay_over_http, summarize, write_results
+from rose.serve.replay import auth_headers, replay_over_http, summarize, write_results
 from rose.serve.trace import (DEFAULT_TRACE, Scaling, load_trace, peak_window_start, plan,
                               trace_notice)
 
@@ -18,7 +18,7 @@ from rose.serve.trace import (DEFAULT_TRACE, Scaling, load_trace, peak_window_st
 def endpoint_model(url: str) -> dict:
     """The served model's name, context and vocabulary, from GET /v1/models."""
     try:
-        resp = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10)
+        resp = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=10, headers=auth_headers())
         resp.raise_for_status()
         return resp.json()["data"][0]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from distributed import Client
 
+from executors.coserving.endpoint.api_keys import load_keys
 from executors.coserving.plugin import (CoServingPlugin, serving_endpoint, serving_slo,
                                         set_serving_slo)
 from executors.policies.slo_admission import SLOConfig
@@ -23,7 +24,8 @@ def coserving_plugin(models: ModelsConfig, stack: StackConfig) -> CoServingPlugi
     if stack.serving_slo_ttft_s is not None and stack.serving_slo_tpot_s is not None:
         slo = SLOConfig(ttft_s=stack.serving_slo_ttft_s, tpot_s=stack.serving_slo_tpot_s)
     return CoServingPlugin(models.serving_path(), models.policy_path(), mode=stack.serving_mode,
-                           slo=slo)
+                           slo=slo, api_keys=load_keys(stack.serving_api_keys_file),
+                           open_paths=tuple(stack.serving_open_paths))
 
 
 def serving_workers(client: Client) -> list[str]:

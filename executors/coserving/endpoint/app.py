@@ -23,6 +23,7 @@ from executors.coserving.endpoint.protocol import (APIError, ChatBody, Completio
                                        chat_prompt, check_model, completion_prompt, finish_reason,
                                        full_response, parse_body, stream_chunk, to_generation,
                                        usage)
+from executors.coserving.endpoint.api_keys import OPEN_BY_DEFAULT, authorized, presented_key
 from executors.coserving.endpoint.metrics import EndpointMetrics
 from executors.coserving.endpoint.server import ServingEndpoint
 from executors.coserving.endpoint.state import MAX_IN_FLIGHT, EndpointState, ServingExecutor
@@ -147,9 +148,23 @@ async def _respond_admitted(state: EndpointState, kind: str, gen: Generation, ro
                              headers={"Cache-Control": "no-cache"})
 
 
-def build_app(state: EndpointState) -> FastAPI:
+def build_app(state: EndpointState, api_keys: tuple[str, ...] = (),
+              open_paths: tuple[str, ...] = OPEN_BY_DEFAULT) -> FastAPI:
+    """The endpoint's routes; with `api_keys`, every path but `open_paths` needs one of them
+    (executors/coserving/endpoint/api_keys.py): 401 with OpenAI's error body otherwise."""
     app = FastAPI(title="ROSE serving endpoint", docs_url=None, redoc_url=None)
     app.state.endpoint = state  # what it admitted, for tests and probes
+
+    @app.middleware("http")
+    async def _api_key(request: Request, call_next):
+        if api_keys and request.url.path not in open_paths and \
+                not authorized(request.headers.get("authorization"), api_keys):
+            state.metrics.count(request.url.path, 401)
+            missing = presented_key(request.headers.get("authorization")) is None
+            err = APIError(401, "missing API key: send `Authorization: Bearer <key>`" if missing
+                           else "incorrect API key provided", code="invalid_api_key")
+            return JSONResponse(err.body(), status_code=401)
+        return await call_next(request)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -212,10 +227,11 @@ def _model_facts(model_dir: Path) -> tuple[int, int]:
 def start_endpoint(executor: ServingExecutor, serving_model_dir: str | Path,
                    worker: str = "serving-0", model_name: str | None = None,
                    max_model_len: int | None = None, port: int = 0,
-                   max_in_flight: int = MAX_IN_FLIGHT) -> ServingEndpoint:
+                   max_in_flight: int = MAX_IN_FLIGHT, api_keys: tuple[str, ...] = (),
+                   open_paths: tuple[str, ...] = OPEN_BY_DEFAULT) -> ServingEndpoint:
     """Start (or return) this worker's endpoint; the served model name defaults to the model
     directory's name; max_model_len defaults to the executor's (cfg.max_model_len), else the
-    model's."""
+    model's; `api_keys`/`open_paths`: see build_app."""
     if worker in _ENDPOINTS:
         return _ENDPOINTS[worker]
     from transformers import AutoTokenizer
@@ -228,7 +244,8 @@ def start_endpoint(executor: ServingExecutor, serving_model_dir: str | Path,
     state = EndpointState(executor, tokenizer, model_name or model_dir.name,
                           int(max_model_len or engine_context or context), vocab,
                           EndpointMetrics(executor), max_in_flight)
-    _ENDPOINTS[worker] = endpoint = ServingEndpoint(build_app(state), port=port)
+    _ENDPOINTS[worker] = endpoint = ServingEndpoint(build_app(state, tuple(api_keys), tuple(open_paths)),
+                                                    port=port)
     return endpoint
 
 
