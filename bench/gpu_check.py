@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.result_file import print_table, write_result  # noqa: E402
-from bench.train_backends import SHAPES, _policy, _turns  # noqa: E402
+from bench.train_backends import SHAPES, synthetic_turns, write_policy  # noqa: E402
 
 LOSS_RTOL = 3e-2  # bf16 compute against fp32: ~3 significant digits
 WEIGHT_ATOL = 5e-4  # one step at lr 1e-4: an update differs by at most about lr x a few
@@ -39,7 +39,7 @@ def _rank(_: int, device: str, policy: str, out: str, port: int) -> None:
     join(0, cfg.train.parallel, "127.0.0.1", port, device)
     try:
         trainer = MegatronTrainer(cfg, device)
-        stats = trainer.train_step(_turns(1, int(trainer.hf_config.vocab_size)))
+        stats = trainer.train_step(synthetic_turns(1, int(trainer.hf_config.vocab_size)))
         weights = trainer.local_weights(torch.float32)
         result = {"loss": stats["loss"], "grad_norm": stats["grad_norm"],
                   "weights": {n: t.cpu() for n, t in weights.items()},
@@ -84,7 +84,7 @@ def main() -> None:
         sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        policy = _policy(Path(tmp) / "policy", SHAPES["demo"])
+        policy = write_policy(Path(tmp) / "policy", SHAPES["demo"])
         for device in ("cpu", "cuda"):
             mp.spawn(_rank, args=(device, str(policy), tmp, free_port()), nprocs=1, join=True)
         cpu, cuda = (torch.load(Path(tmp) / f"{d}.pt") for d in ("cpu", "cuda"))

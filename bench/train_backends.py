@@ -35,7 +35,7 @@ SHAPES = {  # Qwen3 dims: the demo policy (rose/models/build.py) and a ~100M-par
 BACKENDS = {"hf": None, "megatron-tp1": (1, 1), "megatron-tp2": (2, 1)}  # -> (tp, pp)
 
 
-def _policy(path: Path, dims: dict) -> Path:
+def write_policy(path: Path, dims: dict) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -45,7 +45,7 @@ def _policy(path: Path, dims: dict) -> Path:
     return path
 
 
-def _turns(step: int, vocab: int, trajectories: int = 8):
+def synthetic_turns(step: int, vocab: int, trajectories: int = 8):
     """A step's synthetic turns: two turns per trajectory, prompts of 48-96 tokens, responses
     of 24-56, advantages of both signs; every other trajectory's second turn one version
     behind, so its TIS weight (and the loss) depends on the weights being trained."""
@@ -93,7 +93,7 @@ def _rank(rank: int, backend: str, policy: str, data: str, port: int, steps: int
         times, losses = [], []
         for step in range(1, steps + 2):
             t0 = time.perf_counter()
-            stats = trainer.train_step(_turns(step, vocab))
+            stats = trainer.train_step(synthetic_turns(step, vocab))
             times.append(time.perf_counter() - t0)
             losses.append(stats["loss"])
         params = sum(p.numel() for p in trainer.model.parameters())
@@ -113,7 +113,7 @@ def run(shape: str, backend: str, steps: int, root: Path) -> list[dict]:
 
     policy = root / f"policy-{shape}"
     if not policy.exists():
-        _policy(policy, SHAPES[shape])
+        write_policy(policy, SHAPES[shape])
     out = root / f"{shape}-{backend}"
     out.mkdir()
     world = 1 if BACKENDS[backend] is None else BACKENDS[backend][0] * BACKENDS[backend][1]

@@ -146,8 +146,25 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
 
 def load_latest_checkpoint(dir: Path | str) -> Checkpoint | None:
     """The newest checkpoint under `dir`, or None if there is none."""
-    dirs = _step_dirs(Path(dir))
-    return load_checkpoint(dirs[-1][1]) if dirs else None
+    latest = latest_of_format(dir, FORMAT)
+    return load_checkpoint(latest[1]) if latest else None
+
+
+def latest_of_format(dir: Path | str, fmt: object) -> tuple[int, Path, dict[str, Any]] | None:
+    """(step, path, meta.json) of the newest checkpoint under `dir`, or None; a ValueError when
+    another trainer backend wrote it (its meta.json names another format)."""
+    latest = latest_step_dir(dir)
+    if latest is None:
+        return None
+    step, path = latest
+    try:
+        info = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpoint(f"checkpoint {path} unreadable: {type(e).__name__}: {e}") from None
+    if info.get("format") != fmt:
+        raise ValueError(f"checkpoint {path} was written by another trainer backend (format "
+                         f"{info.get('format')!r}): resume the run with the train.backend that wrote it")
+    return step, path, info
 
 
 def checkpoint_steps(dir: Path | str) -> list[int]:

@@ -141,14 +141,13 @@ def publish_group(client, cfg: RunConfig, version: int) -> PublishReport:
     layout's ranks, storage/shards/grain.py), then one commit makes it visible. The digest the
     engines are checked against is the whole model's, assembled here from the ranks' slices."""
     t0 = time.perf_counter()
-    specs = policy_full_specs(cfg)
+    specs, layout = policy_full_specs(cfg), trainer_layout(cfg)
     pushed = on_ranks(client, cfg, publish_rank, version, specs)
-    commit_sharded(shared_relay(cfg.stack.relay), cfg.run_id, version, trainer_layout(cfg), specs)
-    layout = trainer_layout(cfg).trainer
+    commit_sharded(shared_relay(cfg.stack.relay), cfg.run_id, version, layout, specs)
     full = {}
     for p in specs:  # bf16 travels through Dask as its int16 bits
         held = {rank[0]: w[p.name].view(torch.bfloat16) for _, w, rank in pushed if p.name in w and rank[2] == 0}
-        full[p.name] = assemble([held[t] for t in range(layout.tp)], p.rule, p.shape)
+        full[p.name] = assemble([held[t] for t in range(layout.trainer.tp)], p.rule, p.shape)
     reports = [r for parts, _, _ in pushed for _, r in sorted(parts.items())]
     report = PublishReport.combine(version, reports, tensors_digest(full), time.perf_counter() - t0)
     report.rank_bytes = {"r{}.{}.{}".format(*rank): sum(r.pushed_bytes for r in parts.values())
@@ -162,7 +161,7 @@ def publish_rank(cfg: RunConfig, version: int, specs: list) -> tuple[dict, dict,
     weights = weights_of(cfg.run_id, version)
     pub = sharded_publisher(cfg, specs, rank=trainer.layout_rank)
     parts = pub.publish(version, weights)
-    bits = {n: t.view(torch.int16) for n, t in weights.items()} if trainer.dp_rank == 0 else {}
+    bits = {n: t.view(torch.int16) for n, t in weights.items()} if trainer.layout_rank[2] == 0 else {}
     return parts, bits, trainer.layout_rank
 
 

@@ -102,7 +102,7 @@ def train(cfg: RunConfig, step: int) -> dict:
 def train_here(cfg: RunConfig, step: int) -> dict:
     """The step's update by this process's trainer (a megatron group's rank: every rank runs it)."""
     trainer = local_trainer(cfg.run_id)
-    lead = getattr(trainer, "layout_rank", (0, 0, 0)) == (0, 0, 0)
+    lead = trainer.layout_rank == (0, 0, 0)
     if trainer.version == step:  # resumed after this step's update: do not apply it twice
         metrics = {**_recorded(cfg, step), "resumed": True}
         keep_snapshot(cfg, trainer)

@@ -53,8 +53,7 @@ def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> Non
         trainer = MegatronTrainer(cfg)
         stats = [trainer.train_step(step_turns(s, trainer.version)) for s in range(1, steps + 1)]
         torch.save({"stats": stats, "weights": trainer.local_weights(torch.float32),
-                    "rank": (trainer.tp_rank, trainer.rank.pp_rank, trainer.dp_rank)},
-                   os.path.join(out, f"rank{rank}.pt"))
+                    "rank": trainer.layout_rank}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave()
 
@@ -76,7 +75,7 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
             stats.append(trainer.train_step(step_turns(s, trainer.version)))
             trainer.save_checkpoint()
         torch.save({"start": start, "stats": stats, "weights": trainer.local_weights(torch.float32),
-                    "rank": (trainer.tp_rank, trainer.rank.pp_rank, trainer.dp_rank)},
+                    "rank": trainer.layout_rank},
                    os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave()

@@ -49,5 +49,6 @@ def test_hf_trainer_refuses_a_megatron_checkpoint(tmp_path, monkeypatch) -> None
     step = cfg.run_dir() / "checkpoints" / "step-00000001"
     step.mkdir(parents=True)
     (step / "shard-t0-p0.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="written by train.backend megatron"):
+    (step / "meta.json").write_text('{"format": "rose-megatron", "step": 1}')
+    with pytest.raises(ValueError, match="written by another trainer backend .format 'rose-megatron'"):
         Trainer(cfg)

@@ -26,6 +26,11 @@ class MicroBatch:
     stale: torch.Tensor  # [B, T-1]
     size: int
 
+    def to(self, device: str | torch.device) -> "MicroBatch":
+        """The same micro-batch on `device` (moved once, before its forward passes)."""
+        return MicroBatch(*(t.to(device) for t in (self.ids, self.attn, self.mask, self.advantages,
+                                                   self.rollout_logprobs, self.stale)), self.size)
+
 
 def samples_from_turns(turns: pa.Table, version: int) -> tuple[list[Sample], int]:
     """(samples sorted by length, trajectories seen) from a step's turn rows (with `advantage`

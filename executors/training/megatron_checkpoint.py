@@ -13,14 +13,14 @@ every rank has written. Needs a directory every rank sees (one host, or a shared
 """
 from __future__ import annotations
 
-import json
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from storage.checkpoints import commit_partial, latest_step_dir, new_partial
+from storage.checkpoints import commit_partial, latest_of_format, new_partial
 from storage.shards.layout import stages_of
 from storage.shards.plan import assemble
 from storage.shards.rules import infer_rule
@@ -66,18 +66,14 @@ def save(trainer, root: Path, keep: int) -> Path:
     return Path(final[0])
 
 
-def _full(path: Path, meta: dict, names: list[str], prefix: str, hf_config) -> dict[str, torch.Tensor]:
-    """Full tensors of `names` (under `prefix`) assembled from the saved shards holding them."""
-    from safetensors import safe_open
-
+def _full(shards: dict, meta: dict, names: list[str], prefix: str, hf_config) -> dict[str, torch.Tensor]:
+    """Full tensors of `names` (under `prefix`) assembled from the saved shards holding them
+    (`shards`: (tp, pp) -> the open file)."""
     lay = meta["layout"]
     out = {}
     for name in names:
         stage = stages_of(name, meta["num_layers"], lay["pp"], meta["tied"])[0]
-        parts = []
-        for t in range(lay["tp"]):
-            with safe_open(str(path / _file(t, stage)), "pt") as f:
-                parts.append(f.get_tensor(f"{prefix}/{name}"))
+        parts = [shards[t, stage].get_tensor(f"{prefix}/{name}") for t in range(lay["tp"])]
         rule = infer_rule(name, tuple(parts[0].shape), None, hf_config)
         shape = list(parts[0].shape)
         if rule.dim is not None:  # megatron splits evenly
@@ -89,21 +85,22 @@ def _full(path: Path, meta: dict, names: list[str], prefix: str, hf_config) -> d
 def resume(trainer, root: Path) -> int | None:
     """Load the newest checkpoint under root into the trainer, whatever layout saved it; the
     version it holds, or None when there is none (called on every rank)."""
-    latest = latest_step_dir(root)
+    latest = latest_of_format(root, FORMAT)
     if latest is None:
         return None
-    step, path = latest
-    info = json.loads((path / "meta.json").read_text())
-    if info.get("format") != FORMAT:
-        raise ValueError(f"checkpoint {path} was written by the {info.get('format')!r} trainer, not "
-                         "train.backend megatron: resume it with the backend that wrote it")
+    step, path, info = latest
+    from safetensors import safe_open
+
     meta, rank = info["meta"], trainer.rank
     names = rank.hf_names()
     params = dict(trainer.model.named_parameters())
-    with torch.no_grad():
-        for name, t in rank.local_megatron(_full(path, meta, names, "param", trainer.hf_config)).items():
+    lay = meta["layout"]
+    with ExitStack() as files, torch.no_grad():
+        shards = {(t, p): files.enter_context(safe_open(str(path / _file(t, p)), "pt"))
+                  for t in range(lay["tp"]) for p in range(lay["pp"])}
+        for name, t in rank.local_megatron(_full(shards, meta, names, "param", trainer.hf_config)).items():
             params[name].copy_(t)
-        moments = {m: rank.local_megatron(_full(path, meta, names, m, trainer.hf_config)) for m in MOMENTS}
+        moments = {m: rank.local_megatron(_full(shards, meta, names, m, trainer.hf_config)) for m in MOMENTS}
     if meta["optimizer_steps"]:
         for name, p in params.items():
             trainer.optimizer.state[p] = {"step": torch.tensor(float(meta["optimizer_steps"])),

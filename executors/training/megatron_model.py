@@ -5,6 +5,7 @@ initialised (executors/training/process_group.py).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -134,6 +135,7 @@ class RankModel:
         return to_hf(held, self.heads.local(self.par.tp), self.layer_offset, tied=self.tied)
 
 
+@functools.cache
 def _host_gpt():
     """GPTModel for a CPU trainer: megatron-core gives the last pipeline stage the first
     stage's tied embedding through a CUDA all-reduce at construction; here both stages load it
@@ -164,10 +166,3 @@ def _rope_on_cpu(rope: Any) -> None:
         return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
 
     rope.get_emb = get_emb
-
-
-def _global_name(name: str, offset: int) -> str:
-    if name.startswith("decoder.layers."):
-        i, rest = name[len("decoder.layers."):].split(".", 1)
-        return f"decoder.layers.{int(i) + offset}.{rest}"
-    return name

@@ -60,8 +60,6 @@ class MegatronTrainer:
     Hugging Face Trainer: train_step, version, local weights to publish, checkpoints)."""
 
     def __init__(self, cfg: RunConfig, device: str = "cpu") -> None:
-        from megatron.core import parallel_state as ps
-
         policy_dir = cfg.models.policy_path()
         if not (policy_dir / "config.json").is_file():
             raise FileNotFoundError(f"policy model {policy_dir} missing: run `rose models build`")
@@ -82,8 +80,6 @@ class MegatronTrainer:
                                            betas=(0.9, 0.999), weight_decay=0.0)
         self.pad_id = int(getattr(self.hf_config, "pad_token_id", None) or 0)
         self.version = 0
-        self.dp_rank, self.dp = ps.get_data_parallel_rank(), cfg.train.parallel.dp
-        self.tp_rank = ps.get_tensor_model_parallel_rank()
         self._replicated = {n for n, p in self.model.named_parameters() if self._is_replicated(n, p)}
         self.checkpoint_dir = cfg.run_dir() / "checkpoints"
         held = megatron_checkpoint.resume(self, self.checkpoint_dir)
@@ -111,19 +107,20 @@ class MegatronTrainer:
     @property
     def layout_rank(self) -> tuple[int, int, int]:
         """(tp, pp, dp) rank: the publish layout's name for this rank."""
-        return self.tp_rank, self.rank.pp_rank, self.dp_rank
+        return self.rank.tp_rank, self.rank.pp_rank, self.rank.dp_rank
 
     # ---- GRPO ----
     def _logprobs(self, stage: Stage, mb: MicroBatch) -> torch.Tensor | None:
         logits = stage.forward(mb)
-        return None if logits is None else token_logprobs(logits, mb.ids.to(logits.device)).cpu()
+        return None if logits is None else token_logprobs(logits, mb.ids)
 
     def train_step(self, turns: pa.Table) -> dict:
         """One GRPO update across the group; every rank returns the same stats."""
         t0 = time.perf_counter()
         train = self.cfg.train
         samples, n_traj = samples_from_turns(turns, self.version)
-        batches = [pad(b, self.pad_id) for b in micro_batches(samples, train.micro_batch)[self.dp_rank::self.dp]]
+        mine = micro_batches(samples, train.micro_batch)[self.rank.dp_rank::train.parallel.dp]
+        batches = [pad(b, self.pad_id).to(self.device) for b in mine]
         stats: dict[str, float] = defaultdict(float)
         last = self.stage.last
         old = [self._logprobs(self.stage, mb) for mb in batches]
@@ -142,11 +139,8 @@ class MegatronTrainer:
 
                 def loss_fn(logits: torch.Tensor, mb=mb, old_lp=old_lp, ref_lp=ref_lp, w=w,
                             share=share) -> torch.Tensor:
-                    logp = token_logprobs(logits, mb.ids.to(logits.device))
-                    dev = logp.device
-                    loss, ls = grpo_loss(logp, old_lp.to(dev), mb.advantages.to(dev), mb.mask.to(dev),
-                                         train.clip_eps, None if ref_lp is None else ref_lp.to(dev),
-                                         train.kl_coef, is_weights=w.to(dev))
+                    loss, ls = grpo_loss(token_logprobs(logits, mb.ids), old_lp, mb.advantages, mb.mask,
+                                         train.clip_eps, ref_lp, train.kl_coef, is_weights=w)
                     stats["loss"] += ls.loss * share
                     stats["clip_fraction"] += ls.clip_fraction * share
                     stats["kl"] += ls.kl * share
@@ -175,7 +169,7 @@ class MegatronTrainer:
         for name, p in self.model.named_parameters():
             if p.grad is None:  # a replica with no micro-batch this step still takes part
                 p.grad = torch.zeros_like(p)
-            if self.dp > 1:
+            if self.cfg.train.parallel.dp > 1:
                 dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
             if self.cfg.train.parallel.tp > 1 and ("q_layernorm" in name or "k_layernorm" in name):
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
@@ -190,7 +184,7 @@ class MegatronTrainer:
 
         squares = torch.zeros((), dtype=torch.float64)
         for name, p in self.model.named_parameters():
-            duplicate = (name in self._replicated and self.tp_rank != 0) or (
+            duplicate = (name in self._replicated and self.rank.tp_rank != 0) or (
                 name == "output_layer.weight" and self.rank.tied and not self.stage.first)
             if not duplicate:
                 squares += p.grad.detach().double().pow(2).sum().cpu()
@@ -204,7 +198,7 @@ class MegatronTrainer:
 
     def _gather_stats(self, stats: dict[str, float], n_samples: int) -> dict:
         """The loss-side stats live on the last stage's TP rank 0 of each replica: summed."""
-        mine = self.stage.last and self.tp_rank == 0
+        mine = self.stage.last and self.rank.tp_rank == 0
         vec = torch.tensor([stats.get(k, 0.0) if mine else 0.0 for k in _STATS], dtype=torch.float64)
         dist.all_reduce(vec)
         out = dict(zip(_STATS, vec.tolist()))

@@ -42,7 +42,7 @@ class Stage:
             dist.recv(received, self.prev)
             received.requires_grad_(grad)
         self.model.set_input_tensor(received)
-        ids = mb.ids.to(self.device)
+        ids = mb.ids
         positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, -1)
         # on CUDA: bf16 compute over the fp32 master weights; activations cross stages in fp32
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):

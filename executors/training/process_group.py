@@ -1,6 +1,6 @@
 """One trainer group: torch.distributed (gloo on CPU, NCCL on CUDA) and megatron-core's TP/PP/DP
-groups over it, plus the places megatron-core assumes CUDA at run time (its scratch buffer, the RNG tracker, the
-checkpoint writer's copy to host), made to run on a CPU trainer (the model's own: RankModel).
+groups over it, plus the places megatron-core assumes CUDA at run time (its scratch buffer, the RNG tracker),
+made to run on a CPU trainer (the model's own: RankModel).
 
 The group is joined at an address and port the caller agrees on (the stack's trainer workers
 agree through the Dask scheduler: executors/workers/train_group.py).
@@ -33,7 +33,6 @@ def join(rank: int, par: TrainParallel, addr: str, port: int, device: str = "cpu
 
     if device == "cpu":
         _cpu_buffers(ps)
-        _host_checkpoint_writer()
         # dropout is 0 (GRPO on a policy): no CUDA RNG state needed, forks are no-ops
         mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     else:
@@ -61,18 +60,3 @@ def _cpu_buffers(ps) -> None:
 
     ps._GLOBAL_MEMORY_BUFFER = HostBuffer()
 
-
-def _host_checkpoint_writer() -> None:
-    """The distributed checkpoint writer copies tensors to host memory asynchronously, then
-    waits on CUDA; a CPU trainer's tensors are there already: copy synchronously."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
-
-    preload = fa.FileSystemWriterAsync.preload_tensors
-    if getattr(preload, "rose_host", False):
-        return
-
-    def host_preload(write_buckets, non_blocking=True):
-        return preload(write_buckets, non_blocking=False)
-
-    host_preload.rose_host = True
-    fa.FileSystemWriterAsync.preload_tensors = staticmethod(host_preload)

@@ -12,6 +12,7 @@ version. Shard rules come from the parameter names and the policy's config.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import threading
 import time
 from collections.abc import Iterable
@@ -65,13 +66,6 @@ def trainer_publisher(relay_kind: str, run: str, bucket_bytes: int, sparse: bool
     return pub
 
 
-def policy_specs(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> list[ParamSpec]:
-    """Each weight's shard rule, from its HF name and the policy's config (heads, groups)."""
-    model_cfg = _model_config(str(cfg.models.policy_path()))
-    return param_specs(weights.items(), {n: infer_rule(n, tuple(t.shape), None, model_cfg)
-                                         for n, t in weights.items()})
-
-
 @functools.lru_cache(maxsize=8)
 def _model_config(path: str):
     """The policy's HF config, read once per process (publish runs every step)."""
@@ -88,21 +82,36 @@ def trainer_layout(cfg: RunConfig) -> PublishLayout:
     return PublishLayout(trainer, cfg.publish.shard_split or 1)
 
 
+def policy_specs(cfg: RunConfig, weights: dict[str, torch.Tensor]) -> list[ParamSpec]:
+    """Each weight's shard rule, from its HF name and the policy's config (heads, groups): a
+    one-process trainer holds every weight whole, so its shapes are the full ones."""
+    model_cfg = _model_config(str(cfg.models.policy_path()))
+    return param_specs(weights.items(), {n: infer_rule(n, tuple(t.shape), None, model_cfg)
+                                         for n, t in weights.items()})
+
+
 def policy_full_specs(cfg: RunConfig) -> list[ParamSpec]:
-    """Every published parameter's full shape and shard rule, from the policy's checkpoint
-    (a trainer rank holds only slices); the same list on every rank."""
+    """Every published parameter's full shape and shard rule (from its HF name and the
+    policy's config: heads, groups), read from the policy's checkpoint, since a trainer rank
+    holds only slices; the same list on every rank and in every process."""
+    return list(_policy_specs(str(cfg.models.policy_path())))
+
+
+@functools.lru_cache(maxsize=8)
+def _policy_specs(path: str) -> tuple[ParamSpec, ...]:
+    """The checkpoint's shapes, read once per process (publish runs every step)."""
     from safetensors import safe_open
 
-    model_cfg = _model_config(str(cfg.models.policy_path()))
+    model_cfg = _model_config(path)
     specs = []
-    for f in sorted(cfg.models.policy_path().glob("*.safetensors")):
+    for f in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(f), "pt") as st:
             for name in st.keys():
                 if name == "lm_head.weight" and getattr(model_cfg, "tie_word_embeddings", False):
                     continue
                 shape = tuple(st.get_slice(name).get_shape())
                 specs.append(ParamSpec(name, shape, infer_rule(name, shape, None, model_cfg)))
-    return sorted(specs, key=lambda p: p.name)
+    return tuple(sorted(specs, key=lambda p: p.name))
 
 
 def sharded_publisher(cfg: RunConfig, specs: list[ParamSpec], serve: bool = True,

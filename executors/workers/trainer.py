@@ -47,6 +47,7 @@ class Trainer:
             self.reference.eval().requires_grad_(False)
         self.pad_id = int(self.model.config.pad_token_id or 0)
         self.version = 0  # = number of completed train steps
+        self.layout_rank = (0, 0, 0)  # (tp, pp, dp): one process holds the whole model
         self.checkpoint_dir = cfg.run_dir() / "checkpoints"
         self._resume()
 
@@ -54,12 +55,6 @@ class Trainer:
     def _resume(self) -> None:
         from storage.checkpoints import load_latest_checkpoint
 
-        from storage.checkpoints import latest_step_dir
-
-        latest = latest_step_dir(self.checkpoint_dir)
-        if latest is not None and (latest[1] / "shard-t0-p0.safetensors").exists():
-            raise ValueError(f"checkpoint {latest[1]} was written by train.backend megatron: resume "
-                             "this run with the backend that wrote it")
         ckpt = load_latest_checkpoint(self.checkpoint_dir)
         if ckpt is None:
             return
