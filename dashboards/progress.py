@@ -70,6 +70,8 @@ def serving_users_table(users, summaries: list[dict], alone=None,
     refused = sum(r.get("refused", 0) for r in rows.values())
     table.caption = (f"rollout tokens generated on the serving workers: {borrowed:.0%}; "
                      f"users refused (503): {refused}"
+                     + (f"\nwhile lent, users replay the serving-alone {first_s:.0f} s back to back"
+                        if alone is not None else "")
                      + (f"\nSLO {slo_note}" if slo_note else ""))
     return table, {"rows": rows, "borrowed_share": borrowed, "slo": slo, "slo_derivation": slo_note}
 

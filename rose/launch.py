@@ -45,12 +45,10 @@ def ensure_stack(cfg: RunConfig, console: Console):
 def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
     """Serving workers co-serve from the start: their engines and endpoints come up with the
     stack (a no-op when they already run); the endpoint URLs go into the stack file."""
-    from distributed import Client
-
     from rose.stack.local_stack import write_stack
     from rose.stack.serving import serving_workers, start_serving
 
-    with Client(handle.dask_scheduler, timeout=30) as client:
+    with handle.scheduler().client() as client:
         if not serving_workers(client):
             return {}
         with console.status("serving workers: building the serving + rollout engines, "
@@ -114,10 +112,13 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
     users = alone = slo_note = None
     if traffic is not None and handle.endpoints:
         endpoints = list(handle.endpoints.values())
+        # the run's users replay the reference window back to back: the traffic the SLO was
+        # derived from, never a later burst serving alone was not measured on
+        reference = BASELINE_S / traffic.time_scale
+        traffic = replace(traffic, period_s=traffic.period_s or reference)
         with console.status(f"serving alone first: the first {BASELINE_S:.0f} s of the same "
                             "traffic, nothing training (the reference for the run)"):
-            alone = BackgroundReplay(endpoints, replace(
-                traffic, window_s=BASELINE_S / traffic.time_scale)).play()
+            alone = BackgroundReplay(endpoints, replace(traffic, window_s=reference)).play()
         slo_note = derive_run_slo(handle, alone, console)
         users = BackgroundReplay(endpoints, traffic)
     with users or nullcontext():
@@ -150,17 +151,14 @@ def derive_run_slo(handle, alone, console: Console):
     """The serving workers hold the run to an SLO serving alone met on this machine just now
     (slo_from_serving_alone over the reference replay's requests; the profile's SLO is the
     floor); the derivation is printed and goes into /metrics as the SLO's source."""
-    from distributed import Client
-
     from executors.policies.slo_admission import slo_from_serving_alone
     from rose.stack.serving import current_slo, hold_serving_slo
 
     ok = [r for r in alone.records if r.ok]
-    with Client(handle.dask_scheduler, timeout=30) as client:
+    with handle.scheduler().client() as client:
         floor = current_slo(client)
         if floor is None or not ok:
             return None
-        _, how = slo_from_serving_alone([r.ttft_s for r in ok], [r.tpot_s for r in ok], floor)
         slo, how = slo_from_serving_alone([r.ttft_s for r in ok], [r.tpot_s for r in ok], floor)
         hold_serving_slo(client, slo, f"serving alone over the run's first {BASELINE_S:.0f} s: {how}")
     console.print(f"[bold]serving SLO[/] for this run: {how}")

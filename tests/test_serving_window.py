@@ -118,3 +118,25 @@ def test_background_plan_plays_the_trace_again_when_the_run_outlasts_it():
     assert sends == sorted(sends) and [r.index for r in looped] == list(range(len(looped)))
     assert 2 * len(once) < len(looped) < 3 * len(once)
     assert looped[len(once)].send_at_s > once[-1].send_at_s  # the second pass follows the first
+
+
+def test_background_plan_loops_the_reference_window_when_given_a_period():
+    """The demo's users replay exactly the window serving alone was measured on, pass after pass."""
+    from rose.serve.background import BackgroundReplay
+
+    users = BackgroundReplay.__new__(BackgroundReplay)  # the plan only: no endpoint here
+    users.model = {"max_model_len": 2048}
+    users.traffic = BackgroundTraffic(period_s=480.0, window_s=480.0)
+    reference = users._plan()
+    users.traffic = BackgroundTraffic(period_s=480.0, window_s=3 * 480.0)
+    looped = users._plan()
+    assert reference and all(r.trace_arrival_s < 480.0 for r in looped)
+    assert len(looped) == 3 * len(reference)
+    period = 480.0 * users.traffic.time_scale
+    for k in range(3):  # each pass is the reference, shifted by whole periods
+        part = looped[k * len(reference):(k + 1) * len(reference)]
+        assert [(r.trace_row, r.prompt_len, r.max_tokens) for r in part] == \
+            [(r.trace_row, r.prompt_len, r.max_tokens) for r in reference]
+        assert [r.send_at_s for r in part] == pytest.approx([r.send_at_s + k * period for r in reference])
+    with pytest.raises(ValueError, match="period_s"):
+        BackgroundTraffic(period_s=0)

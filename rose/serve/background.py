@@ -3,8 +3,10 @@ serving endpoints, in a background thread, until the run ends (`rose demo`, the 
 
 Scaled as bench/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
 `sample`, because on this 2-core machine the replay, the trainer and every worker's engines
-share the cores. The replay runs the trace from its start; a `window_s` longer than the trace
-plays it again, back to back, so a long run never runs out of users.
+share the cores. The replay runs the trace from its start; a `window_s` longer than one pass
+plays it again, back to back, so a long run never runs out of users. A pass is the whole trace,
+or its first `period_s` trace seconds: the demo replays exactly the window it measured serving
+alone on, so the run's users are held to the traffic their SLO was derived from.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class BackgroundTraffic:
     output_scale: float = 1.0
     sample: float = 0.25
     window_s: float = 3600.0  # trace seconds replayed at most (x time_scale of wall time)
+    period_s: float | None = None  # trace seconds of one pass (None: the whole trace)
     seed: int = 0
     trace: Path = DEFAULT_TRACE
 
@@ -32,6 +35,8 @@ class BackgroundTraffic:
         for name in ("time_scale", "length_scale", "output_scale", "window_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"background traffic {name} must be > 0, got {getattr(self, name)}")
+        if self.period_s is not None and self.period_s <= 0:
+            raise ValueError(f"background traffic period_s must be > 0, got {self.period_s}")
         if not 0 < self.sample <= 1:
             raise ValueError(f"background traffic sample must be in (0, 1], got {self.sample}")
 
@@ -52,14 +57,17 @@ class BackgroundReplay:
 
     def _plan(self) -> list[ReplayRequest]:
         t, trace = self.traffic, load_trace(self.traffic.trace)
+        if t.period_s is not None:
+            trace = trace.window(0.0, t.period_s)
         context = int(self.model.get("max_model_len") or 2048)
         once = plan(trace, Scaling(t.time_scale, t.length_scale, t.output_scale, t.sample,
                                    context, t.seed), start_s=0.0)
-        period = trace.span_s * t.time_scale + 1.0  # replay seconds of one pass, and a breath
+        # one pass in trace seconds; without a period, the trace and a breath between passes
+        span = t.period_s if t.period_s is not None else trace.span_s + 1.0 / t.time_scale
         out: list[ReplayRequest] = []
-        for k in range(math.ceil(t.window_s / max(trace.span_s, 1.0))):
-            out += [replace(r, index=len(out) + i, send_at_s=r.send_at_s + k * period)
-                    for i, r in enumerate(once) if r.trace_arrival_s + k * trace.span_s < t.window_s]
+        for k in range(math.ceil(t.window_s / max(span, 1.0))):
+            out += [replace(r, index=len(out) + i, send_at_s=r.send_at_s + k * span * t.time_scale)
+                    for i, r in enumerate(once) if r.trace_arrival_s + k * span < t.window_s]
         return out
 
     def _run(self) -> None:
