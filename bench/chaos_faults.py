@@ -92,7 +92,7 @@ def corrupt_bucket(bed: Bed, progress: Progress, record: dict) -> None:
     as its manifest is in the relay, before the engines pull it; then read back from each
     engine worker how its pull of v1 went."""
     from storage.relay.mooncake import MooncakeRelay
-    from storage.weights.relay_keys import bucket_key, manifest_key
+    from storage.weights.versions import bucket_key, manifest_key
 
     stack = bed.stack()
     relay = MooncakeRelay(stack["mooncake_master"], stack["mooncake_metadata_url"],

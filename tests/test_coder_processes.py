@@ -13,8 +13,7 @@ import storage.weights.sparse_publisher as sparse_publisher
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.arena_files import sweep_dead
 from storage.weights.coder_processes import CoderProcesses, HandedOut, shared_coders
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import bucket_key
+from storage.weights.versions import bucket_key, read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 from storage.weights.tensor_arena import TensorArena, arena_of

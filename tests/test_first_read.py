@@ -8,7 +8,7 @@ from mooncake_fixtures import mooncake, mooncake_pair, ns  # noqa: F401 (fixture
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights import first_read
 from storage.weights.first_read import Layout, read_first
-from storage.weights.publisher import read_manifest
+from storage.weights.versions import read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 from weight_fixtures import Training, run_name, same

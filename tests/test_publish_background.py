@@ -14,7 +14,7 @@ import tasks.publish
 from rose.config import RunConfig
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
-from storage.weights.publisher import latest_version
+from storage.weights.versions import latest_version
 from tasks.publish import publish_and_sync
 
 from test_weight_sync_dask import engines, fake_stack

@@ -12,7 +12,7 @@ import torch
 
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.publisher import publish_weights
-from storage.weights.relay_keys import bucket_key, manifest_key
+from storage.weights.versions import bucket_key, manifest_key
 from storage.weights.sparse_publisher import SparsePublisher
 
 

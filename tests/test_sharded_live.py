@@ -17,7 +17,7 @@ from storage.weights.digest import tensors_digest
 from rose.config import RunConfig
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
-from storage.weights.publisher import read_manifest
+from storage.weights.versions import read_manifest
 from storage.weights.transfer_metrics import transfer_path
 from tasks.publish import publish_and_sync
 from tasks.rollout import resync_from_relay

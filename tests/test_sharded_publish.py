@@ -14,7 +14,7 @@ from storage.shards.grain import PublishLayout, param_objects, rank_parts
 from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, assemble, param_specs, split_full
 from storage.shards.rules import ShardRule, infer_model_rules, infer_rule, megatron_attrs
-from storage.weights.publisher import latest_version
+from storage.weights.versions import latest_version
 from storage.weights.sharded import ShardedPublisher, commit_sharded
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 

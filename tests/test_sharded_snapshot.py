@@ -14,8 +14,7 @@ from storage.shards.grain import PublishLayout
 from storage.shards.layout import ParallelLayout
 from storage.shards.plan import param_specs, split_full
 from storage.shards.rules import infer_model_rules
-from storage.weights.publisher import latest_version, read_manifest
-from storage.weights.relay_keys import bucket_key
+from storage.weights.versions import bucket_key, latest_version, read_manifest
 from storage.weights.sharded import ShardedPublisher
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 

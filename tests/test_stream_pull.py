@@ -9,8 +9,7 @@ import time
 import pytest
 import torch
 
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import announce_key, bucket_key, manifest_key
+from storage.weights.versions import announce_key, bucket_key, manifest_key, read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
 

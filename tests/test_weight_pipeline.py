@@ -15,8 +15,8 @@ from executors.workers.weight_sync import PullAgent
 from storage.relay.base import RelayError, RelayKeyMissing
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.buckets import CorruptBucket, verify_bucket
-from storage.weights.publisher import latest_version, publish_weights, read_manifest
-from storage.weights.relay_keys import bucket_key, manifest_key
+from storage.weights.publisher import publish_weights
+from storage.weights.versions import bucket_key, latest_version, manifest_key, read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher
 

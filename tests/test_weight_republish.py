@@ -11,8 +11,7 @@ import pytest
 
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sparse_publisher import SparsePublisher
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import bucket_key, request_key
+from storage.weights.versions import bucket_key, read_manifest, request_key
 from storage.weights.receiver import WeightReceiver
 
 from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays, skip_without_mooncake  # noqa: F401

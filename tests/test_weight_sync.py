@@ -14,8 +14,8 @@ from storage.delta import DeltaBaseMismatch
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import changed_count
-from storage.weights.publisher import pull_weights, read_manifest
-from storage.weights.relay_keys import bucket_key, manifest_key, request_key
+from storage.weights.publisher import pull_weights
+from storage.weights.versions import bucket_key, manifest_key, read_manifest, request_key
 from storage.weights.receiver import SnapshotUnavailable, WeightReceiver
 
 from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays, skip_without_mooncake  # noqa: F401

@@ -3,6 +3,7 @@
 sharded_receiver.py, with the one full-snapshot wait both receivers share in snapshot_wait.py;
 stream_pull.py applies a delta's buckets while it is still being published; first_read.py
 reads a small version's manifest and buckets in one round trip),
+a run's versions in the relay: their keys, manifests and commit (versions.py),
 the weights digest both sides check (digest.py), and per-step transfer metrics. May import the
 other storage packages (relay, delta, shards); nothing imports it from inside storage.
 """

@@ -36,7 +36,7 @@ from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_
 from storage.weights.digest import tensor_hash
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
-from storage.weights.relay_keys import bucket_key
+from storage.weights.versions import bucket_key
 from storage.weights.spans import SpanHashes, SpanTargets, decode_entry, entry_bytes
 
 _POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandoned

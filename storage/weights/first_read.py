@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 from storage.relay.base import Relay
 from storage.weights.buckets import CorruptBucket, Manifest
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import bucket_key, manifest_key
+from storage.weights.versions import bucket_key, manifest_key, read_manifest
 
 GUESS_BYTES = 16 << 20  # read whole with the manifest up to this size (each value is copied)
 MANIFEST_SLOT = (16 << 10, 1 << 10)  # room guessed for a manifest: base + per entry held
@@ -47,7 +46,7 @@ def read_first(relay: Relay, run: str, version: int, guess: Layout | None
                ) -> tuple[Manifest, dict[int, memoryview]]:
     """The verified manifest of `version` and the buckets read with it (by index; none
     without a guess, a guess over GUESS_BYTES, or a relay without batched reads). Errors as
-    publisher.read_manifest's: a manifest missing or unreadable is read again that way."""
+    versions.read_manifest's: a manifest missing or unreadable is read again that way."""
     values: list[memoryview | None] = []
     limits = guess.limits() if guess is not None and guess.buckets else []
     if limits and sum(limits) <= GUESS_BYTES:

@@ -1,8 +1,9 @@
 """Publish policy weights through a relay, and pull them back bit-exactly.
 
-The relay keys a version is written under: storage/weights/relay_keys.py (the manifest is
-written last: a version is complete once it exists). Each payload carries its `encoding` in
-the entry metadata with dtype and shape ("raw", "rsdt" or one added with register_decoder):
+The relay keys a version is written under, and reading its manifest back:
+storage/weights/versions.py (the manifest is written last: a version is complete once it
+exists). Each payload carries its `encoding` in the entry metadata with dtype and shape
+("raw", "rsdt" or one added with register_decoder):
 storage/weights/payloads.py, re-exported here.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, CorruptBucket, Manifest,
+from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, Manifest,
                                      batches, pack_buckets, verify_bucket)
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
@@ -25,10 +26,9 @@ from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # n
 from storage.weights.push_pipeline import BucketPusher
 from storage.weights.spans import Piece, SpanTargets, decode_entry, piece_bytes, pieces
 from storage.relay.base import Buffer, Relay, RelayKeyMissing
-from storage.weights.relay_keys import (announce_key, bucket_info_key, bucket_key, latest_key, manifest_key,
-                                        version_prefix, versions_key)
-
-KEEP_PREVIOUS = 2  # versions kept behind the newest, for receivers still pulling them
+from storage.weights.versions import (announce_key, bucket_info_key, bucket_key, hold_versions,
+                                      latest_key, latest_version, manifest_key, read_manifest,
+                                      version_prefix)
 
 
 @dataclass(frozen=True)
@@ -82,9 +82,9 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     held: set[int] = set()  # the versions kept, once pruned
 
     def before_first_bucket() -> None:
-        # Make room first, so the relay holds at most KEEP_PREVIOUS + 1 versions at any time.
+        # Make room first, so the relay holds at most versions.KEEP_PREVIOUS + 1 at any time.
         if not part:
-            held.update(_hold(relay, run, version, held_versions))
+            held.update(hold_versions(relay, run, version, held_versions))
         relay.remove_prefix(version_prefix(run, version, part))  # a re-publish: no stale bucket
         if streamed:
             relay.put(announce_key(run, version),
@@ -142,56 +142,6 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     puts = (pusher.puts.bytes, pusher.puts.seconds) if pusher else (0, 0.0)
     return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s, *puts,
                         held_versions=None if part else frozenset(held))
-
-
-def _hold(relay: Relay, run: str, version: int, known: frozenset[int] | None = None) -> set[int]:
-    """Remove versions older than version - KEEP_PREVIOUS and list the versions held, `version`
-    included, under the run's versions key; those versions (`known`: the held ones as the
-    caller knows them, else as the relay says)."""
-    try:
-        held = set(known) if known is not None else \
-            {int(v) for v in json.loads(relay.get(versions_key(run)))}
-    except (RelayKeyMissing, ValueError, TypeError):  # none yet, or unreadable: start afresh
-        held = set()
-    keep = {v for v in held if v >= version - KEEP_PREVIOUS} | {version}
-    for old in sorted(held - keep):
-        relay.remove_prefix(version_prefix(run, old))
-    relay.put(versions_key(run), json.dumps(sorted(keep)).encode())
-    return keep
-
-
-def commit_version(relay: Relay, run: str, version: int, manifest: Manifest) -> None:
-    """Make `version` visible with `manifest` when its payloads went out as parts pushed by
-    others (storage/weights/sharded.py): prune and list the versions held, this one
-    included, as publish_weights does, then the manifest, then `latest`, in the order a
-    reader relies on."""
-    _hold(relay, run, version)
-    relay.put(manifest_key(run, version), manifest.to_json())
-    relay.put(latest_key(run), json.dumps({"version": version}).encode())
-
-
-def latest_version(relay: Relay, run: str) -> int | None:
-    """The newest complete version of `run` in the relay, or None if none was published."""
-    try:
-        return int(json.loads(relay.get(latest_key(run)))["version"])
-    except RelayKeyMissing:
-        return None
-
-
-def read_manifest(relay: Relay, run: str, version: int, part: str = "",
-                  value: Buffer | None = None) -> Manifest:
-    """The verified manifest of `version` (or its part; `value`: its bytes if read already)."""
-    key = manifest_key(run, version, part)
-    try:
-        manifest = Manifest.from_json(relay.get(key) if value is None else value)
-    except RelayKeyMissing:
-        what = f"{part} snapshot of weights" if part else "weights"
-        raise RelayKeyMissing(f"{what} v{version} of run {run!r} are not in the {relay.name} "
-                              "relay (not published yet, pruned, or lost)") from None
-    if manifest.version != version or manifest.meta.get("run") != run:
-        raise CorruptBucket(f"manifest under {key} describes "
-                            f"run {manifest.meta.get('run')!r} v{manifest.version}")
-    return manifest
 
 
 def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes: int = 1 << 30,

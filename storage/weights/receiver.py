@@ -38,8 +38,8 @@ from storage.cores import available_cores
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.sparse_publisher import tensors_digest
-from storage.weights.publisher import latest_version, pull_weights, read_manifest
-from storage.weights.relay_keys import request_key
+from storage.weights.publisher import pull_weights
+from storage.weights.versions import latest_version, read_manifest, request_key
 from storage.weights.stream_pull import await_published, stream_into
 
 # What makes a version unusable for this receiver (the relay being down is not one of them:

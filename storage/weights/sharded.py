@@ -1,6 +1,6 @@
 """Sharded publishing: each trainer rank pushes its own shards, one commit makes the version.
 
-Relay keys of a sharded version (next to the unsharded ones, storage/weights/publisher.py):
+Relay keys of a sharded version (next to the unsharded ones, storage/weights/versions.py):
   rose/<run>/v<v>/shards/r<t>.<p>.<d>/<group>/bucket-<i>, .../manifest
       one part per trainer rank and object group (storage/shards/grain.py): its own buckets and
       manifest, pushed by that rank alone, full or as a delta of the rank's previous push
@@ -36,8 +36,7 @@ from storage.shards.layout import ParallelLayout, Rank, slice_for
 from storage.shards.plan import ParamSpec
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import DEFAULT_BUCKET_BYTES, CorruptBucket, Manifest
-from storage.weights.publisher import commit_version, read_manifest
-from storage.weights.relay_keys import manifest_key
+from storage.weights.versions import commit_version, manifest_key, read_manifest
 from storage.weights.link_rate import LinkRate
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import PublishReport

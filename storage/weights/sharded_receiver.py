@@ -31,12 +31,11 @@ from storage.shards.plan import apply_pull
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.cores import available_cores
-from storage.weights.publisher import latest_version, pull_weights, read_manifest
+from storage.weights.publisher import pull_weights
 from storage.weights.sharded import read_sharded
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.digest import tensors_digest
-from storage.weights.snapshot_server import full_part, snapshot_request_key
-
+from storage.weights.versions import full_part, latest_version, read_manifest, request_key
 
 
 class NeedsFullSnapshot(RuntimeError):
@@ -193,7 +192,7 @@ class ShardedReceiver:
 
         def ask() -> None:
             body = {"by": self.requester, "reason": reason, "damaged": damaged}
-            self.relay.put(snapshot_request_key(self.run, target, part), json.dumps(body).encode())
+            self.relay.put(request_key(self.run, target, part), json.dumps(body).encode())
 
         def give_up(relay_error: str) -> NeedsFullSnapshot:
             return NeedsFullSnapshot(f"no full snapshot of v{target}/{part} within "

@@ -16,8 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from storage.relay.base import RelayError, RelayKeyMissing
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import manifest_key, request_key, version_prefix
+from storage.weights.versions import full_part, manifest_key, read_manifest, request_key
 from storage.weights.transfer_metrics import PublishReport
 
 if TYPE_CHECKING:
@@ -26,16 +25,6 @@ if TYPE_CHECKING:
     from storage.relay.base import Relay
 
 log = logging.getLogger("rose.publish")
-
-
-def full_part(part: str = "") -> str:
-    """Where the full snapshot of a version (or of one `part` of it) is pushed on request."""
-    return f"{part}/full" if part else "full"
-
-
-def snapshot_request_key(run: str, version: int, part: str = "") -> str:
-    """Where a receiver asks for that snapshot."""
-    return f"{version_prefix(run, version, part)}full-request" if part else request_key(run, version)
 
 
 class SnapshotServer:
@@ -73,7 +62,7 @@ class SnapshotServer:
             v = self.version
             if check_lost and not self.part and not self.relay.exists(manifest_key(self.run, v)):
                 return self.republish_held(v)
-            key = snapshot_request_key(self.run, v, self.part)
+            key = request_key(self.run, v, self.part)
             if not self.relay.exists(key):  # cheaper than a missing get
                 return None
             try:

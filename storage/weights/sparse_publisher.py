@@ -9,7 +9,7 @@ version that does not follow the last one (a re-publish, a restart), a changed s
 
 Receivers that cannot apply a delta (no base, another base, a damaged or lost bucket, a relay
 that lost its objects) ask for a full snapshot; the design chosen here is republish on request:
-  - the receiver writes `rose/<run>/v<v>/full-request` (weight_publisher.request_key);
+  - the receiver writes `rose/<run>/v<v>/full-request` (versions.request_key);
   - `serve_requests` (polled by a thread on the trainer, `start_server`) pushes a full snapshot
     of the held version under `rose/<run>/v<v>/full/` and removes the request. It pushes again
     only if the request names the snapshot there as damaged (by its published_at stamp);

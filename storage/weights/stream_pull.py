@@ -33,8 +33,8 @@ from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.apply_pipeline import BucketApplier, pull_into
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
 from storage.weights.link_rate import TransferClock
-from storage.weights.publisher import read_manifest
-from storage.weights.relay_keys import announce_key, bucket_info_key, bucket_key, manifest_key
+from storage.weights.versions import (announce_key, bucket_info_key, bucket_key, manifest_key,
+                                      read_manifest)
 
 POLL_MIN_S, POLL_MAX_S = 0.001, 0.05
 
