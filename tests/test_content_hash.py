@@ -12,7 +12,7 @@ import storage.delta.content_hash as ch
 from storage.delta import DeltaBaseMismatch, apply_delta, blocks, encode_delta, read_header
 from storage.weights.buckets import pack, verify_bucket, CorruptBucket
 from storage.weights.digest import raw_entry_hashes, tensor_hash, tensors_digest
-from storage.weights.publisher import raw_encoder
+from storage.weights.payloads import raw_encoder
 from weight_fixtures import count_hashed
 
 

@@ -40,7 +40,7 @@ def test_a_raw_entrys_checksum_is_its_tensors_hash():
     only right if packing a raw tensor hashes exactly its bits."""
     from storage.weights.buckets import pack
     from storage.weights.digest import raw_entry_hashes, tensor_hash
-    from storage.weights.publisher import raw_encoder
+    from storage.weights.payloads import raw_encoder
 
     g = torch.Generator().manual_seed(3)
     tensors = {"a": torch.randn(33, 7, generator=g).to(torch.bfloat16),

@@ -3,8 +3,7 @@
 The relay keys a version is written under, and reading its manifest back:
 storage/weights/versions.py (the manifest is written last: a version is complete once it
 exists). Each payload carries its `encoding` in the entry metadata with dtype and shape
-("raw", "rsdt" or one added with register_decoder):
-storage/weights/payloads.py, re-exported here.
+("raw", "rsdt" or one added with register_decoder): storage/weights/payloads.py.
 """
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, Manifest,
                                      batches, pack_buckets, verify_bucket)
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
-from storage.weights.payloads import (Encoder, decode_payload, raw_encoder,  # noqa: F401
-                                      register_decoder, shape_bytes)  # (re-exported)
+from storage.weights.payloads import Encoder, raw_encoder, shape_bytes
 from storage.weights.push_pipeline import BucketPusher
 from storage.weights.spans import Piece, SpanTargets, decode_entry, piece_bytes, pieces
 from storage.relay.base import Buffer, Relay, RelayKeyMissing

@@ -56,7 +56,8 @@ from storage.weights.tensor_form import (RawSamples, all_raw, raw_unseen, record
 from storage.weights.transfer_metrics import PublishReport
 from storage.weights.snapshot_server import SnapshotServer
 from storage.weights.spans import Span, SpanHashes, flat_range, hashes_of_raw, pieces
-from storage.weights.publisher import publish_weights, raw_encoder
+from storage.weights.payloads import raw_encoder
+from storage.weights.publisher import publish_weights
 
 
 def _kept(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
