@@ -17,6 +17,8 @@ def snapshot(ex) -> dict:
         "slo": {"ttft_s": ex.slo.ttft_s, "tpot_s": ex.slo.tpot_s, "source": ex.slo_source,
                 "slowdown": ex.admission.slowdown, "serving_slowdown": ex.serving_slowdown,
                 "p99_overrun": ex.margin.factor(ex.serving_margin),
+                "arrival_prompt_len": ex.admission.arrival_prompt_len,
+                "turn_start_open_share": ex.turn_gate.open_share(time.monotonic()),
                 "p99_ratio": {"rollout": ex.margin.tail(), "serving": ex.serving_margin.tail()}},
         "serving": {"submitted": c["serving_submitted"], "finished": s.finished,
                     "in_flight": len(s.live),
