@@ -115,7 +115,7 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
         pin_threads(cores)  # before any pool or relay thread exists
     torch.set_num_threads(1)
     from storage.relay.mooncake import MooncakeRelay
-    from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.digest import tensors_digest
     from storage.weights.publisher import pull_weights
     from storage.weights.receiver import WeightReceiver
 
@@ -294,7 +294,7 @@ def run_e2e(workloads: list[tuple[str, dict, dict]], rates_gbps: Sequence[float]
     (start_relay). `coder_processes`: ours codes in that many processes
     (storage/weights/coder_processes.py), its versions in arenas as the trainer's snapshots
     are then (sender CPU counts theirs)."""
-    from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.digest import tensors_digest
     from storage.weights.tensor_arena import TensorArena
     from storage.weights.tensor_form import RawSamples
 

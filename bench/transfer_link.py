@@ -108,7 +108,7 @@ def main() -> None:
     from rich.table import Table
 
     from storage.delta import host_speed, kernels
-    from storage.weights.sparse_publisher import tensors_digest
+    from storage.weights.digest import tensors_digest
 
     t_start = time.perf_counter()
     kernels.warm_up()

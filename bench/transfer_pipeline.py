@@ -34,7 +34,8 @@ from storage.relay.filesystem import FilesystemRelay  # noqa: E402
 from storage.weights import publisher, sparse_publisher  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 from storage.weights.receiver import WeightReceiver  # noqa: E402
-from storage.weights.sparse_publisher import SparsePublisher, tensors_digest  # noqa: E402
+from storage.weights.digest import tensors_digest  # noqa: E402
+from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PUBLISH = publisher.publish_weights

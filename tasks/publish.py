@@ -47,7 +47,7 @@ from storage.weights.transfer_metrics import worker_reasons, write_transfer_metr
 from storage.relay.pool import shared_relay
 from storage.shards.plan import assemble
 from storage.weights.sharded import commit_sharded
-from storage.weights.sparse_publisher import tensors_digest
+from storage.weights.digest import tensors_digest
 from storage.weights.transfer_metrics import PublishReport
 from tasks.placement import require, workers_by_kind
 from tasks.trainer_group import on_ranks

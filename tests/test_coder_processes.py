@@ -15,7 +15,8 @@ from storage.weights.arena_files import sweep_dead
 from storage.weights.coder_processes import CoderProcesses, HandedOut, shared_coders
 from storage.weights.versions import bucket_key, read_manifest
 from storage.weights.receiver import WeightReceiver
-from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.digest import tensors_digest
+from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.tensor_arena import TensorArena, arena_of
 
 from weight_fixtures import Training, same

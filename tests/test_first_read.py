@@ -10,7 +10,8 @@ from storage.weights import first_read
 from storage.weights.first_read import Layout, read_first
 from storage.weights.versions import read_manifest
 from storage.weights.receiver import WeightReceiver
-from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.digest import tensors_digest
+from storage.weights.sparse_publisher import SparsePublisher
 from weight_fixtures import Training, run_name, same
 
 

@@ -11,7 +11,8 @@ import torch
 
 from storage.weights.versions import announce_key, bucket_key, manifest_key, read_manifest
 from storage.weights.receiver import WeightReceiver
-from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.digest import tensors_digest
+from storage.weights.sparse_publisher import SparsePublisher
 
 from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)
 from test_weight_pipeline import SMALL, Flipping, Wrapped

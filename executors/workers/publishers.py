@@ -29,7 +29,8 @@ from storage.shards.rules import infer_rule
 from storage.weights.coder_processes import shared_coders
 from storage.weights.sharded import ShardedPublisher
 from storage.weights.link_rate import LinkRate
-from storage.weights.sparse_publisher import SparsePublisher, tensors_digest
+from storage.weights.digest import tensors_digest
+from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import PublishReport
 
 _publishers: dict[tuple[str, str], SparsePublisher] = {}

@@ -47,7 +47,7 @@ from storage.cores import available_cores
 from storage.weights.coder_processes import (CoderError, CoderProcesses, HandedOut,
                                               shared_coders)
 from storage.weights.parallel import busy_workers
-from storage.weights.digest import raw_entry_hashes, tensors_digest  # (re-exported)
+from storage.weights.digest import raw_entry_hashes, tensors_digest
 from storage.weights.link_rate import LinkRate
 from storage.weights.piece_coder import code_piece
 from storage.weights.tensor_arena import ArenaSlots, arena_copy, arena_of
