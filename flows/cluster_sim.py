@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rose.stack.dask_security import DaskScheduler
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
 from sim.fleet import load_fleet, sweep_settings
@@ -104,7 +105,8 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
     """Run the sweep on the stack's Dask workers (or a local Dask cluster); a table artifact."""
     from prefect.artifacts import create_table_artifact
 
-    runner = DaskTaskRunner(address=sweep.dask_scheduler or _stack_scheduler())
+    scheduler = DaskScheduler(sweep.dask_scheduler) if sweep.dask_scheduler else _stack_scheduler()
+    runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
     rows = sweep_on_dask.with_options(task_runner=runner)(sweep)
     keys = ("gpus", "serving_gpus", "config", "off_policy", "tokens_per_s", "speedup_vs_fixed",
             "slo_attainment", "borrowed_share", "affinity_hit_rate", "wall_s")
@@ -117,13 +119,13 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
     return rows
 
 
-def _stack_scheduler() -> str | None:
-    """The local stack's scheduler when one runs; None makes DaskTaskRunner start its own."""
+def _stack_scheduler() -> DaskScheduler | None:
+    """The local stack's scheduler (TLS to a cluster's as recorded) when one runs, else None."""
     from rose.config import stack_dir
     from rose.stack.local_stack import load_stack
 
     handle = load_stack(stack_dir())
-    return handle.dask_scheduler if handle is not None else None
+    return handle.scheduler() if handle is not None else None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from distributed import Client
 from prefect import flow
-from prefect_dask import DaskTaskRunner
 
 from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
@@ -25,6 +24,7 @@ from executors.workers.trainer import TrainerPlugin, trainer_version
 from flows.pipeline import run_pipelined
 from flows.rl_step import rl_step
 from rose.config import RunConfig
+from rose.stack.dask_security import DaskScheduler
 from rose.stack.run_lease import RunLease, driving
 from rose.stack.serving import start_serving
 from storage.atomic import write_atomic
@@ -35,18 +35,19 @@ ON_TRAINER = {"resources": {"train_gpu": 1}}
 RUN_CONFIG_FILE = "config.json"
 
 
-def dask_address(cfg: RunConfig) -> str:
-    """The configured scheduler, else the local stack's (started by `rose up`)."""
+def dask_scheduler(cfg: RunConfig) -> DaskScheduler:
+    """The configured scheduler (with stack.dask_tls), else the local stack's (started by
+    `rose up`, with the TLS files it recorded)."""
     if cfg.stack.dask_scheduler:
-        return cfg.stack.dask_scheduler
+        return DaskScheduler(cfg.stack.dask_scheduler, cfg.stack.dask_tls)
     from rose.config import stack_dir
     from rose.stack.local_stack import load_stack
 
     handle = load_stack(stack_dir())
     if handle is not None:
-        return handle.dask_scheduler
+        return handle.scheduler()
     if os.environ.get("ROSE_DASK_SCHEDULER"):  # set for deployment workers (`rose deploy`)
-        return os.environ["ROSE_DASK_SCHEDULER"]
+        return DaskScheduler(os.environ["ROSE_DASK_SCHEDULER"])
     raise RuntimeError(f"no Dask scheduler: no running local stack in {stack_dir()} (start "
                        "one with `rose up`) and stack.dask_scheduler is not set")
 
@@ -69,21 +70,21 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
     return client.submit(trainer_version, cfg, pure=False, **ON_TRAINER).result()
 
 
-def detach_serving(address: str) -> None:
+def detach_serving(scheduler: DaskScheduler) -> None:
     """The run is over: serving workers stop lending their rollout side (serving goes on)."""
     from executors.coserving.plugin import detach_coserving
     from rose.stack.serving import serving_workers
 
-    with Client(address) as client:
+    with scheduler.client() as client:
         names = serving_workers(client)
         if names:
             client.run(detach_coserving, workers=[client_address(client, n) for n in names])
 
 
-def trainer_name(address: str) -> str:
+def trainer_name(scheduler: DaskScheduler) -> str:
     from tasks.placement import require, workers_by_kind
 
-    with Client(address) as client:
+    with scheduler.client() as client:
         return require(workers_by_kind(client), "trainer")[0]
 
 
@@ -100,14 +101,14 @@ def save_run_config(cfg: RunConfig) -> Path:
     return path
 
 
-def prepare(cfg: RunConfig) -> tuple[str, int]:
-    """Connect, attach executors, re-publish the trainer's version; (address, version)."""
-    address = dask_address(cfg)
-    with Client(address) as client:
+def prepare(cfg: RunConfig) -> tuple[DaskScheduler, int]:
+    """Connect, attach executors, re-publish the trainer's version; (scheduler, version)."""
+    scheduler = dask_scheduler(cfg)
+    with scheduler.client() as client:
         version = attach_executors(client, cfg)
         # The relay may have lost its objects (restart): publish what the trainer holds now.
         client.submit(publish_and_sync, cfg, version, pure=False, **ON_TRAINER).result()
-    return address, version
+    return scheduler, version
 
 
 def pin_step_identity(first_step: int) -> None:
@@ -141,22 +142,22 @@ def train(cfg: RunConfig = RunConfig()) -> list[dict]:
 
 def _train(cfg: RunConfig, lease: RunLease) -> list[dict]:
     save_run_config(cfg)
-    address, version = prepare(cfg)
+    scheduler, version = prepare(cfg)
     emit("run_start", run=cfg.run_id, start_version=version, steps=cfg.steps)
     print(f"run {cfg.run_id}: trainer at policy version {version}, "
           f"steps {version + 1}..{cfg.steps} to go")
-    step_flow = rl_step.with_options(task_runner=DaskTaskRunner(address=address))
+    step_flow = rl_step.with_options(task_runner=scheduler.task_runner())
     pin_step_identity(version + 1)
     try:
         if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
-            summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(address))
+            summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(scheduler))
         else:
             summaries = []
             for step in range(version + 1, cfg.steps + 1):
                 lease.check()  # taken over (our renewals stalled): stop before the next step
                 summaries.append(step_flow(cfg, step))
     finally:
-        detach_serving(address)
+        detach_serving(scheduler)
     publish_run_artifact(cfg.run_id, summaries)
     emit("run_end", run=cfg.run_id, summaries=summaries)
     return summaries
@@ -174,13 +175,13 @@ def run_step(cfg: RunConfig = RunConfig(), step: int | None = None) -> dict:
 
 
 def _run_step(cfg: RunConfig, step: int | None) -> dict:
-    address, version = prepare(cfg)
+    scheduler, version = prepare(cfg)
     step = version + 1 if step is None else step
     if step not in (version, version + 1) or step < 1:
         raise ValueError(f"step {step} cannot run: the trainer of run {cfg.run_id} holds "
                          f"version {version}, so the next step is {version + 1}")
     save_run_config(cfg)
-    return rl_step.with_options(task_runner=DaskTaskRunner(address=address))(cfg, step)
+    return rl_step.with_options(task_runner=scheduler.task_runner())(cfg, step)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MB = 1 << 20
 
@@ -42,6 +42,41 @@ class ModelsConfig(Strict):
         return Path(self.serving_dir) if self.serving_dir else data_dir() / "models" / "serving"
 
 
+def _pem_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a PEM file (missing, unreadable, not PEM), or None."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except IsADirectoryError:
+        return f"{path} is a directory, not a PEM file"
+    except PermissionError:
+        return f"{path} cannot be read (permission denied)"
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror or type(e).__name__})"
+    return None if b"-----BEGIN " in text else f"{path} is not a PEM file (no '-----BEGIN' line)"
+
+
+class DaskTLS(Strict):
+    """The files a ROSE client presents to a cluster's Dask scheduler over TLS (mutual: the
+    scheduler checks this certificate, this client the scheduler's, both against the CA).
+    `rose cluster certs DIR` makes them; docs/cluster.md, "TLS between Dask processes"."""
+
+    ca_file: Path  # the CA that signed the scheduler's, workers' and this client's certificates
+    cert_file: Path  # this client's certificate
+    key_file: Path  # its private key (unencrypted: distributed takes no passphrase)
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _readable_pem(cls, path: Path) -> Path:
+        # absolute: the paths are recorded in stack.json and read by processes in other cwds
+        path = path.expanduser().resolve()
+        problem = _pem_problem(path)
+        if problem:
+            raise ValueError(problem)
+        return path
+
+
 class StackConfig(Strict):
     """The local stack, or addresses of an existing one (cluster mode)."""
 
@@ -50,6 +85,8 @@ class StackConfig(Strict):
     rollout_workers: int = Field(1, ge=1, le=8)
     serving_workers: int = Field(0, ge=0, le=8)
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
+    # TLS to that scheduler (tls://...); the local stack on 127.0.0.1 stays plain TCP
+    dask_tls: DaskTLS | None = None
     prefect_api_url: str | None = None  # e.g. http://10.0.0.1:4200/api; None = start locally
     relay: Literal["auto", "mooncake", "filesystem"] = "auto"  # auto: what the stack started
     # the Mooncake store client holding what is published (rose/stack/mooncake.py): every
@@ -72,6 +109,14 @@ class StackConfig(Strict):
     def _check_slo(self) -> "StackConfig":
         if (self.serving_slo_ttft_s is None) != (self.serving_slo_tpot_s is None):
             raise ValueError("set both serving_slo_ttft_s and serving_slo_tpot_s, or neither")
+        return self
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> "StackConfig":
+        if self.dask_tls is not None and not (self.dask_scheduler or "").startswith("tls://"):
+            raise ValueError(f"stack.dask_tls needs stack.dask_scheduler: tls://host:port, the "
+                             f"address of a cluster's TLS scheduler (got {self.dask_scheduler!r}; "
+                             "the local stack on 127.0.0.1 stays plain TCP)")
         return self
 
 

@@ -63,17 +63,17 @@ def test_worker_env_names_the_checkout_and_polls_fast():
 
 
 def test_flows_use_the_given_dask_scheduler_first(tmp_path, monkeypatch):
-    from flows.train import dask_address
+    from flows.train import dask_scheduler
     from rose.config import RunConfig, StackConfig
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
     cfg = RunConfig(stack=StackConfig(dask_scheduler="tcp://10.1.2.3:8786"))
-    assert dask_address(cfg) == "tcp://10.1.2.3:8786"
+    assert dask_scheduler(cfg).address == "tcp://10.1.2.3:8786" and dask_scheduler(cfg).tls is None
     monkeypatch.delenv("ROSE_DASK_SCHEDULER", raising=False)
     with pytest.raises(RuntimeError, match="no Dask scheduler"):
-        dask_address(RunConfig())
+        dask_scheduler(RunConfig())
     monkeypatch.setenv("ROSE_DASK_SCHEDULER", "tcp://127.0.0.1:9")  # a deployment worker's env
-    assert dask_address(RunConfig()) == "tcp://127.0.0.1:9"
+    assert dask_scheduler(RunConfig()).address == "tcp://127.0.0.1:9"
 
 
 def test_up_with_addresses_that_do_not_answer_fails_in_one_line(tmp_path):

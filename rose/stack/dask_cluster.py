@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from executors.coserving.plugin import PORT_ENV
+from rose.stack.dask_security import DaskScheduler
 from rose.stack.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
@@ -154,10 +155,8 @@ def worker_command(spec: WorkerSpec, scheduler: str, local_dir: Path) -> list[st
 def wait_for_workers(scheduler: str, procs: dict[str, ManagedProcess],
                      timeout: float = REGISTER_TIMEOUT_S) -> None:
     """Block until every named worker is registered; a crashed or late one is named, with its log."""
-    from distributed import Client
-
     deadline = time.monotonic() + timeout
-    with Client(scheduler, timeout=30) as client:
+    with DaskScheduler(scheduler).client() as client:  # the local stack's: plain TCP on 127.0.0.1
         while True:
             names = {w.get("name") for w in client.scheduler_info(n_workers=-1)["workers"].values()}
             absent = [n for n in procs if n not in names]
@@ -192,17 +191,16 @@ def start_dask(run_dir: Path, specs: list[WorkerSpec], base_env: dict[str, str],
     return cluster
 
 
-def check_workers(scheduler: str, needed: tuple[str, ...] = ("train_gpu", "rollout_gpu"),
+def check_workers(scheduler: DaskScheduler, needed: tuple[str, ...] = ("train_gpu", "rollout_gpu"),
                   timeout: float = 30.0) -> dict[str, str]:
     """For an existing scheduler: name -> kind of its workers; error if a resource is missing."""
-    from distributed import Client
-
     try:
-        with Client(scheduler, timeout=timeout) as client:
+        with scheduler.client(timeout) as client:
             workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    except (OSError, TimeoutError) as e:
-        raise StackError(f"Dask scheduler at {scheduler} does not answer ({type(e).__name__})") \
-            from None
+    except (OSError, TimeoutError) as e:  # a refused TLS handshake too: say why
+        why = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise StackError(f"Dask scheduler at {scheduler.address} does not answer "
+                         f"({type(e).__name__}{': ' + why if why else ''})") from None
     kinds = KIND_OF_RESOURCE
     out, have = {}, set()
     for w in workers:
@@ -212,5 +210,5 @@ def check_workers(scheduler: str, needed: tuple[str, ...] = ("train_gpu", "rollo
         out[str(w.get("name"))] = kind
     lacking = [r for r in needed if r not in have]
     if lacking:
-        raise StackError(f"Dask scheduler at {scheduler} has no worker with {', '.join(lacking)}")
+        raise StackError(f"Dask scheduler at {scheduler.address} has no worker with {', '.join(lacking)}")
     return out

@@ -18,8 +18,9 @@ from typing import Literal
 from rich.console import Console
 from rich.panel import Panel
 
-from rose.config import StackConfig, data_dir
+from rose.config import DaskTLS, StackConfig, data_dir
 from rose.stack.dask_cluster import check_workers, start_dask, worker_specs
+from rose.stack.dask_security import DaskScheduler
 from rose.stack.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
 from rose.stack.ports import ensure_free, port_answers
@@ -46,6 +47,8 @@ class StackHandle:
     processes: list[ProcessRecord] = field(default_factory=list)  # only what this stack started
     endpoints: dict[str, str] = field(default_factory=dict)  # serving worker -> OpenAI endpoint URL
     mooncake_client: str | None = None  # the store client every process here shares memory with
+    # a cluster scheduler's TLS files (stack.dask_tls, paths as JSON), for `rose status` and flows
+    dask_tls: dict[str, str] | None = None
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -61,6 +64,12 @@ class StackHandle:
 
     def relay_dir(self) -> Path:
         return Path(self.run_dir) / "relay"
+
+    def scheduler(self) -> DaskScheduler:
+        """The stack's Dask scheduler, with the TLS files it was brought up with (files that
+        have gone since fail validation here, named)."""
+        return DaskScheduler(self.dask_scheduler,
+                             DaskTLS.model_validate(self.dask_tls) if self.dask_tls else None)
 
 
 @contextmanager
@@ -106,7 +115,8 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
         base_env = {**prefect_env(api_url, home), "ROSE_RELAY": relay, "ROSE_RUN_DIR": str(run_dir),
                     **(mooncake_env(mooncake) if mooncake else {})}
         if cfg.dask_scheduler:
-            scheduler, workers = cfg.dask_scheduler, check_workers(cfg.dask_scheduler)
+            scheduler = cfg.dask_scheduler
+            workers = check_workers(DaskScheduler(cfg.dask_scheduler, cfg.dask_tls))
         else:
             specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers,
                                  device=cfg.device)
@@ -123,7 +133,8 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
     handle = StackHandle(run_dir, api_url, api_url.removesuffix("/api"), scheduler,
                          mooncake.master_addr if mooncake else None,
                          mooncake.metadata_url if mooncake else None, relay, workers,
-                         str(home), procs, mooncake_client=mooncake.client_addr if mooncake else None)
+                         str(home), procs, mooncake_client=mooncake.client_addr if mooncake else None,
+                         dask_tls=cfg.dask_tls.model_dump(mode="json") if cfg.dask_tls else None)
     write_stack(handle)
     return handle
 
@@ -175,7 +186,7 @@ def read_stack(run_dir: Path) -> StackHandle | None:
 def dead_parts(handle: StackHandle) -> list[str]:
     """Names of the stack's parts that do not run or do not answer."""
     dead = [f"{p.name} (pid {p.pid})" for p in handle.processes if not p.alive()]
-    host, _, port = handle.dask_scheduler.removeprefix("tcp://").rpartition(":")
+    host, _, port = handle.dask_scheduler.split("://")[-1].rpartition(":")  # tcp:// or tls://
     if not port_answers(host, int(port)):
         dead.append(f"Dask scheduler at {handle.dask_scheduler}")
     if not http_ok(f"{handle.prefect_api_url}/health"):

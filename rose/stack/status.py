@@ -4,15 +4,14 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from rose.stack.dask_security import DaskScheduler
 from rose.stack.local_stack import StackHandle
 from rose.stack.process import http_ok
 
 
-def worker_rows(scheduler: str, timeout: float = 10.0) -> list[dict]:
+def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0) -> list[dict]:
     """name, resources, threads, memory and tasks of each worker the scheduler knows."""
-    from distributed import Client
-
-    with Client(scheduler, timeout=timeout) as client:
+    with scheduler.client(timeout) as client:
         info = client.scheduler_info(n_workers=-1)["workers"]
     rows = []
     for addr, w in info.items():
@@ -53,7 +52,7 @@ def print_stack(handle: StackHandle, console: Console) -> None:
     for col in ("worker", "kind", "resources", "threads", "memory MB", "executing", "pid"):
         workers.add_column(col, no_wrap=True)
     try:
-        rows = {r["name"]: r for r in worker_rows(handle.dask_scheduler)}
+        rows = {r["name"]: r for r in worker_rows(handle.scheduler())}
     except (OSError, TimeoutError):  # scheduler down: show what stack.json recorded
         rows = {}
     for name in sorted(set(handle.workers) | set(rows)):
