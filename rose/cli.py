@@ -1,57 +1,26 @@
 """The `rose` command line: `rose up`, `rose down`, `rose status` (+ train/demo/query/models).
 
-Logic lives in modules; this file parses options and turns expected errors into one red line
-and a non-zero exit (ROSE_DEBUG=1 shows the traceback).
+Logic lives in modules; this file parses options, and `clear_errors` (rose/cli_errors.py) turns
+expected errors into one red line and a non-zero exit (ROSE_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
 
-import functools
-import os
 from pathlib import Path
 from typing import Optional
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 
 from dashboards.web.links import DEFAULT_PORT, page_url
+from rose.cli_cluster import cluster_app
+from rose.cli_errors import clear_errors, console, err_console
 from rose.config import stack_dir
-from rose.config_file import ConfigError, describe, load_run_config
+from rose.config_file import load_run_config
 from rose.stack.errors import StackError
 
 app = typer.Typer(help="ROSE: agentic RL post-training on borrowed serving GPUs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-# Wide enough for the step table when piped (CI logs, `make demo | tee`).
-console = Console(width=None if Console().is_terminal else 140)
-err_console = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML/JSON run config (keys of RunConfig).")
-
-
-def clear_errors(fn):
-    """Expected failures print one red line and exit 1: never a traceback, never a hang."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
-            raise
-        except KeyboardInterrupt:
-            err_console.print("[red]interrupted[/]")
-            raise typer.Exit(130) from None
-        except Exception as e:
-            if os.environ.get("ROSE_DEBUG"):
-                raise
-            known = (StackError, ConfigError, FileNotFoundError, NotADirectoryError,
-                     ValidationError)
-            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            if isinstance(e, ValidationError):  # options checked by a pydantic model
-                msg = describe(e, "")
-            if not isinstance(e, known):
-                msg = f"{type(e).__name__}: {msg} (ROSE_DEBUG=1 shows the traceback)"
-            err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1) from None
-    return wrapper
 
 
 def _config(config: Optional[Path], **stack):
@@ -231,6 +200,8 @@ def models_build(force: bool = typer.Option(False, help="Rebuild even if up to d
         policy, serving = build_models(cfg.models, force=force)
     console.print(f"policy: {policy}\nserving: {serving}")
 
+
+app.add_typer(cluster_app, name="cluster")
 
 serve_app = typer.Typer(help="Serving side: trace replay against serving endpoints.",
                         no_args_is_help=True)
