@@ -8,6 +8,7 @@ import ssl
 import stat
 from pathlib import Path
 
+import dask
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -170,6 +171,10 @@ def test_security_names_a_key_that_is_not_the_certificates(tmp_path):
         DaskScheduler("tcp://h:1", _tls(files)).client_kwargs()
     runner = DaskScheduler("tls://h:1", _tls(files)).task_runner()
     assert runner.client_kwargs["security"].tls_ca_file == str(files.ca)
+    with pytest.raises(StackError, match="tls://h:1 speaks TLS: set stack.dask_tls"):
+        DaskScheduler("tls://h:1").client_kwargs()
+    with dask.config.set({"distributed.comm.tls.client.cert": str(files.cert("client"))}):
+        assert DaskScheduler("tls://h:1").client_kwargs() == {}  # Dask's own TLS config serves
 
 
 def test_stack_file_records_the_tls_files_for_later_clients(tmp_path):

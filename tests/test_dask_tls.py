@@ -149,8 +149,8 @@ def test_a_client_without_a_certificate_is_refused(cluster):
                 conn.recv(1)
     _until_logged(log, "peer did not return a certificate")
     assert isinstance(_refusal(f"tcp://{LOCALHOST}:{port}"), OSError)  # Dask's protocol in clear text
-    no_context = _refusal(address)  # distributed refuses tls:// without a certificate to show
-    assert isinstance(no_context, TypeError) and "TLS expects a `ssl_context`" in str(no_context)
+    no_tls = _refusal(address)  # ROSE without stack.dask_tls says what is missing
+    assert isinstance(no_tls, StackError) and "speaks TLS: set stack.dask_tls" in str(no_tls)
     _until_logged(log, "wrong version number")  # the scheduler refused the clear text
 
 

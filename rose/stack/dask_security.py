@@ -36,6 +36,14 @@ def security(tls: DaskTLS | None) -> Security | None:
     return sec
 
 
+def _tls_in_dask_config() -> bool:
+    """Dask's own config (DASK_DISTRIBUTED__COMM__TLS__*) names a client certificate, which
+    distributed's Client uses when given no Security."""
+    from distributed import Security
+
+    return bool(Security().tls_client_cert)
+
+
 @dataclass(frozen=True)
 class DaskScheduler:
     """A scheduler's address and the TLS files to reach it with (None: plain TCP)."""
@@ -46,6 +54,9 @@ class DaskScheduler:
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of distributed's Client (and DaskTaskRunner's client_kwargs)."""
         if self.tls is None:
+            if self.address.startswith("tls://") and not _tls_in_dask_config():
+                raise StackError(f"the Dask scheduler at {self.address} speaks TLS: set "
+                                 "stack.dask_tls (`rose cluster certs`, docs/cluster.md)")
             return {}
         if not self.address.startswith("tls://"):
             raise StackError(f"stack.dask_tls is set but the Dask scheduler at {self.address} is not "
