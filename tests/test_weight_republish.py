@@ -27,7 +27,7 @@ def test_damaged_full_snapshot_is_pushed_again(tmp_path, served):
     train.step()
     pub.publish(1, train.weights())
     relay.put(request_key("r", 1), json.dumps({"by": "t"}).encode())
-    assert pub.serve_requests().part == "full"
+    assert pub.snapshots.serve_requests().part == "full"
     key = bucket_key("r", 1, 0, part="full")
     blob = bytearray(relay.get(key))
     blob[100] ^= 1
@@ -36,7 +36,7 @@ def test_damaged_full_snapshot_is_pushed_again(tmp_path, served):
     rx = WeightReceiver(relay, "r", full_timeout_s=20, rerequest_s=0.05)
     report = rx.pull(1)
     assert report.mode == "full" and "full snapshot unusable" in report.fallback
-    assert same(rx.tensors, train.weights()) and len(pub.served) == 2
+    assert same(rx.tensors, train.weights()) and len(pub.snapshots.served) == 2
 
 
 def test_publisher_republishes_a_version_the_relay_lost(tmp_path):
@@ -46,9 +46,9 @@ def test_publisher_republishes_a_version_the_relay_lost(tmp_path):
     pub.publish(0, train.weights())
     train.step()
     pub.publish(1, train.weights())
-    assert pub.serve_requests() is None  # nothing lost, nothing asked
+    assert pub.snapshots.serve_requests() is None  # nothing lost, nothing asked
     relay.remove_prefix("rose/r/")  # what a master restart does to every object
-    report = pub.serve_requests()
+    report = pub.snapshots.serve_requests()
     assert report.kind == "full" and report.part == "" and "lost" in report.reason
     rx = WeightReceiver(relay, "r", full_timeout_s=1)
     assert rx.pull().mode == "full" and rx.version == 1
@@ -119,7 +119,7 @@ def test_mooncake_master_restart_republishes_full_snapshot(tmp_path, shared):
         assert "error" not in result, result.get("error")
         assert result["report"].version == 1 and result["report"].mode == "full"
         assert same(rx.tensors, train.weights())
-        assert any("lost" in r.reason for r in pub.served)
+        assert any("lost" in r.reason for r in pub.snapshots.served)
         writer.close()
         reader.close()
     finally:
@@ -159,14 +159,14 @@ def test_server_pushes_a_snapshot_again_only_when_that_one_is_reported_damaged(t
         relay.put(request_key("r", 1), json.dumps({"by": "t", **body}).encode())
 
     ask()
-    first = pub.serve_requests()
+    first = pub.snapshots.serve_requests()
     assert first.part == "full" and not relay.exists(request_key("r", 1))
     stamp = read_manifest(relay, "r", 1, "full").meta["published_at"]
     ask()  # a late plain request: the snapshot is there, nothing is pushed
-    assert pub.serve_requests() is None and not relay.exists(request_key("r", 1))
+    assert pub.snapshots.serve_requests() is None and not relay.exists(request_key("r", 1))
     ask(damaged=[stamp - 1.0])  # damage reported on an older snapshot: this one stays
-    assert pub.serve_requests() is None
+    assert pub.snapshots.serve_requests() is None
     ask(damaged=[stamp])
-    assert pub.serve_requests().part == "full"
+    assert pub.snapshots.serve_requests().part == "full"
     assert read_manifest(relay, "r", 1, "full").meta["published_at"] != stamp
-    assert len(pub.served) == 2
+    assert len(pub.snapshots.served) == 2

@@ -67,7 +67,7 @@ def test_receiver_two_versions_behind_takes_full_snapshot(relays, ns, served):
     report = behind.pull(2)
     assert report.mode == "full" and "delta onto v1, but v0 held" in report.fallback
     assert behind.version == 2 and same(behind.tensors, train.weights())
-    assert pub.served and pub.served[-1].part == "full"
+    assert pub.snapshots.served and pub.snapshots.served[-1].part == "full"
     # the request is cleared right after the snapshot is in place (the pull may end first)
     deadline = time.monotonic() + 10
     while reader.exists(request_key(run, 2)) and time.monotonic() < deadline:
@@ -88,9 +88,9 @@ def test_fresh_receiver_gets_full_snapshot_of_a_delta_version(tmp_path, served):
     assert rx.pull(1).mode == "full"
     assert same(rx.tensors, train.weights())
     # a second fresh receiver finds the snapshot already there: no new push
-    pushes = len(pub.served)
+    pushes = len(pub.snapshots.served)
     again = WeightReceiver(relay, "r", full_timeout_s=20)
-    assert again.pull(1).mode == "full" and len(pub.served) == pushes
+    assert again.pull(1).mode == "full" and len(pub.snapshots.served) == pushes
 
 
 @pytest.mark.parametrize("pipelined", [True, False])

@@ -19,7 +19,7 @@ A delta is applied only onto its declared base (manifest base_version == the ver
 again per payload). Otherwise (nothing held, another version held, a damaged or truncated
 bucket, a bucket or manifest the relay lost) the receiver takes a full snapshot: the version
 itself when it was published full, else the snapshot the publisher pushes on request
-(storage/weights/sparse_publisher.py: it writes the request key and waits for `full/manifest`).
+(storage/weights/snapshot_server.py: it writes the request key and waits for `full/manifest`).
 """
 from __future__ import annotations
 

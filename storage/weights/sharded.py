@@ -157,7 +157,7 @@ class ShardedPublisher:
             v = self.committed
             if not self.whole or v is None or self.relay.exists(manifest_key(self.run, v)):
                 return False
-            if any(self._pubs[part].republish_held(v) is None for part in sorted(self._pubs)):
+            if any(self._pubs[part].snapshots.republish_held(v) is None for part in sorted(self._pubs)):
                 return False  # a part holds another version: not this publisher's to mend
             commit_sharded(self.relay, self.run, v, self.layout, list(self.params.values()))
             return True

@@ -11,7 +11,7 @@ A part published as a delta is applied only onto the held objects of its base ve
 this receiver cannot use (a delta onto objects it does not hold: it joined late, lagged, or its
 layout changed; a damaged or lost bucket; a digest that differs) is taken as a full snapshot
 instead, asked of the publisher of that part alone, as the unsharded path does for a version
-(storage/weights/sparse_publisher.py: `<part>/full-request`, answered under `<part>/full/`),
+(storage/weights/snapshot_server.py: `<part>/full-request`, answered under `<part>/full/`),
 waiting up to `full_timeout_s`; with full_timeout_s None it raises NeedsFullSnapshot instead.
 """
 from __future__ import annotations

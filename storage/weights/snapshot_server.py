@@ -1,18 +1,29 @@
 """Full snapshots on request: the trainer's publisher answers receivers that cannot apply a delta.
 
-The protocol (storage/weights/sparse_publisher.py's docstring): a receiver writes
-`rose/<run>/v<v>/full-request` (or `<part>/full-request`); `serve_requests`, polled by a thread
-on the trainer (`start_server`), pushes a full snapshot of the held version under `full/`
-(`<part>/full/`) and removes the request, pushing again only for a snapshot the request names
-as damaged; it also republishes the held version in full when the relay lost its manifest.
-`SnapshotServer` is the part of SparsePublisher that does this: it uses the publisher's lock,
-held version and `_push`.
+Receivers that cannot apply a delta (no base, another base, a damaged or lost bucket, a relay
+that lost its objects) ask for a full snapshot; the design chosen here is republish on request:
+  - the receiver writes `rose/<run>/v<v>/full-request` (versions.request_key);
+  - `serve_requests` (polled by a thread on the trainer, `start`) pushes a full snapshot
+    of the held version under `rose/<run>/v<v>/full/` and removes the request. It pushes again
+    only if the request names the snapshot there as damaged (by its published_at stamp);
+  - it also checks that the held version's manifest is still in the relay; if the relay lost it
+    (Mooncake master restart, eviction) it republishes that version in full, under its own key.
+Only the held (newest) version can be served: a receiver further behind takes the newest.
+No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
+A publisher of one `part` of a version (storage/weights/sharded.py) serves the same protocol
+under the part's prefix: `<part>/full-request`, answered under `<part>/full/`; it never
+republishes a lost part on its own (its version's commit names the stamp it had).
+
+A SnapshotServer belongs to one storage.weights.sparse_publisher.SparsePublisher and sees it
+through what it is given: the publisher's lock (held while it publishes), its held version,
+and a full push of that version.
 """
 from __future__ import annotations
 
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from storage.relay.base import RelayError, RelayKeyMissing
@@ -24,32 +35,37 @@ if TYPE_CHECKING:
 
     from storage.relay.base import Relay
 
+    Tensors = dict[str, torch.Tensor]
+
 log = logging.getLogger("rose.publish")
 
 
 class SnapshotServer:
-    """Serving full snapshots of the held version; mixed into SparsePublisher."""
+    """Serving full snapshots of one publisher's held version, under its `part` of each."""
 
-    relay: "Relay"
-    run: str
-    part: str
-    version: int | None
-    served: list[PublishReport]
-    _held: "dict[str, torch.Tensor] | None"
-    _lock: threading.RLock
-    _stop: threading.Event | None
+    def __init__(self, relay: "Relay", run: str, part: str, lock: threading.RLock,
+                 held: "Callable[[], tuple[int | None, Tensors | None]]",
+                 push_full: "Callable[[int, Tensors, str, str], PublishReport]") -> None:
+        """`held()`: the publisher's version and its tensors (None before its first publish),
+        read under `lock`; `push_full(version, tensors, reason, part)`: push them in full
+        under that part of the version, as a PublishReport."""
+        self.relay, self.run, self.part = relay, run, part
+        self._lock, self._held, self._push_full = lock, held, push_full
+        self._stop: threading.Event | None = None
+        self.served: list[PublishReport] = []  # full snapshots pushed
 
     def republish_held(self, version: int) -> PublishReport | None:
         """Push `version` again in full under this publisher's prefix, if it is the version held
         (the relay lost it: a master restart); None if another one, or none, is held."""
         with self._lock:
-            if self._held is None or self.version != version:
+            held_version, tensors = self._held()
+            if tensors is None or held_version != version:
                 return None
             where = f"part {self.part} of " if self.part else ""
             log.warning("relay %s lost %sv%d of run %s: republishing it in full",
                         self.relay.name, where, version, self.run)
-            report = self._push(version, self._held, None, "relay lost the published version",
-                                self.part)
+            report = self._push_full(version, tensors, "relay lost the published version",
+                                     self.part)
             self.served.append(report)
             return report
 
@@ -57,9 +73,9 @@ class SnapshotServer:
         """One pass: republish the held version if the relay lost it (`check_lost`); answer a
         request for a full snapshot of it. Returns what was pushed, if anything."""
         with self._lock:
-            if self._held is None:
+            v, tensors = self._held()
+            if tensors is None:
                 return None
-            v = self.version
             if check_lost and not self.part and not self.relay.exists(manifest_key(self.run, v)):
                 return self.republish_held(v)
             key = request_key(self.run, v, self.part)
@@ -78,7 +94,7 @@ class SnapshotServer:
             # have asked before that one landed): repeated requests cost no repeated pushes.
             if stamp is None or (isinstance(damaged, list) and stamp in damaged):
                 reason = f"requested by {request.get('by', '?')}: {request.get('reason', '')}"
-                report = self._push(v, self._held, None, reason.strip(), part=full_part(self.part))
+                report = self._push_full(v, tensors, reason.strip(), full_part(self.part))
                 self.served.append(report)
             self.relay.remove(key)
             return report
@@ -91,8 +107,8 @@ class SnapshotServer:
         except (RelayKeyMissing, ValueError):
             return None
 
-    def start_server(self, interval_s: float = 0.1) -> None:
-        """Serve requests from a daemon thread until stop_server (idempotent)."""
+    def start(self, interval_s: float = 0.1) -> None:
+        """Serve requests from a daemon thread until stop (idempotent)."""
         if self._stop is not None:
             return
         self._stop = stop = threading.Event()
@@ -112,7 +128,7 @@ class SnapshotServer:
 
         threading.Thread(target=loop, name=f"rose-snapshots-{self.run}", daemon=True).start()
 
-    def stop_server(self) -> None:
+    def stop(self) -> None:
         if self._stop is not None:
             self._stop.set()
             self._stop = None

@@ -7,19 +7,9 @@ result's checksum, and the manifest says kind "delta" with its base version. A f
 (kind "full", every payload dense) goes out when there is no base: the first publish, a
 version that does not follow the last one (a re-publish, a restart), a changed set of tensors.
 
-Receivers that cannot apply a delta (no base, another base, a damaged or lost bucket, a relay
-that lost its objects) ask for a full snapshot; the design chosen here is republish on request:
-  - the receiver writes `rose/<run>/v<v>/full-request` (versions.request_key);
-  - `serve_requests` (polled by a thread on the trainer, `start_server`) pushes a full snapshot
-    of the held version under `rose/<run>/v<v>/full/` and removes the request. It pushes again
-    only if the request names the snapshot there as damaged (by its published_at stamp);
-  - it also checks that the held version's manifest is still in the relay; if the relay lost it
-    (Mooncake master restart, eviction) it republishes that version in full, under its own key.
-Only the held (newest) version can be served: a receiver further behind takes the newest.
-No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
-A publisher of one `part` of a version (storage/weights/sharded.py) serves the same protocol
-under the part's prefix: `<part>/full-request`, answered under `<part>/full/`; it never
-republishes a lost part on its own (its version's commit names the stamp it had).
+Receivers that cannot apply a delta ask for a full snapshot of the held version: the
+publisher's `snapshots` (storage/weights/snapshot_server.py) push it on request, from a thread
+on the trainer (`start_server`), and put the held version back if the relay lost it.
 
 With a link rate (`link_gbps`), a delta's tensors are chosen by time, not bytes
 (storage/delta/time_model.py): a tensor goes raw (its bytes as they are, encoding "raw") when
@@ -71,7 +61,7 @@ def _kept(tensor: torch.Tensor, copy: bool) -> torch.Tensor:
     return held.clone(memory_format=torch.contiguous_format) if copy else held.contiguous()
 
 
-class SparsePublisher(SnapshotServer):
+class SparsePublisher:
     """Publishes versions of one run through one relay; see the module docstring."""
 
     def __init__(self, relay: Relay, run: str, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -103,19 +93,26 @@ class SparsePublisher(SnapshotServer):
         # (version, its tensors, why full, all raw?, link) as streams() found it, for the publish
         self._plan: tuple[int, dict[str, torch.Tensor], str, bool,
                           time_model.Link | None] | None = None
-        self._lock = threading.RLock()  # publish and serve_requests share the held copy
+        self._lock = threading.RLock()  # publish and the snapshot server share the held copy
         # the run's versions in the relay as this publisher's last push left them: it is the
         # run's only publisher, so it need not ask the relay again (None: ask)
         self._relay_versions: frozenset[int] | None = None
         self._raw_samples = raw_samples or RawSamples()  # kept from publish to publish
-        self._stop: threading.Event | None = None
         self.coders: CoderProcesses | None = coder_processes and shared_coders(coder_processes) or None
         self._held_arena: ArenaSlots | None = None  # where _held is for the coders, if anywhere
-        self.served: list[PublishReport] = []  # full snapshots pushed by serve_requests
+        self.snapshots = SnapshotServer(relay, run, part, self._lock,
+                                        lambda: (self.version, self._held), self._push_full)
 
     @property
     def held(self) -> dict[str, torch.Tensor] | None:
         return self._held
+
+    def start_server(self, interval_s: float = 0.1) -> None:
+        """Answer requests for full snapshots from a daemon thread until stop_server."""
+        self.snapshots.start(interval_s)
+
+    def stop_server(self) -> None:
+        self.snapshots.stop()
 
     def _full_reason(self, version: int, tensors: dict[str, torch.Tensor]) -> str:
         if not self.sparse:
@@ -209,6 +206,10 @@ class SparsePublisher(SnapshotServer):
         except CoderError:  # gone (said loudly once): the threads code this publish
             pass
         return HandedOut(None, {})
+
+    def _push_full(self, version: int, tensors: dict[str, torch.Tensor], reason: str,
+                   part: str) -> PublishReport:
+        return self._push(version, tensors, None, reason, part)
 
     def _push(self, version: int, tensors: dict[str, torch.Tensor],
               base: dict[str, torch.Tensor] | None, reason: str, part: str = "",

@@ -9,7 +9,7 @@ Keys of a run (versions never share a key, so a reader never mixes two):
   rose/<run>/v<version>/manifest     written LAST: a version is complete once it exists; its
                                      meta says kind "full" or "delta" (and the delta's base)
   rose/<run>/v<version>/full/...     a full snapshot of a delta version, pushed on request
-                                     (`part="full"`, storage/weights/sparse_publisher.py)
+                                     (`part="full"`, storage/weights/snapshot_server.py)
   rose/<run>/v<version>/full-request a receiver's request for that snapshot
   rose/<run>/latest                  {"version": v}, replaced after the manifest
   rose/<run>/versions                versions held, the one being pushed included (a failed
