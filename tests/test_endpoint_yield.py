@@ -26,8 +26,7 @@ class StandIn:
 
     def __init__(self, rollout_slowdown: float, busy: bool) -> None:
         self.serving_profile, self.slo = PROFILE, SLOConfig(ttft_s=0.5, tpot_s=0.02)
-        self.serving_slowdown, self.admission = 1.0, Admission()
-        self.admission.slowdown = rollout_slowdown
+        self.serving_slowdown, self.rollout_slowdown = 1.0, rollout_slowdown
         self.busy, self.yields = busy, []
 
     def rollout_busy(self) -> bool:

@@ -75,6 +75,7 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
         self.turn_gate = TurnStartGate(cfg.stall_timeout_s)
         self._turn_work = 0.0  # the last turn's predicted work (s): the gate's typical turn
         self.serving_slowdown = 1.0  # serving steps' measured / profiled time (the endpoint's)
+        self.rollout_slowdown = 1.0  # ... rollout steps' (their cost, held against the slack)
         self.yield_until = -1.0  # monotonic s: no rollout step before this (a user at the door)
         self._snap: dict = {}
         self._ids = itertools.count(1)
@@ -271,7 +272,7 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
         self._busy = self.serving.has_work() or ran
         now = time.monotonic()
         slack = self._slack_now(now) if self.rollout is not None and self.wiring.admission else None
-        self._observe_turn_gate(now, slack)
+        self._observe_turn_gate(now, slack, ran)
         self._admitting = self._would_admit(now, slack)
         self.counters["iterations"] += 1
         self.counters["loop_s"] += time.perf_counter() - t_iter - engine_s

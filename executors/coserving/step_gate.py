@@ -36,19 +36,17 @@ class StepGate:
         prefills in the next serving step, both needed at an SLO of 2x serving-alone P99."""
         a = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic",
                              arrival_prompt_len=self._arrival_len(), next_step_prefills=True)
-        a.slowdown = getattr(getattr(self, "admission", None), "slowdown", 1.0)  # a new SLO, same device
+        a.slowdown = self.serving_slowdown  # it prices serving steps: serving's own slowdown
         return a
 
     def observe_step(self, plan: StepPlan | None, took_s: float) -> None:
-        """A rollout step ran: how much slower than its profile the device is now (shared CPU
-        cores, a neighbour on the GPU) scales every prediction admission makes; how far it
+        """A rollout step ran: how much slower than its profile rollout steps run now (shared
+        CPU cores, a neighbour on the GPU) scales the rollout costs admission holds; how far it
         overran what admission predicted feeds the margin."""
         if plan is None or plan.cost_s <= 0 or not self.wiring.admission:
             return
-        a = self.admission
-        self.margin.observe(plan.cost_s * a.slowdown, took_s)  # before the slowdown moves
-        ratio = min(max(took_s / plan.cost_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
-        a.slowdown = (1 - SLOWDOWN_EWMA) * a.slowdown + SLOWDOWN_EWMA * ratio
+        self.margin.observe(plan.cost_s * self.rollout_slowdown, took_s)  # before the slowdown moves
+        self.rollout_slowdown = _ewma(self.rollout_slowdown, took_s / plan.cost_s)
 
     def serving_step_cost(self) -> float:
         """The serving profile's price of the next serving step: D(B) for the decodes plus the
@@ -58,19 +56,21 @@ class StepGate:
         return cost + sum(self.serving_profile.prefill(r.prompt_len) for r in queued)
 
     def observe_serving_step(self, predicted_s: float, took_s: float) -> None:
-        """A serving step ran: its own slowdown, what serving alone gets from this device (the
-        endpoint judges refusals by it)."""
+        """A serving step ran: its own slowdown, what serving alone gets from this device. It
+        scales admission's serving predictions (the next serving step, an arrival's prefill)
+        and the endpoint judges refusals by it. Rollout's is its own: the two engines' profiles
+        are off by different factors (measured: 2.0 for rollout steps, 0.7 for serving's)."""
         if predicted_s <= 0:
             return
         self.serving_margin.observe(predicted_s * self.serving_slowdown, took_s)
-        ratio = min(max(took_s / predicted_s, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
-        self.serving_slowdown = (1 - SLOWDOWN_EWMA) * self.serving_slowdown + SLOWDOWN_EWMA * ratio
+        self.serving_slowdown = _ewma(self.serving_slowdown, took_s / predicted_s)
+        self.admission.slowdown = self.serving_slowdown
 
     def p99_cost(self, predicted_s: float) -> float:
         """What admission holds against the slack for a step the profile prices at
         `predicted_s`: scaled by the measured slowdown and the P99 overrun factor (rollout
         steps' tail beyond serving steps')."""
-        return predicted_s * self.admission.slowdown * self.margin.factor(self.serving_margin)
+        return predicted_s * self.rollout_slowdown * self.margin.factor(self.serving_margin)
 
     def turn_work_s(self, request: TurnRequest) -> float:
         """Seconds of rollout steps a turn needs on this device: its uncached prompt in chunks
@@ -189,12 +189,14 @@ class StepGate:
         return min(self.admission.ttft_slack(queued, now, active),
                    self.admission.tpot_slack(active, now, queued))
 
-    def _observe_turn_gate(self, now: float, slack: float) -> None:
-        """Whether the smallest rollout step could run now (`slack`: _slack_now's): the turn
-        start gate's history."""
+    def _observe_turn_gate(self, now: float, slack: float, ran: bool = False) -> None:
+        """Whether rollout got the device this iteration (`ran`) or its smallest step could run
+        now (`slack`: _slack_now's): the turn start gate's history. A step that just ran spent
+        the slack it found, so the slack after it says nothing about the share rollout gets."""
         if self.rollout is None or not self.wiring.admission:
             return
-        could = now >= self.yield_until and self.p99_cost(self.rollout_profile.decode_step(1)) <= slack
+        could = ran or (now >= self.yield_until
+                        and self.p99_cost(self.rollout_profile.decode_step(1)) <= slack)
         self.turn_gate.observe(now, could)
 
     def _would_admit(self, now: float, slack: float | None = None) -> bool:
@@ -209,6 +211,13 @@ class StepGate:
             return False  # a new turn would be handed back: do not send one
         slack = self._slack_now(now) if slack is None else slack
         return self.p99_cost(self.rollout_profile.decode_step(len(r.live) + 1)) <= slack
+
+def _ewma(current: float, ratio: float) -> float:
+    """The slowdown after one more measured / profiled step time, the ratio clipped: one freak
+    step (a page fault, a GC) must not swing it further."""
+    ratio = min(max(ratio, SLOWDOWN_RANGE[0]), SLOWDOWN_RANGE[1])
+    return (1 - SLOWDOWN_EWMA) * current + SLOWDOWN_EWMA * ratio
+
 
 def _fraction(part: int, whole: int) -> str:
     """A smaller step's size as the nearest power-of-two fraction of the full one ("1/2")."""

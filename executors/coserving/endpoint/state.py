@@ -64,7 +64,7 @@ class EndpointState:
 
     def shared_slowdown(self) -> float:
         """The device's slowdown with the rollout steps' counted in (the larger of the two)."""
-        rollout = float(getattr(getattr(self.executor, "admission", None), "slowdown", 1.0))
+        rollout = float(getattr(self.executor, "rollout_slowdown", 1.0))
         return max(self.slowdown(), rollout)
 
     def _rollout_busy(self) -> bool:
