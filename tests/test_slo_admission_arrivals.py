@@ -30,3 +30,14 @@ def test_slowdown_scales_the_serving_predictions():
     adm = DualSLOAdmission(SERVING, SLO, "decode")
     adm.slowdown = 2.0
     assert adm.tpot_slack([ServingDecode(NOW)], NOW) == pytest.approx(0.15 - 0.02)
+
+
+def test_tpot_slack_prices_the_next_serving_step_at_its_tail():
+    """A decode whose banked budget is spent to the edge needs room for the next serving step's
+    overrun: with serving steps' P99 at 2x their prediction, the step counts twice; TTFT not."""
+    adm = DualSLOAdmission(SERVING, SLO, "mixed")
+    active, queued = [ServingDecode(NOW)], [ServingPrefill(NOW, 200)]
+    mean_tpot, ttft = adm.tpot_slack(active, NOW), adm.ttft_slack(queued, NOW)
+    adm.serving_tail = 2.0
+    assert adm.tpot_slack(active, NOW) == pytest.approx(mean_tpot - 0.01)  # D(1) once more
+    assert adm.ttft_slack(queued, NOW) == pytest.approx(ttft)

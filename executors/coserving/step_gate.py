@@ -37,6 +37,7 @@ class StepGate:
         a = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic",
                              arrival_prompt_len=self._arrival_len(), next_step_prefills=True)
         a.slowdown = self.serving_slowdown  # it prices serving steps: serving's own slowdown
+        a.serving_tail = max(1.0, self.serving_margin.tail() or 1.0)
         return a
 
     def observe_step(self, plan: StepPlan | None, took_s: float) -> None:
@@ -65,6 +66,7 @@ class StepGate:
         self.serving_margin.observe(predicted_s * self.serving_slowdown, took_s)
         self.serving_slowdown = _ewma(self.serving_slowdown, took_s / predicted_s)
         self.admission.slowdown = self.serving_slowdown
+        self.admission.serving_tail = max(1.0, self.serving_margin.tail() or 1.0)
 
     def p99_cost(self, predicted_s: float) -> float:
         """What admission holds against the slack for a step the profile prices at

@@ -171,9 +171,13 @@ class DualSLOAdmission:
         # next_step_prefills the next serving step's cost in the TPOT slack includes the queued
         # prefills that vLLM batches with the decodes, not just D(B).
         self.arrival_prompt_len, self.next_step_prefills = arrival_prompt_len, next_step_prefills
-        # measured / profiled step time (the caller tracks it): a profile taken at start-up
-        # underestimates every step once the device is contended; 1.0 trusts the profile
+        # measured / profiled serving step time (the caller tracks it): a profile taken at
+        # start-up underestimates every step once the device is contended; 1.0 trusts the profile
         self.slowdown = 1.0
+        # the P99 of serving steps' measured / predicted time (>= 1; the caller tracks it): a
+        # decode whose banked budget is spent to the edge has nothing left for the next serving
+        # step's overrun, so the TPOT slack prices that step at its P99, not its mean
+        self.serving_tail = 1.0
 
     def next_step_s(self, queued: list[ServingPrefill], decodes: int) -> float:
         """The serving step that follows a rollout step, as vLLM batches it (next_step_prefills):
@@ -216,7 +220,7 @@ class DualSLOAdmission:
             step = self.next_step_s(list(queued), len(active))
         else:  # D(B): the next serving step is due anyway
             step = self.slowdown * self.profile.decode_step(len(active))
-        return min(r.tpot_budget(self.slo.tpot_s, now) for r in active) - step
+        return min(r.tpot_budget(self.slo.tpot_s, now) for r in active) - self.serving_tail * step
 
     def admit(self, cost_s: float, queued: Iterable[ServingPrefill],
               active: Iterable[ServingDecode], now: float, kv_ok: bool) -> AdmissionDecision:

@@ -15,7 +15,7 @@ optimal for it. `pipelined_s` gives the issue's model of a fully pipelined path,
 of the three each summed over the version, which bench/transfer.py reports next to the
 measured time.
 
-"raw" is the tensor's bytes as they are (storage.weights.publisher.raw_encoder: no header, no
+"raw" is the tensor's bytes as they are (storage.weights.payloads.raw_encoder: no header, no
 copy before the bucket, a view on the receiver): dense at its cheapest. Speeds are GB/s of
 dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
 (bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
