@@ -38,7 +38,9 @@ def sweep_section(doc: dict, name: str) -> list[str]:
     loads = list(dict.fromkeys(r["load"] for r in rows))
     m = doc.get("machine", {})
     out = [f"## Co-serving sweep (`bench/results/{name}`)", "",
-           f"`python bench/coserving.py --sweep` ({doc.get('sweep_s', '?')} s per load at least, "
+           f"`python bench/coserving.py --sweep` ({doc.get('sweep_s', '?')} s per load at least, longer "
+           "where needed for 100 requests (the SLO-unaware bound over the first "
+           f"{doc.get('sweep_s', '?')} s only), "
            f"{doc.get('total_s', 0) / 60:.0f} min, configurations {', '.join(modes)}; "
            f"{m.get('cpus', '?')} cores, load average at the end "
            f"{', '.join(f'{x:.1f}' for x in m.get('load_avg', []))}). "
