@@ -1,5 +1,6 @@
-"""docs/results.md (and the README's demo-runs table) is generated from the committed bench/results JSON: a figure edited by hand,
-or a JSON rewritten by a bench without regenerating the page, fails here."""
+"""docs/results.md (and the README's demo-runs table) is generated from the committed
+bench/results JSON: a figure edited by hand, or a JSON rewritten by a bench without
+regenerating the page, fails here."""
 from __future__ import annotations
 
 import subprocess
