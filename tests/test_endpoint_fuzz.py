@@ -11,8 +11,8 @@ import json
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+import fuzz_requests
 from executors.coserving.endpoint.app import start_endpoint, stop_endpoint
 from fake_serving import FAIL_ID, FakeServingExecutor, fake_model_dir
 
@@ -20,26 +20,7 @@ KEY = "sk-fuzz"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 VOCAB, CONTEXT = 300, 256
 
-scalars = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False) | st.text(max_size=20)
-anything = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                                max_size=4),
-                        max_leaves=12)
-numbers = st.integers(-5, 2 * CONTEXT) | st.floats(-1, 3, allow_nan=False) | anything
-prompts = (st.text(max_size=60) | st.lists(st.integers(-3, VOCAB + 3), max_size=40)
-           | st.lists(st.text(max_size=10), max_size=3) | anything)
-sampling = {"max_tokens": numbers, "temperature": numbers, "top_p": numbers, "stream": st.booleans() | anything,
-            "ignore_eos": st.booleans() | anything, "n": numbers, "stop": anything, "user": anything,
-            "stream_options": st.fixed_dictionaries({"include_usage": st.booleans() | anything})}
-model = st.sampled_from(["tiny-serving", "", "other"]) | anything
-completions = st.fixed_dictionaries({"model": model, "prompt": prompts}, optional=sampling)
-messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "bot"]) | anything,
-                                           "content": st.text(max_size=40) | anything}), max_size=4) | anything
-chats = st.fixed_dictionaries({"model": model, "messages": messages}, optional=sampling)
-requests = st.one_of(
-    st.tuples(st.just("/v1/completions"), completions.map(json.dumps)),
-    st.tuples(st.just("/v1/chat/completions"), chats.map(json.dumps)),
-    st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
-              st.binary(max_size=120) | anything.map(json.dumps)))
+requests = fuzz_requests.requests("tiny-serving", VOCAB, CONTEXT)
 
 
 @pytest.fixture(scope="module")
