@@ -9,8 +9,9 @@ pass after pass, while from another process hypothesis draws
 with wrong types, out-of-range numbers, ids outside the vocabulary, streaming) and posts them one
 at a time, one in ten without the key. Counted by status class; a 5xx, an unkeyed request not
 answered 401, or a stream without [DONE] is a finding. The users' P99 TTFT/TPOT and attainment
-against the executor's SLO, alone and beside the fuzzer (on 2 cores the fuzzing process takes
-one of them from the engine; a client elsewhere would not). Results: bench/results/endpoint_fuzz.json.
+against the executor's SLO, alone and beside the fuzzer. The fuzzing process runs niced by
+default (--fuzzer-nice 19), standing for a client on another host; at nice 0 on 2 cores it takes
+a core from the engine, which is then what the users measure. Results: bench/results/endpoint_fuzz.json.
 """
 from __future__ import annotations
 
@@ -74,6 +75,9 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=2000, help="fuzzed requests to send")
     ap.add_argument("--max-out", type=int, default=64, help="largest valid max_tokens drawn")
     ap.add_argument("--traffic-sample", type=float, default=0.25, help="share of the trace's users replayed")
+    ap.add_argument("--fuzzer-nice", type=int, default=19,
+                    help="nice of the fuzzing process: 19 stands for a client on another host (it takes only "
+                         "CPU the engine leaves idle); 0 lets it compete for the cores")
     ap.add_argument("--users-s", type=float, default=30.0, help="seconds of the users' window, alone first")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "endpoint_fuzz.json")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)  # JSON: the fuzzing process's job
@@ -111,7 +115,8 @@ def main(argv=None) -> None:
                "context": int(executor.cfg.max_model_len), "n": args.requests, "max_out": args.max_out}
         with users:  # the fuzzer is another process, as a client elsewhere would be
             done = subprocess.run([sys.executable, __file__, "--client", json.dumps(job)],
-                                  capture_output=True, text=True, timeout=3600)
+                                  capture_output=True, text=True, timeout=3600,
+                                  preexec_fn=(lambda: os.nice(args.fuzzer_nice)) if args.fuzzer_nice else None)
         if done.returncode != 0:
             raise SystemExit(f"the fuzzing process failed:\n{done.stderr[-2000:]}")
         result = json.loads(done.stdout.strip().splitlines()[-1])
