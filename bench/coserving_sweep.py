@@ -197,7 +197,9 @@ def measure(worker, submit, run_load, reqs, span, rollout: bool, slo=None) -> di
     return {"requests": len(reqs), "wall_s": wall, "busy_fraction": (b1 - b0) / wall,
             "records": records, "rollout": summary, "slo": slo,
             "executor": _delta(_counters(m0), _counters(m1)), "slowdown": m1.get("slo", {}).get("slowdown"),
-            "admission_state": m1.get("slo")}
+            "admission_state": m1.get("slo"),
+            "kv": {k: m1.get("kv", {}).get(k) for k in ("state", "budget_blocks", "total_blocks", "cuts")}
+            | {"cuts_during": (m1.get("kv", {}).get("cuts") or 0) - (m0.get("kv", {}).get("cuts") or 0)}}
 
 
 def calibrate(worker, submit, args, run_load) -> tuple[dict, dict]:
