@@ -25,6 +25,7 @@ rollout worker's; harvest efficiency = harvest / (1 - busy fraction).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose.serve.trace import ReplayRequest, Scaling, load_trace, plan
+from rose.serve.trace import ReplayRequest, Scaling, Trace, load_trace, plan
 
 SWEEP_CONFIGS = ("serving_only", "dedicated", "static_partition", "unaware", "prefix", "rose")
 TARGETS = (0.3, 0.5, 0.8)  # 10% busy needs ~400 s a configuration for 100 requests
@@ -44,8 +45,14 @@ START_S = 600.0  # trace seconds: past the first minutes' ramp-up
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again
 
 
+@functools.lru_cache(maxsize=4)
+def _trace(path: Path) -> Trace:
+    """The trace read once per process: a window grown for --min-requests plans it many times."""
+    return load_trace(path)
+
+
 def trace_load(args, time_scale: float, duration_s: float, sample: float = 1.0) -> list[ReplayRequest]:
-    trace = load_trace(args.trace)
+    trace = _trace(Path(args.trace))
     window = trace.window(START_S, duration_s / time_scale)
     return plan(window, Scaling(time_scale, args.length_scale, args.output_scale, sample, 2048, args.seed),
                 start_s=START_S)
@@ -196,8 +203,7 @@ def measure(worker, submit, run_load, reqs, span, rollout: bool, slo=None) -> di
     b1, m1 = _busy(worker)
     return {"requests": len(reqs), "wall_s": wall, "busy_fraction": (b1 - b0) / wall,
             "records": records, "rollout": summary, "slo": slo,
-            "executor": _delta(_counters(m0), _counters(m1)), "slowdown": m1.get("slo", {}).get("slowdown"),
-            "admission_state": m1.get("slo"),
+            "executor": _delta(_counters(m0), _counters(m1)), "admission_state": m1.get("slo"),
             "kv": {k: m1.get("kv", {}).get(k) for k in ("state", "budget_blocks", "total_blocks", "cuts")}
             | {"cuts_during": (m1.get("kv", {}).get("cuts") or 0) - (m0.get("kv", {}).get("cuts") or 0)}}
 

@@ -115,7 +115,7 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
         # the run's users replay the reference window back to back: the traffic the SLO was
         # derived from, never a later burst serving alone was not measured on
         reference = BASELINE_S / traffic.time_scale
-        traffic = replace(traffic, period_s=traffic.period_s or reference)
+        traffic = replace(traffic, period_s=reference)
         with console.status(f"serving alone first: the first {BASELINE_S:.0f} s of the same "
                             "traffic, nothing training (the reference for the run)"):
             alone = BackgroundReplay(endpoints, replace(traffic, window_s=reference)).play()

@@ -16,10 +16,6 @@ PROFILE = LatencyProfile(Curve((16, 1024), (0.002, 0.1)), Curve((16, 1024), (0.0
                          Curve((1, 64), (0.005, 0.068)))
 
 
-class Admission:
-    slowdown = 1.0
-
-
 class StandIn:
     """What the endpoint reads of a co-serving executor: profile, SLO, both slowdowns, whether
     rollout holds the device, and the yield it may ask for."""

@@ -15,7 +15,7 @@ def snapshot(ex) -> dict:
         "at": time.monotonic(), "worker": ex.worker, "mode": ex.cfg.mode, "version": ex.version,
         "admitting": ex._admitting,
         "slo": {"ttft_s": ex.slo.ttft_s, "tpot_s": ex.slo.tpot_s, "source": ex.slo_source,
-                "slowdown": ex.rollout_slowdown, "serving_slowdown": ex.serving_slowdown,
+                "rollout_slowdown": ex.rollout_slowdown, "serving_slowdown": ex.serving_slowdown,
                 "p99_overrun": ex.margin.factor(ex.serving_margin),
                 "arrival_prompt_len": ex.admission.arrival_prompt_len,
                 "turn_start_open_share": ex.turn_gate.open_share(time.monotonic()),

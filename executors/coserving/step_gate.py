@@ -36,9 +36,14 @@ class StepGate:
         prefills in the next serving step, both needed at an SLO of 2x serving-alone P99."""
         a = DualSLOAdmission(self.serving_profile, self.slo, "mixed", "monolithic",
                              arrival_prompt_len=self._arrival_len(), next_step_prefills=True)
-        a.slowdown = self.serving_slowdown  # it prices serving steps: serving's own slowdown
-        a.serving_tail = max(1.0, self.serving_margin.tail() or 1.0)
+        self._price_serving(a)
         return a
+
+    def _price_serving(self, a: DualSLOAdmission) -> None:
+        """Admission prices serving steps with what serving steps measured: their slowdown and
+        the P99 of their overrun."""
+        a.slowdown = self.serving_slowdown
+        a.serving_tail = max(1.0, self.serving_margin.tail() or 1.0)
 
     def observe_step(self, plan: StepPlan | None, took_s: float) -> None:
         """A rollout step ran: how much slower than its profile rollout steps run now (shared
@@ -65,8 +70,7 @@ class StepGate:
             return
         self.serving_margin.observe(predicted_s * self.serving_slowdown, took_s)
         self.serving_slowdown = _ewma(self.serving_slowdown, took_s / predicted_s)
-        self.admission.slowdown = self.serving_slowdown
-        self.admission.serving_tail = max(1.0, self.serving_margin.tail() or 1.0)
+        self._price_serving(self.admission)
 
     def p99_cost(self, predicted_s: float) -> float:
         """What admission holds against the slack for a step the profile prices at
@@ -191,7 +195,7 @@ class StepGate:
         return min(self.admission.ttft_slack(queued, now, active),
                    self.admission.tpot_slack(active, now, queued))
 
-    def _observe_turn_gate(self, now: float, slack: float, ran: bool = False) -> None:
+    def _observe_turn_gate(self, now: float, slack: float, ran: bool) -> None:
         """Whether rollout got the device this iteration (`ran`) or its smallest step could run
         now (`slack`: _slack_now's): the turn start gate's history. A step that just ran spent
         the slack it found, so the slack after it says nothing about the share rollout gets."""
@@ -213,6 +217,7 @@ class StepGate:
             return False  # a new turn would be handed back: do not send one
         slack = self._slack_now(now) if slack is None else slack
         return self.p99_cost(self.rollout_profile.decode_step(len(r.live) + 1)) <= slack
+
 
 def _ewma(current: float, ratio: float) -> float:
     """The slowdown after one more measured / profiled step time, the ratio clipped: one freak
