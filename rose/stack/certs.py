@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rose.stack.errors import StackError
+from storage.atomic import atomic_path
 
 ROLES = ("scheduler", "worker", "client")
 _USAGES = {"scheduler": [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
@@ -96,16 +98,13 @@ def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def _write_new(path: Path, data: bytes, mode: int) -> Path:
-    """Write to a fresh temporary file created with `mode` (a key is never readable by others,
-    not even for a moment); the caller renames it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
+def _write_key_or_cert(tmp: Path, data: bytes, mode: int) -> None:
+    """Create `tmp` with `mode` from the start (a key is never readable by others, not even for
+    a moment, whatever the umask)."""
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), mode)  # whatever the umask
+        os.fchmod(f.fileno(), mode)
         f.write(data)
-    return tmp
 
 
 def make_certs(directory: Path, *, days: int = 365, force: bool = False) -> CertFiles:
@@ -129,10 +128,11 @@ def make_certs(directory: Path, *, days: int = 365, force: bool = False) -> Cert
         cert = _certificate(f"rose-dask-{role}", key, ca, ca_key, days, _USAGES[role])
         out[files.cert(role)] = (_cert_pem(cert), CERT_MODE)
         out[files.key(role)] = (_key_pem(key), KEY_MODE)
-    # every file written aside first, then renamed: a failure leaves the old set whole
-    staged = {path: _write_new(path, data, mode) for path, (data, mode) in out.items()}
-    for path, tmp in staged.items():
-        os.replace(tmp, path)
+    # every file written aside first (storage.atomic), renamed only when all are written: a
+    # failure leaves the old set whole
+    with ExitStack() as stack:
+        for path, (data, mode) in out.items():
+            _write_key_or_cert(stack.enter_context(atomic_path(path)), data, mode)
     return files
 
 
