@@ -56,12 +56,12 @@ def _gate(gates: StepGates | None, done: str, step: int,
 
 
 def serving_lag_cfg(cfg: RunConfig) -> RunConfig:
-    """The rollout's config: serving workers' turns lag the trainer publish.max_staleness in
+    """The rollout's config: serving workers' turns lag the trainer rollout.serving_lag in
     all, and the step's own rollout version already lags it by max_staleness."""
     if not cfg.max_staleness:
         return cfg
-    lag = max(0, cfg.publish.max_staleness - cfg.max_staleness)  # publish: not in cache keys
-    return cfg.model_copy(update={"publish": cfg.publish.model_copy(update={"max_staleness": lag})})
+    lag = max(0, cfg.rollout.serving_lag - cfg.max_staleness)
+    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"serving_lag": lag})})
 
 
 def trajectories_present(cfg: RunConfig, step: int) -> bool:

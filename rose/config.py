@@ -11,7 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rose.modes import RoutingMode, StackServingMode
+
 MB = 1 << 20
+BLOCK_SIZE = 32  # tokens per KV block (vLLM CPU attention wants multiples of 32)
 
 
 def data_dir() -> Path:
@@ -77,6 +80,43 @@ class DaskTLS(Strict):
         return path
 
 
+class CoServingSettings(Strict):
+    """A serving worker's co-serving executor (executors/coserving/): its memory policy and
+    rollout admission. The executor's CoServingConfig adds the models, the mode and the SLO."""
+
+    # per-engine KV pool in blocks of BLOCK_SIZE tokens; None: VLLM_CPU_KVCACHE_SPACE (on a GPU
+    # vLLM sizes it from the engine's memory fraction, and a count here is refused)
+    kv_blocks: int | None = Field(None, ge=1)
+    reserve_fraction: float = Field(0.2, gt=0, lt=1)  # of the pool kept back for serving bursts
+    high_watermark: float = Field(0.5, ge=0, le=1)  # burst trigger: share of the reserve serving may eat
+    cut_factor: int = Field(2, ge=2)  # a burst divides the rollout's KV budget by this
+    lease_s: float = Field(10.0, gt=0, allow_inf_nan=False)  # finished turns' prefix blocks kept this long
+    chunk_tokens: int = Field(512, ge=1)  # rollout prefill chunk
+    stall_timeout_s: float = Field(2.0, gt=0, allow_inf_nan=False)  # a rollout turn not admitted this long is aborted
+    max_model_len: int = Field(2048, ge=2 * BLOCK_SIZE)  # a multiple of BLOCK_SIZE
+    max_num_seqs: int = Field(64, ge=2)  # per engine; also the largest profiled decode batch
+    usage_window_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # "recent serving usage" for a step's budget
+    # evict_reload mode (bench only): serving requests in flight that start a burst, and the calm
+    # time before the rollout engine is rebuilt
+    evict_load_threshold: int = Field(8, ge=1)
+    reload_after_s: float = Field(2.0, gt=0, allow_inf_nan=False)
+    profile_repeats: int = Field(3, ge=1)  # start-up latency profile: runs per point
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> "CoServingSettings":
+        if self.max_model_len % BLOCK_SIZE:
+            raise ValueError(f"max_model_len must be a multiple of {BLOCK_SIZE} >= {2 * BLOCK_SIZE}, "
+                             f"got {self.max_model_len}")
+        if self.chunk_tokens > self.max_model_len:
+            raise ValueError(f"chunk_tokens must be in 1..{self.max_model_len}, got {self.chunk_tokens}")
+        full = self.max_model_len // BLOCK_SIZE + 1
+        if self.kv_blocks is not None and self.kv_blocks < full:
+            raise ValueError(f"kv_blocks={self.kv_blocks} cannot hold one {self.max_model_len}-token "
+                             f"request; need >= {full}")
+        return self
+
+
 class StackConfig(Strict):
     """The local stack, or addresses of an existing one (cluster mode)."""
 
@@ -97,13 +137,15 @@ class StackConfig(Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     # serving workers: co-serving mode and serving SLO (both None: derived from the serving
     # model's start-up profile, reported in each endpoint's /metrics)
-    serving_mode: Literal["rose", "static_partition", "preemption", "prefix", "unaware"] = "rose"
+    serving_mode: StackServingMode = "rose"
     serving_slo_ttft_s: float | None = Field(None, gt=0)
     serving_slo_tpot_s: float | None = Field(None, gt=0)
     # serving endpoints' API keys: a file of keys, one per line (and ROSE_SERVING_API_KEY, read
     # by `rose up`); none: open, as on the local stack's 127.0.0.1. Paths answered without a key:
     serving_api_keys_file: Path | None = None
     serving_open_paths: list[str] = ["/health", "/metrics"]
+    # each serving worker's co-serving executor: KV pool, reserve, burst watermark, cuts, leases
+    coserving: CoServingSettings = CoServingSettings()
 
     @model_validator(mode="after")
     def _check_slo(self) -> "StackConfig":
@@ -120,7 +162,40 @@ class StackConfig(Strict):
         return self
 
 
-class RolloutConfig(Strict):
+class SchedulerConfig(Strict):
+    """The elastic rollout scheduler's settings (executors/scheduling/scheduler.py); flat keys
+    of `rollout` in a run config."""
+
+    max_concurrency_per_worker: int = Field(16, ge=1)  # turns in flight per dedicated rollout worker
+    routing: RoutingMode = "turnwise_affinity"  # executors/policies/router.py
+    serving_max_turns_per_worker: int = Field(16, ge=1)  # rollout turns queued on a serving GPU
+    admission_refresh_s: float = Field(0.3, gt=0)  # how often a serving worker's admission is polled
+    heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness
+    max_rejoins: int = Field(1, ge=0)  # times a worker that came back may rejoin the step
+    max_attempts_per_turn: int = Field(5, ge=1)  # a turn rerouted more often fails its trajectory
+    turn_timeout_s: float = Field(120.0, gt=0)  # a worker silent this long on a batch is excluded
+    stuck_after_s: float = Field(600.0, gt=0)  # no turn finished this long: RolloutStuck
+    # fetching a finished batch's results; a worker that died holding them makes Dask
+    # recompute the batch on that dead address, i.e. wait forever: rerouted instead
+    result_timeout_s: float = Field(30.0, gt=0)
+    max_batch_failures: int = Field(3, ge=1)  # failed batches before a worker is excluded
+    # versions a borrowed serving worker's turn may lag the trainer in all while its pull
+    # completes in the background; RunConfig.max_staleness takes that many of them already (the
+    # scheduler gets the rest: flows/rl_step.serving_lag_cfg). Dedicated rollout workers never lag.
+    serving_lag: int = Field(1, ge=0)
+    # a borrowed turn out this many dedicated median turn times while a rollout GPU idles is
+    # taken back and rerouted there (executors/policies/tail_handback.py); 0 = never
+    handback_factor: float = Field(4.0, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _check_handback(self) -> "SchedulerConfig":
+        if 0 < self.handback_factor < 1:
+            raise ValueError(f"handback_factor must be 0 (off) or >= 1, got {self.handback_factor}: "
+                             "a turn cannot be due before a dedicated GPU would have finished it")
+        return self
+
+
+class RolloutConfig(SchedulerConfig):
     env: Literal["frozenlake", "guess"] = "frozenlake"
     groups: int = Field(16, ge=1)  # GRPO groups per step (16 maps: a less noisy step signal)
     group_size: int = Field(8, ge=2)  # trajectories per group, sharing the initial state
@@ -128,16 +203,7 @@ class RolloutConfig(Strict):
     max_tokens_per_turn: int = Field(12, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_concurrency_per_worker: int = Field(16, ge=1)  # paper default cap per rollout GPU
-    # elastic rollout scheduler (executors/scheduling/scheduler.py)
-    routing: Literal["turnwise_affinity", "turnwise", "pinned"] = "turnwise_affinity"
-    serving_max_turns_per_worker: int = Field(16, ge=1)  # rollout turns queued on a serving GPU
     borrow_serving: bool = True  # False: serving workers only serve; turns stay on rollout GPUs
-    heartbeat_s: float = Field(0.5, gt=0, le=10)  # how often the scheduler checks worker liveness
-    turn_timeout_s: float = Field(120.0, gt=0)  # a worker silent this long on a batch is excluded
-    # a borrowed turn out this many dedicated median turn times while a rollout GPU idles is
-    # taken back and rerouted there (executors/policies/tail_handback.py); 0 = never
-    handback_factor: float = Field(4.0, ge=0)
     # DAPO dynamic sampling: launch groups until `groups` of them have reward variance, abort the
     # surplus; only those groups reach the step. The next step's launch comes from this one's
     # keep rate (persisted in the run dir).
@@ -151,9 +217,6 @@ class RolloutConfig(Strict):
             raise ValueError(f"dynamic_sampling_max_launch ({self.dynamic_sampling_max_launch}) "
                              f"must be >= dynamic_sampling_oversample "
                              f"({self.dynamic_sampling_oversample})")
-        if 0 < self.handback_factor < 1:
-            raise ValueError(f"handback_factor must be 0 (off) or >= 1, got {self.handback_factor}: "
-                             "a turn cannot be due before a dedicated GPU would have finished it")
         return self
 
 
@@ -179,7 +242,7 @@ class TrainConfig(Strict):
     # steps, 1e-3 collapses now and then, 5e-4 climbs steadily
     lr: float = Field(5e-4, gt=0)
     clip_eps: float = Field(0.2, gt=0, lt=1)
-    # turns from an older policy version (serving workers may lag publish.max_staleness) are
+    # turns from an older policy version (serving workers may lag rollout.serving_lag) are
     # weighted per token by min(pi_trainer / pi_rollout, tis_cap): truncated importance sampling
     tis_cap: float = Field(2.0, gt=0)
     kl_coef: float = Field(0.0, ge=0)  # >0 keeps a frozen reference model for a KL penalty
@@ -225,9 +288,28 @@ class PublishConfig(Strict):
     # which the Python around the kernels holds the GIL for: on 8 cores and more that is the
     # publish's floor (bench/transfer_gil.py); on 2 shared cores processes cost ~10% more CPU
     coder_processes: int = Field(0, ge=0, le=256)
-    # versions a borrowed serving worker's turn may lag the trainer while its pull completes in
-    # the background (at least RunConfig.max_staleness, which holds for every turn)
-    max_staleness: int = Field(1, ge=0)
+
+
+# Keys that moved, old -> new, both as paths; a config with the old key still loads.
+MOVED_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("publish", "max_staleness"): ("rollout", "serving_lag"),
+}
+
+
+def move_keys(data: dict) -> dict:
+    """`data` (a run config's keys) with the moved keys at their new place."""
+    out = dict(data)
+    for old, new in MOVED_KEYS.items():
+        parent = out.get(old[0])
+        if not isinstance(parent, dict) or old[1] not in parent:
+            continue
+        target = dict(out.get(new[0]) or {})
+        if new[1] in target:
+            raise ValueError(f"{'.'.join(old)} is now {'.'.join(new)}: give only {'.'.join(new)}")
+        target[new[1]] = parent[old[1]]
+        out[old[0]] = {k: v for k, v in parent.items() if k != old[1]}
+        out[new[0]] = target
+    return out
 
 
 class RunConfig(Strict):
@@ -237,8 +319,8 @@ class RunConfig(Strict):
     seed: int = 0
     # versions every turn's policy may lag the trainer that trains on it: step s rolls out with
     # version s-1-max_staleness (0: synchronous; 1: one-step off-policy, step s+1's rollout runs
-    # while step s trains; flows/pipeline.py). Same meaning as publish.max_staleness, which
-    # applies to serving workers' turns only.
+    # while step s trains; flows/pipeline.py). rollout.serving_lag lets borrowed serving
+    # workers' turns lag further.
     max_staleness: int = Field(0, ge=0, le=1)
     models: ModelsConfig = ModelsConfig()
     stack: StackConfig = StackConfig()
@@ -246,6 +328,11 @@ class RunConfig(Strict):
     train: TrainConfig = TrainConfig()
     publish: PublishConfig = PublishConfig()
     fault_injection: dict[str, int] = Field(default_factory=dict)  # tests only: {"train": step}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: object) -> object:
+        return move_keys(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _check(self) -> "RunConfig":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from executors.policies.router import MODES
+from rose.modes import ROUTING_MODES
 
 CONFIGS = ("fixed", "rose", "slo_unaware", "static")
 ALGORITHMS = ("grpo", "dapo")
@@ -27,15 +27,15 @@ class SimConfig:
     traj_per_rollout_gpu: int = 32  # batch = this x rollout GPUs (our choice; 2x the router cap)
     serving_rate: float = 12.0  # trace speed-up per serving GPU (the load level)
     kv_blocks: int = 2048  # KV pool per device, blocks of 32 tokens
-    cap_per_rollout_gpu: int = 16  # router cap (SchedulerConfig default)
-    serving_max_turns: int = 16  # rollout turns per serving GPU (SchedulerConfig default)
-    max_staleness: int = 0  # SchedulerConfig.serving_lag default
+    cap_per_rollout_gpu: int = 16  # router cap (rollout.max_concurrency_per_worker default)
+    serving_max_turns: int = 16  # rollout turns per serving GPU (rollout.serving_max_turns_per_worker default)
+    max_staleness: int = 0  # versions a serving GPU may lag (rollout.serving_lag, 1 in a run)
     # RunConfig.max_staleness: 1 = one-step off-policy, step s+1's rollout overlaps step s's
     # train and publish (flows/pipeline.py's gates); 0 = synchronous steps
     off_policy: int = 0
     pull_s: float = 0.0  # serving GPUs' background pull of a new version (0: no model given)
     admission_refresh_s: float = 0.3  # a serving GPU that aborted a turn stays closed this long
-    tail_handback: bool = True  # executors/policies/tail_handback.py (SchedulerConfig.handback_factor)
+    tail_handback: bool = True  # executors/policies/tail_handback.py (rollout.handback_factor)
     slo_ttft_s: float | None = None  # None: SLOConfig.from_profile (the serving worker's own rule)
     slo_tpot_s: float | None = None
     rollout_profile: str = "cpu_policy"
@@ -65,8 +65,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:
             raise ValueError(f"config must be one of {CONFIGS}, got {self.config!r}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode not in ROUTING_MODES:
+            raise ValueError(f"mode must be one of {ROUTING_MODES}, got {self.mode!r}")
         if self.gpus < 2 or self.steps < 1 or self.traj_per_rollout_gpu < 1:
             raise ValueError("need gpus >= 2, steps >= 1, traj_per_rollout_gpu >= 1")
         if self.off_policy not in (0, 1):

@@ -150,12 +150,8 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         # not awaited (an executor still starting must not hold up the rollout); held till the end
         step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
                                      pure=False) for n in serving]
-        scheduler = RolloutScheduler(
-            client, workers, r.max_concurrency_per_worker, r.routing,
-            serving_max_turns=r.serving_max_turns_per_worker, heartbeat_s=r.heartbeat_s,
-            turn_timeout_s=r.turn_timeout_s, handback_factor=r.handback_factor,
-            resync=resync_from_relay(client, cfg, policy_version),
-            serving_lag=cfg.publish.max_staleness)
+        scheduler = RolloutScheduler(client, workers, config=r,
+                                     resync=resync_from_relay(client, cfg, policy_version))
         report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it
         live = running_workers(client)

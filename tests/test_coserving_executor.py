@@ -134,7 +134,7 @@ def test_config_rejects_bad_values(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="unknown co-serving mode"):
+    with pytest.raises(ValueError, match="mode\n  Input should be .rose."):
         CoServingConfig(model, model, mode="greedy")
     with pytest.raises(ValueError, match="kv_blocks=10 cannot hold"):
         CoServingConfig(model, model, kv_blocks=10)

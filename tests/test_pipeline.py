@@ -119,13 +119,13 @@ def test_gates_raise_once_a_step_failed():
     assert gates.placement == {"workers": ["trainer-0"], "allow_other_workers": False}
 
 
-def test_serving_turns_lag_the_trainer_at_most_publish_max_staleness_in_all():
+def test_serving_turns_lag_the_trainer_at_most_serving_lag_in_all():
     sync = RunConfig()
     assert serving_lag_cfg(sync) is sync  # synchronous: unchanged, serving workers lag 1
     piped = serving_lag_cfg(RunConfig(max_staleness=1))
-    assert piped.publish.max_staleness == 0  # the step's own version already lags by 1
-    wider = serving_lag_cfg(RunConfig(max_staleness=1, publish={"max_staleness": 3}))
-    assert wider.publish.max_staleness == 2
+    assert piped.rollout.serving_lag == 0  # the step's own version already lags by 1
+    wider = serving_lag_cfg(RunConfig(max_staleness=1, rollout={"serving_lag": 3}))
+    assert wider.rollout.serving_lag == 2
 
 
 def test_publish_pushes_the_snapshot_of_its_version_while_the_trainer_moves_on(monkeypatch):

@@ -401,11 +401,11 @@ def test_a_worker_dying_with_finished_results_costs_a_reroute_not_a_hang(cluster
 
 
 def test_scheduler_config_is_validated_once():
-    from executors.scheduling.config import SchedulerConfig
+    from rose.config import SchedulerConfig
 
-    with pytest.raises(ValueError, match="turn_timeout_s must be > 0"):
+    with pytest.raises(ValueError, match="turn_timeout_s\n  Input should be greater than 0"):
         SchedulerConfig(turn_timeout_s=0)
-    with pytest.raises(ValueError, match="mode must be one of"):
-        SchedulerConfig(mode="random")
-    with pytest.raises(ValueError, match="cap_per_worker must be >= 1"):
-        SchedulerConfig(cap_per_worker=0)
+    with pytest.raises(ValueError, match="routing\n  Input should be 'turnwise_affinity'"):
+        SchedulerConfig(routing="random")
+    with pytest.raises(ValueError, match="max_concurrency_per_worker\n  Input should be greater"):
+        SchedulerConfig(max_concurrency_per_worker=0)

@@ -8,7 +8,7 @@ import pytest
 from distributed import WorkerPlugin, get_worker
 
 from executors.policies.tail_handback import HandbackConfig, TailHandback
-from executors.scheduling.config import SchedulerConfig
+from rose.config import SchedulerConfig
 from executors.turns import TurnResult
 from sim.cluster import ClusterSim
 from sim.config import SimConfig

@@ -16,15 +16,15 @@ control loop and the measurements are the same in all of them.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
+
+from pydantic import ConfigDict, field_validator
 
 from executors.policies.slo_admission import SLOConfig
-
-Mode = Literal["rose", "serving_only", "static_partition", "preemption", "prefix", "unaware",
-               "evict_reload"]
+from rose.config import CoServingSettings
+from rose.modes import SERVING_MODES, ServingMode
 
 
 @dataclass(frozen=True)
@@ -48,59 +48,32 @@ WIRING: dict[str, Wiring] = {
     "unaware": Wiring(True, False, False, False, True, False, None, False),
     "evict_reload": Wiring(True, False, False, False, True, True, 0.5, True),
 }
-MODES: tuple[str, ...] = tuple(WIRING)
-BLOCK_SIZE = 32  # tokens per KV block (vLLM CPU attention wants multiples of 32)
+assert set(WIRING) == set(SERVING_MODES), "every serving mode (rose/modes.py) needs its wiring"
 
 
-@dataclass
-class CoServingConfig:
+class CoServingConfig(CoServingSettings):
+    """One co-serving executor: its two models, its mode and SLO, and the settings a stack
+    config gives every serving worker (rose/config.py CoServingSettings, `stack.coserving`).
+    Built as CoServingConfig(serving_model_dir, rollout_model_dir, mode=..., kv_blocks=...)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
     serving_model_dir: Path
     rollout_model_dir: Path
-    mode: Mode = "rose"
+    mode: ServingMode = "rose"
     slo: SLOConfig | None = None  # None: SLOConfig.from_profile(serving profile), said in metrics
-    reserve_fraction: float = 0.2
-    chunk_tokens: int = 512
-    stall_timeout_s: float = 2.0
-    lease_s: float = 10.0
-    kv_blocks: int | None = None  # per-engine KV pool in blocks; None: VLLM_CPU_KVCACHE_SPACE
-    high_watermark: float = 0.5  # burst trigger: share of the reserve serving may eat
-    cut_factor: int = 2
-    max_model_len: int = 2048
-    max_num_seqs: int = 64  # per engine; also the largest profiled decode batch
-    usage_window_s: float = 30.0  # "recent serving usage" for start_step's budget
-    evict_load_threshold: int = 8  # evict_reload: serving requests in flight that start a burst
-    reload_after_s: float = 2.0  # evict_reload: calm time before rebuilding the rollout engine
-    profile_repeats: int = 3
-    seed: int = 0
 
-    def __post_init__(self) -> None:
-        self.serving_model_dir = Path(self.serving_model_dir)
-        self.rollout_model_dir = Path(self.rollout_model_dir)
-        for name in ("serving_model_dir", "rollout_model_dir"):
-            if not (getattr(self, name) / "config.json").is_file():
-                raise FileNotFoundError(f"{name} {getattr(self, name)} has no config.json")
-        if self.mode not in WIRING:
-            raise ValueError(f"unknown co-serving mode {self.mode!r}; expected one of {MODES}")
-        if self.slo is not None and not isinstance(self.slo, SLOConfig):
-            raise TypeError("slo must be an SLOConfig or None")
-        if not 0 < self.reserve_fraction < 1:
-            raise ValueError(f"reserve_fraction must be in (0, 1), got {self.reserve_fraction}")
-        if not 1 <= self.chunk_tokens <= self.max_model_len:
-            raise ValueError(f"chunk_tokens must be in 1..{self.max_model_len}, got {self.chunk_tokens}")
-        for name in ("stall_timeout_s", "lease_s", "usage_window_s", "reload_after_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {v!r}")
-        if self.max_model_len < 2 * BLOCK_SIZE or self.max_model_len % BLOCK_SIZE:
-            raise ValueError(f"max_model_len must be a multiple of {BLOCK_SIZE} >= {2 * BLOCK_SIZE}")
-        full = self.max_model_len // BLOCK_SIZE + 1
-        if self.kv_blocks is not None and self.kv_blocks < full:
-            raise ValueError(f"kv_blocks={self.kv_blocks} cannot hold one {self.max_model_len}-token "
-                             f"request; need >= {full}")
-        if not 0 <= self.high_watermark <= 1 or self.cut_factor < 2:
-            raise ValueError("high_watermark must be in [0, 1] and cut_factor >= 2")
-        if self.max_num_seqs < 2 or self.profile_repeats < 1 or self.evict_load_threshold < 1:
-            raise ValueError("max_num_seqs >= 2, profile_repeats >= 1, evict_load_threshold >= 1")
+    def __init__(self, serving_model_dir: str | Path, rollout_model_dir: str | Path,
+                 **settings: Any) -> None:
+        super().__init__(serving_model_dir=serving_model_dir, rollout_model_dir=rollout_model_dir,
+                         **settings)
+
+    @field_validator("serving_model_dir", "rollout_model_dir")
+    @classmethod
+    def _model_dir(cls, path: Path, info) -> Path:
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{info.field_name} {path} has no config.json")
+        return path
 
     @property
     def wiring(self) -> Wiring:

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from executors.policies.load_index import LoadIndex
+from rose.modes import ROUTING_MODES, RoutingMode
 
 Kind = Literal["rollout", "serving"]
-Mode = Literal["turnwise_affinity", "turnwise", "pinned"]
 KINDS: tuple[str, ...] = ("rollout", "serving")
-MODES: tuple[str, ...] = ("turnwise_affinity", "turnwise", "pinned")
 Admits = Callable[[str], bool]
 
 
@@ -88,11 +87,11 @@ def _never(_: str) -> bool:
 class TurnRouter:
     """Routing state for one rollout: worker loads, cache affinity, per-trajectory placements."""
 
-    def __init__(self, cap_per_rollout_worker: int = 16, mode: Mode = "turnwise_affinity") -> None:
+    def __init__(self, cap_per_rollout_worker: int = 16, mode: RoutingMode = "turnwise_affinity") -> None:
         if cap_per_rollout_worker < 1:
             raise ValueError(f"cap_per_rollout_worker must be >= 1, got {cap_per_rollout_worker}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode not in ROUTING_MODES:
+            raise ValueError(f"mode must be one of {ROUTING_MODES}, got {mode!r}")
         self.cap = cap_per_rollout_worker
         self.mode = mode
         self._workers: dict[str, _Worker] = {}

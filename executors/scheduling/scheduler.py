@@ -19,12 +19,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from typing import Any, Callable
 
 from distributed import Client, wait
 
-from executors.scheduling.config import SchedulerConfig
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
@@ -33,6 +31,7 @@ from executors.workers.rollout_worker import generate_turns
 from executors.policies.router import TurnRouter
 from executors.policies.tail_handback import HandbackConfig, TailHandback
 from executors.scheduling.worker_pool import WorkerPool
+from rose.config import SchedulerConfig
 
 log = logging.getLogger("rose.rollout")
 
@@ -42,14 +41,17 @@ class RolloutScheduler:
                  mode: str | None = None, admits: Callable[[str], bool] | None = None, *,
                  config: SchedulerConfig | None = None, resync: Callable | None = None,
                  generate: Callable = generate_turns, **settings: Any) -> None:
-        """Settings come from `config`; `cap_per_worker`, `mode` and keyword `settings` (any
-        SchedulerConfig field) override it. admits / resync / generate: hooks for tests, benches
-        and the rollout task (admission oracle, weight resync, the function sent to workers)."""
-        given = {k: v for k, v in (("cap_per_worker", cap_per_worker), ("mode", mode)) if v is not None}
-        self.config = cfg = replace(config or SchedulerConfig(), **given, **settings)  # validated
-        self.client, self.router = client, TurnRouter(cfg.cap_per_worker, cfg.mode)
+        """Settings come from `config` (a run's RolloutConfig is one); `cap_per_worker`, `mode`
+        and keyword `settings` (any SchedulerConfig field) override it. admits / resync /
+        generate: hooks for tests, benches and the rollout task (admission oracle, weight
+        resync, the function sent to workers)."""
+        given = {k: v for k, v in (("max_concurrency_per_worker", cap_per_worker), ("routing", mode))
+                 if v is not None}
+        base = (config or SchedulerConfig()).model_dump(include=set(SchedulerConfig.model_fields))
+        self.config = cfg = SchedulerConfig.model_validate({**base, **given, **settings})
+        self.client, self.router = client, TurnRouter(cfg.max_concurrency_per_worker, cfg.routing)
         self.pool = WorkerPool(client, workers, self.router, heartbeat_s=cfg.heartbeat_s,
-                               admits=admits, serving_max_turns=cfg.serving_max_turns,
+                               admits=admits, serving_max_turns=cfg.serving_max_turns_per_worker,
                                admission_refresh_s=cfg.admission_refresh_s, resync=resync,
                                max_rejoins=cfg.max_rejoins)
         self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views

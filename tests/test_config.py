@@ -1,0 +1,53 @@
+"""The run and stack configuration: one definition per knob, moved keys still load, the
+co-serving executor's settings reachable from a config file, one-line errors."""
+from __future__ import annotations
+
+import pytest
+
+from rose.config import RunConfig, SchedulerConfig
+from rose.config_file import ConfigError, load_run_config
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_rollout_config_is_the_schedulers_config():
+    cfg = RunConfig(rollout={"heartbeat_s": 0.2, "routing": "pinned", "stuck_after_s": 60})
+    assert isinstance(cfg.rollout, SchedulerConfig)  # the scheduler takes it as it is
+    assert (cfg.rollout.heartbeat_s, cfg.rollout.routing, cfg.rollout.stuck_after_s) == (0.2, "pinned", 60)
+
+
+def test_a_moved_key_still_loads_at_its_new_place(tmp_path):
+    cfg = load_run_config(_write(tmp_path, "publish:\n  max_staleness: 3\n"))
+    assert cfg.rollout.serving_lag == 3
+    with pytest.raises(ConfigError, match="^publish.max_staleness is now rollout.serving_lag"):
+        load_run_config(_write(tmp_path, "publish: {max_staleness: 3}\nrollout: {serving_lag: 2}\n"))
+
+
+def test_coserving_settings_reach_every_serving_worker(tmp_path):
+    from rose.stack.serving import coserving_plugin
+
+    cfg = load_run_config(_write(tmp_path, "stack:\n  serving_mode: prefix\n"
+                                           "  coserving: {kv_blocks: 200, reserve_fraction: 0.3, lease_s: 5}\n"))
+    plugin = coserving_plugin(cfg.models, cfg.stack)
+    assert {k: plugin.config[k] for k in ("mode", "kv_blocks", "reserve_fraction", "lease_s")} == \
+        {"mode": "prefix", "kv_blocks": 200, "reserve_fraction": 0.3, "lease_s": 5.0}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("stack: {coserving: {kv_blocks: 10}}",
+     "'stack.coserving' in run.yaml: kv_blocks=10 cannot hold one 2048-token request"),
+    ("stack: {coserving: {high_watermark: 2}}",
+     "bad config value for 'stack.coserving.high_watermark' in "),
+    ("stack: {coserving: {kv_pool: 1}}", "unknown config key 'stack.coserving.kv_pool' in "),
+    ("stack: {serving_mode: serving_only}", "bad config value for 'stack.serving_mode' in "),
+    ("rollout: {routing: random}", "bad config value for 'rollout.routing' in "),
+])
+def test_a_bad_setting_is_one_line_naming_it(tmp_path, text, message):
+    with pytest.raises(ConfigError) as err:
+        load_run_config(_write(tmp_path, text + "\n"))
+    line = str(err.value).replace(str(tmp_path) + "/", "")
+    assert message in line and "\n" not in line
