@@ -12,6 +12,7 @@ import typer
 
 from dashboards.web.links import DEFAULT_PORT, page_url
 from rose.cli_cluster import cluster_app
+from rose.cli_config import config_app
 from rose.cli_errors import clear_errors, console, err_console
 from rose.config import stack_dir
 from rose.config_file import load_run_config
@@ -202,6 +203,7 @@ def models_build(force: bool = typer.Option(False, help="Rebuild even if up to d
 
 
 app.add_typer(cluster_app, name="cluster")
+app.add_typer(config_app, name="config")
 
 serve_app = typer.Typer(help="Serving side: trace replay against serving endpoints.",
                         no_args_is_help=True)

@@ -51,3 +51,24 @@ def test_a_bad_setting_is_one_line_naming_it(tmp_path, text, message):
         load_run_config(_write(tmp_path, text + "\n"))
     line = str(err.value).replace(str(tmp_path) + "/", "")
     assert message in line and "\n" not in line
+
+
+def test_config_show_says_where_each_value_came_from(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rose.cli import app
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
+    path = _write(tmp_path, "steps: 3\nrollout: {groups: 4}\npublish: {max_staleness: 2}\n")
+    out = CliRunner().invoke(app, ["config", "show", "-c", str(path), "--set", "rollout.groups=2"])
+    assert out.exit_code == 0, out.output
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.output.splitlines()}
+    assert rows["steps"] == "file 3"
+    assert rows["rollout.groups"] == "flag 2"  # the flag wins over the file
+    assert rows["rollout.serving_lag"] == "file (publish.max_staleness) 2"
+    assert rows["rollout.heartbeat_s"] == "default 0.5"
+    assert rows["stack.coserving.kv_blocks"] == "default None"
+    assert rows["data_dir"] == f"env (ROSE_DATA_DIR) {tmp_path / 'data'}"
+    assert rows["models.policy_dir"] == f"default {tmp_path / 'data' / 'models' / 'policy'}"
+    bad = CliRunner().invoke(app, ["config", "show", "--set", "rollout.gruops=3"])
+    assert bad.exit_code == 1 and "unknown config key 'rollout.gruops'" in bad.output
