@@ -2,6 +2,8 @@
 co-serving executor's settings reachable from a config file, one-line errors."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rose.config import RunConfig, SchedulerConfig
@@ -72,3 +74,18 @@ def test_config_show_says_where_each_value_came_from(tmp_path, monkeypatch):
     assert rows["models.policy_dir"] == f"default {tmp_path / 'data' / 'models' / 'policy'}"
     bad = CliRunner().invoke(app, ["config", "show", "--set", "rollout.gruops=3"])
     assert bad.exit_code == 1 and "unknown config key 'rollout.gruops'" in bad.output
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_config_loads(path):
+    cfg = load_run_config(path)
+    assert cfg.run_id and cfg.steps >= 1  # validated: load_run_config raises on any bad key
+
+
+def test_the_examples_cover_the_four_uses():
+    assert {"demo", "cluster", "off_policy", "borrowing"} <= {p.stem for p in EXAMPLES}
+    borrowing = load_run_config(EXAMPLES[[p.stem for p in EXAMPLES].index("borrowing")])
+    assert borrowing.stack.serving_workers == 2 and borrowing.stack.coserving.lease_s == 10.0
