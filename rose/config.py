@@ -1,7 +1,10 @@
-"""Run configuration: one pydantic model per concern, unknown keys rejected.
+"""Run configuration: one pydantic model per concern, unknown keys rejected, each knob once.
 
 These models are also the Prefect flow parameters, so the UI renders them as forms
-with defaults and validation.
+with defaults and validation. The layers below take them as they are (the rollout scheduler
+takes RolloutConfig as its SchedulerConfig, a serving worker's executor extends
+CoServingSettings) or get plain dataclasses built from them (the policies import no pydantic).
+docs/configuration.md: the sections, `rose config show`, and the environment variables.
 """
 from __future__ import annotations
 

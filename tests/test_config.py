@@ -89,3 +89,14 @@ def test_the_examples_cover_the_four_uses():
     assert {"demo", "cluster", "off_policy", "borrowing"} <= {p.stem for p in EXAMPLES}
     borrowing = load_run_config(EXAMPLES[[p.stem for p in EXAMPLES].index("borrowing")])
     assert borrowing.stack.serving_workers == 2 and borrowing.stack.coserving.lease_s == 10.0
+
+
+def test_every_environment_variable_is_listed_in_one_place():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    used = {name for pkg in ("rose", "flows", "tasks", "executors", "storage", "sim", "dashboards", "envs")
+            for path in (root / pkg).rglob("*.py")
+            for name in re.findall(r"\bROSE_[A-Z_]*[A-Z]\b", path.read_text())}
+    listed = set(re.findall(r"`(ROSE_[A-Z_]+)`", (root / "docs" / "configuration.md").read_text()))
+    assert used and used <= listed, f"not in docs/configuration.md: {sorted(used - listed)}"
