@@ -190,7 +190,7 @@ def weights_check(bed: Bed) -> dict:
     old = os.environ.get("ROSE_DATA_DIR")
     os.environ["ROSE_DATA_DIR"] = str(bed.data)  # Trainer finds models and runs under it
     try:
-        torch.set_num_threads(1)  # as the trainer worker (ROSE_TRAIN_THREADS default)
+        torch.set_num_threads(1)  # as the trainer worker (train.threads default)
         cfg = RunConfig.model_validate({**bed.config, "run_id": f"{bed.run_id}-reference"})
         shutil.rmtree(cfg.run_dir(), ignore_errors=True)
         reference = Trainer(cfg)

@@ -254,6 +254,8 @@ class TrainConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0)
     seed: int = 0
     keep_checkpoints: int = Field(3, ge=1)  # newest kept in <run dir>/checkpoints
+    # torch threads of the hf trainer (on a loaded 2-core machine two threads ran 4x slower)
+    threads: int = Field(1, ge=1, le=1024)
 
     @model_validator(mode="after")
     def _check_layout(self) -> "TrainConfig":

@@ -100,7 +100,7 @@ def _assert_equals_uninterrupted_training(cfg, trainer_digest: str) -> None:
     from storage.checkpoints import load_latest_checkpoint
     from storage.trajectories.dataset import TrajectoryStore
 
-    torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", os.cpu_count() or 1)))
+    torch.set_num_threads(cfg.train.threads)  # as the trainer worker
     reference = Trainer(cfg.model_copy(update={"run_id": f"{RUN}-reference",
                                                "fault_injection": {}}))
     assert reference.version == 0

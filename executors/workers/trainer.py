@@ -5,7 +5,6 @@ the `train_gpu` Dask worker so the optimizer state survives between flow runs.
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections import defaultdict
@@ -142,9 +141,9 @@ class TrainerPlugin(WorkerPlugin):
         # a megatron rank builds its trainer when its group forms (executors/workers/train_group.py)
         megatron = RunConfig.model_validate_json(self.cfg_json).train.backend == "megatron"
         if "train_gpu" in worker.state.total_resources and not megatron:
-            # One thread by default: on a loaded 2-core machine two threads ran 4x slower.
-            torch.set_num_threads(int(os.environ.get("ROSE_TRAIN_THREADS", "1")))
-            self.trainer = Trainer(RunConfig.model_validate_json(self.cfg_json))
+            cfg = RunConfig.model_validate_json(self.cfg_json)
+            torch.set_num_threads(cfg.train.threads)
+            self.trainer = Trainer(cfg)
 
     def teardown(self, worker) -> None:
         self.trainer = None
