@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rose.modes import RoutingMode, StackServingMode
+from rose.modes import Device, RoutingMode, StackServingMode
 
 MB = 1 << 20
 BLOCK_SIZE = 32  # tokens per KV block (vLLM CPU attention wants multiples of 32)
@@ -137,7 +137,7 @@ class StackConfig(Strict):
     relay_store_mb: int = Field(1024, ge=0)
     # engine workers' device: "cuda" (the `gpu` extra) splits each GPU between a serving
     # worker's two engines by memory fraction (executors/engine/device.py); never run on a GPU yet
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Device = "cpu"
     # serving workers: co-serving mode and serving SLO (both None: derived from the serving
     # model's start-up profile, reported in each endpoint's /metrics)
     serving_mode: StackServingMode = "rose"

@@ -1,7 +1,8 @@
-"""The modes a user picks by name, written once: turn routing and co-serving.
+"""The modes a user picks by name, written once: turn routing, co-serving, engine device.
 
-Plain Python, so the policies (executors/policies/router.py), the co-serving executor
-(executors/coserving/config.py) and the pydantic config (rose/config.py) all take them from here.
+Plain Python, so the policies (executors/policies/router.py), the executors
+(executors/coserving/config.py, executors/engine/device.py) and the pydantic config
+(rose/config.py) all take them from here.
 """
 from __future__ import annotations
 
@@ -17,3 +18,7 @@ StackServingMode = Literal["rose", "static_partition", "preemption", "prefix", "
 # rollout engine torn down on a burst (bench/coserving.py)
 ServingMode = Literal[StackServingMode, "serving_only", "evict_reload"]
 SERVING_MODES: tuple[str, ...] = get_args(ServingMode)
+
+# where the engine workers' engines run (executors/engine/device.py)
+Device = Literal["cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)

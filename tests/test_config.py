@@ -100,3 +100,12 @@ def test_every_environment_variable_is_listed_in_one_place():
             for name in re.findall(r"\bROSE_[A-Z_]*[A-Z]\b", path.read_text())}
     listed = set(re.findall(r"`(ROSE_[A-Z_]+)`", (root / "docs" / "configuration.md").read_text()))
     assert used and used <= listed, f"not in docs/configuration.md: {sorted(used - listed)}"
+
+
+def test_the_config_offers_exactly_the_registered_environments():
+    from typing import get_args
+
+    from envs.registry import ENVS
+    from rose.config import RolloutConfig
+
+    assert set(get_args(RolloutConfig.model_fields["env"].annotation)) == set(ENVS)

@@ -21,7 +21,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEVICES = ("cpu", "cuda")
+from rose.modes import DEVICES
+
 ROLES = ("serving", "rollout", "dedicated")  # co-serving pair, or a rollout worker's one engine
 DEVICE_ENV = "ROSE_DEVICE"
 FRACTION_ENV = {"serving": "ROSE_GPU_SERVING_FRACTION", "rollout": "ROSE_GPU_ROLLOUT_FRACTION",
