@@ -95,7 +95,8 @@ class CoServingSettings(Strict):
     cut_factor: int = Field(2, ge=2)  # a burst divides the rollout's KV budget by this
     lease_s: float = Field(10.0, gt=0, allow_inf_nan=False)  # finished turns' prefix blocks kept this long
     chunk_tokens: int = Field(512, ge=1)  # rollout prefill chunk
-    stall_timeout_s: float = Field(2.0, gt=0, allow_inf_nan=False)  # a rollout turn not admitted this long is aborted
+    # a rollout turn with no progress this long (waiting for admission counts) is rerouted
+    stall_timeout_s: float = Field(2.0, gt=0, allow_inf_nan=False)
     max_model_len: int = Field(2048, ge=2 * BLOCK_SIZE)  # a multiple of BLOCK_SIZE
     max_num_seqs: int = Field(64, ge=2)  # per engine; also the largest profiled decode batch
     usage_window_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # "recent serving usage" for a step's budget
