@@ -37,6 +37,13 @@ def test_coserving_settings_reach_every_serving_worker(tmp_path):
     plugin = coserving_plugin(cfg.models, cfg.stack)
     assert {k: plugin.config[k] for k in ("mode", "kv_blocks", "reserve_fraction", "lease_s")} == \
         {"mode": "prefix", "kv_blocks": 200, "reserve_fraction": 0.3, "lease_s": 5.0}
+    # what the plugin builds on the serving worker (executors/coserving/plugin.py setup)
+    from executors.coserving.config import CoServingConfig
+
+    (tmp_path / "config.json").write_text("{}")
+    executor_cfg = CoServingConfig(tmp_path, tmp_path, **plugin.config)
+    assert (executor_cfg.mode, executor_cfg.kv_blocks, executor_cfg.lease_s) == ("prefix", 200, 5.0)
+    assert executor_cfg.wiring.leases and not executor_cfg.wiring.admission
 
 
 @pytest.mark.parametrize("text, message", [
