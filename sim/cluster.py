@@ -81,7 +81,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
         ctx = ContextCost(c.rollout_kv_s_per_token, c.rollout_attn_s_per_pair)
         for i in range(c.rollout_gpus):
             self._add(Device(self.loop, f"rollout-{i}", "rollout", self.rollout_prof, self._done, self._abort,
-                             context=ctx, kv_pool=c.rollout_kv_blocks))
+                             context=ctx, kv_pool=c.rollout_kv_blocks, jump=c.event_jump))
         arrival_len = p90([r.prompt for r in _sample_prompts(c)])
         for j in range(c.serving_gpus):
             arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600), c.serving_length_scale,
@@ -89,14 +89,14 @@ class ClusterSim(HandbackSide, RedundantSampling):
             name = f"serving-{j}"
             if c.config == "fixed":
                 dev = Device(self.loop, name, "serving", None, self._done, self._abort,
-                             serving=self.serving_prof, arrivals=arrivals)
+                             serving=self.serving_prof, arrivals=arrivals, jump=c.event_jump)
             elif c.config == "static":  # half the device each: two half-speed engines side by side
                 dev = Device(self.loop, name, "serving", None, self._done, self._abort,
-                             serving=scaled(self.serving_prof, 2.0), arrivals=arrivals)
+                             serving=scaled(self.serving_prof, 2.0), arrivals=arrivals, jump=c.event_jump)
                 half = Device(self.loop, f"{name}-r", "rollout", scaled(self.rollout_prof, 2.0),
                               self._done, self._abort,
                               context=ContextCost(2 * ctx.kv_s_per_token, 2 * ctx.attn_s_per_pair),
-                              kv_pool=c.kv_blocks // 2)
+                              kv_pool=c.kv_blocks // 2, jump=c.event_jump)
                 half.borrowed = True
                 self._add(half)
             else:
@@ -106,7 +106,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
                              serving=self.serving_prof, admission=admission,
                              memory=KVMemoryPolicy(c.kv_blocks), stall=StallDetector(2.0),
                              arrivals=arrivals, slo_aware=c.config == "rose", on_iter=self._on_iter,
-                             context=ctx)
+                             context=ctx, jump=c.event_jump)
                 self.router.register_worker(WorkerInfo(name, "serving"))
                 self.router.set_admitting(name, False)
                 self.flags[name], self.version[name] = False, 0
@@ -132,6 +132,8 @@ class ClusterSim(HandbackSide, RedundantSampling):
         finally:
             if collecting:
                 gc.enable()
+        for dev in {id(d): d for d in [*self.devices.values(), *self.serving_devices]}.values():
+            dev._interrupt()  # a jump in progress: the steps begun by now happened
         return summarize(self, time.perf_counter() - wall)
 
     def _start_step(self, step: int) -> None:

@@ -61,6 +61,8 @@ class SimConfig:
     algorithm: str = "grpo"
     group_size: int = 16
     dapo_valid_rate: float = 0.5
+    # silent decode runs as one event (sim/decode_jump.py); False: one event per engine iteration
+    event_jump: bool = True
 
     def __post_init__(self) -> None:
         if self.config not in CONFIGS:

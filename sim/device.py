@@ -18,8 +18,10 @@ from executors.policies.latency_profile import LatencyProfile
 from executors.policies.slo_admission import DualSLOAdmission
 from executors.policies.stall import StallDetector, keep_stalled
 from executors.policies.step_plan import plan_steps
+from sim.decode_jump import DecodeJump
 from sim.engine_cost import ContextCost
 from sim.events import EventLoop
+from sim.kv_pool import KVPool
 from sim.serving import BLOCK, ServingEngine, ServingStats
 from sim.workload import ServingRequest
 
@@ -45,14 +47,14 @@ class Turn:
         return self.context - self.prefill_left + self.response - self.out_left
 
 
-class Device:
+class Device(DecodeJump, KVPool):
     def __init__(self, loop: EventLoop, name: str, kind: str, rollout: LatencyProfile | None,
                  on_done: Callable[["Device", Turn], None], on_abort: Callable[["Device", Turn], None],
                  serving: LatencyProfile | None = None, admission: DualSLOAdmission | None = None,
                  memory: KVMemoryPolicy | None = None, stall: StallDetector | None = None,
                  arrivals: Iterator[ServingRequest] | None = None, slo_aware: bool = True,
                  on_iter: Callable[["Device"], None] | None = None, context: ContextCost | None = None,
-                 kv_pool: int | None = None) -> None:
+                 kv_pool: int | None = None, jump: bool = False) -> None:
         self.loop, self.name, self.kind = loop, name, kind
         self.rollout, self.serving, self.admission = rollout, serving, admission
         self.memory, self.stall, self.slo_aware = memory, stall, slo_aware
@@ -72,12 +74,14 @@ class Device:
         self._denied_at = -math.inf
         self._rids = 0
         self._fresh = False  # a turn arrived during the current iteration
+        self.jump, self._jump, self._gen = jump, None, 0  # sim/decode_jump.py
         if self.engine is not None and self.engine.next is not None:
             loop.at(self.engine.next.arrival, self._wake)
 
     # ---- inputs ---------------------------------------------------------------------------
     def submit(self, turn: Turn, prefix_hit: bool) -> None:
         """A turn routed here; a prefix hit prefills only the tokens after the cached prefix."""
+        self._interrupt()
         if prefix_hit and self.memory is not None:
             prefix_hit = self.memory.drop_prefix(turn.tid) > 0  # the lease may have lapsed
         turn.cached = min(turn.context - 1, turn.cached) if prefix_hit else 0
@@ -91,6 +95,7 @@ class Device:
         self._wake()
 
     def start_step(self, now: float) -> None:
+        self._interrupt()
         if self.memory is not None:
             self.memory.start_step(min(self.memory.total_blocks, self._serving_blocks()), now)
 
@@ -108,9 +113,12 @@ class Device:
     def _wake(self, _=None) -> None:
         if not self.busy:
             self.busy = True
-            self.loop.at(self.loop.now, self._iterate)
+            self.loop.at(self.loop.now, self._iterate, self._gen)
 
-    def _iterate(self, _=None) -> None:
+    def _iterate(self, gen: int) -> None:
+        if gen != self._gen:  # a jump cut short by _interrupt: its end is not an iteration
+            return
+        self._land()
         now, engine, memory = self.loop.now, self.engine, self.memory
         self._fresh = False
         cost = 0.0
@@ -129,12 +137,15 @@ class Device:
                 self.stats.busy_s += cost
         elif memory is not None:
             memory.expired_leases(now)
+        serving_cost = cost
         if self.rollout is not None and (self.waiting or self.running):
             cost += self._rollout_step(now + cost)
         if self.on_iter is not None:
             self.on_iter(self)
+        if self.jump and cost > 0 and self._jump is None and engine is not None:
+            self._serving_jump_after(now, cost, cost == serving_cost)
         if cost > 0 or self._fresh:  # a turn routed here by on_iter starts now, not at the next arrival
-            self.loop.at(now + cost, self._iterate)
+            self.loop.at(now + cost if self._jump is None else self._jump_end(), self._iterate, self._gen)
             return
         self.busy = False
         if engine is not None and engine.next is not None:
@@ -166,6 +177,7 @@ class Device:
             plans[1:1] = [p for c in (CHUNK // 2, CHUNK // 4, CHUNK // 8)
                           for p in plan_steps(decodes, prefill, 0, BLOCK, self.rollout, c)
                           if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
+        base = plans[0].cost_s if plans else 0.0
         if self.context is not None:  # long contexts: KV reads and attention to cached tokens
             plans = [self.context.priced(p, decodes, held, before) for p in plans]
         plan = self._admit(plans, now)
@@ -194,25 +206,9 @@ class Device:
         if self.kv_pool is not None:
             self._grow_kv()
         self._check_stalls(end)
+        if self.jump and plan.kind == "decode" and not finished:
+            self._jump_after(now, plan.cost_s, base, decodes, held)
         return plan.cost_s
-
-    def _grow_kv(self) -> None:
-        """Blocks for the tokens the step wrote; when the pool runs out, vLLM preempts its youngest
-        running request (recompute: its KV is dropped, its prompt and output so far prefilled
-        again when it resumes, first in the queue)."""
-        for t in self.running:
-            need = -(-(t.kv_tokens + 1) // BLOCK) - t.blocks
-            if need > 0:
-                self.kv_used += need
-                t.blocks += need
-        while self.kv_used > self.kv_pool and len(self.running) > 1:
-            t = self.running.pop()
-            self.kv_used -= t.blocks
-            t.blocks, t.cached = 0, 0
-            t.prefill_left = t.context + t.response - t.out_left
-            t.context, t.response = t.prefill_left, t.out_left  # re-prefilled as a prompt
-            self.waiting.insert(0, t)
-            self.preempted += 1
 
     def _admit(self, plans, now: float):
         if self.admission is None or not self.slo_aware:
@@ -278,6 +274,7 @@ class Device:
 
     def take_back(self, tid: str) -> None:
         """The scheduler takes a turn back (tail hand-back): aborted here, rerouted by on_abort."""
+        self._interrupt()
         t = next((x for x in self.running + self.waiting if x.tid == tid), None)
         if t is not None:
             self._abort(t.rid)

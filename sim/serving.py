@@ -15,7 +15,7 @@ batch every step (the JSON outputs of bench/cluster_sim.py are identical before 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from executors.policies.latency_profile import LatencyProfile
@@ -70,9 +70,7 @@ class ServingEngine:
         """Run one serving step from `now` (the caller checked `busy`); its seconds."""
         g = self._steps = self._steps + 1
         if not self.queued:  # a decode step, the common case: D(B) remembered per batch size
-            cost = self._decode.get(self.running)
-            if cost is None:
-                cost = self._decode[self.running] = self.profile.decode_step(self.running)
+            cost = self.decode_cost()
             end = self.last_token_at = now + cost
             self.blocks += self._phases[(1 - g) % BLOCK]  # running requests whose token opens a block
             if g in self._due:
@@ -98,6 +96,33 @@ class ServingEngine:
         if done:
             self._retire(done, end)
         return cost
+
+    def decode_cost(self) -> float:
+        """D(B) of the running batch (remembered per batch size, as `step` does)."""
+        cost = self._decode.get(self.running)
+        if cost is None:
+            cost = self._decode[self.running] = self.profile.decode_step(self.running)
+        return cost
+
+    def steps_to_retire(self) -> int:
+        """Decode steps before the one that emits some running request's last token."""
+        return min(self._due) - self._steps - 1 if self._due else 0
+
+    def blocks_after(self) -> Callable[[int], int]:
+        """KV blocks after k more decode steps that retire nothing, as a function of k: step g
+        opens the blocks of the requests whose phase is (1 - g) mod BLOCK, so every BLOCK steps
+        open one each."""
+        g, phases, opened = self._steps, self._phases, [0]
+        for i in range(1, BLOCK):
+            opened.append(opened[-1] + phases[(1 - g - i) % BLOCK])
+        blocks, running = self.blocks, self.running
+        return lambda k: blocks + (k // BLOCK) * running + opened[k % BLOCK]
+
+    def silent_decodes(self, k: int, end: float) -> None:
+        """k decode steps that retire nothing, the last ending at `end` (sim/decode_jump.py)."""
+        self.blocks = self.blocks_after()(k)
+        self._steps += k
+        self.last_token_at = end
 
     def _retire(self, done: list[_Serve], end: float) -> None:
         """Requests whose last token came out at `end`: free their KV, record TTFT and TPOT."""

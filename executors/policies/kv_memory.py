@@ -238,6 +238,11 @@ class KVMemoryPolicy:
         lease = self._pop_lease(trajectory_id)
         return 0 if lease is None else lease.blocks
 
+    @property
+    def next_lease_end(self) -> float:
+        """No lease ends before this time (it may be earlier than the first that does)."""
+        return self._next_expiry
+
     def expired_leases(self, now: float) -> list[Lease]:
         """Leases ended at or before `now`; they are removed here, the executor frees the blocks."""
         if now < self._next_expiry:  # the common case: nothing ends yet

@@ -57,6 +57,11 @@ class StallDetector:
     def on_finish(self, request_id: Hashable) -> None:
         self._watch.pop(request_id, None)
 
+    def oldest_progress(self) -> float:
+        """The earliest last progress of the requests watched (+inf: none): nothing is reported
+        while now - this < timeout_s."""
+        return min((w.last_progress for w in self._watch.values()), default=math.inf)
+
     def check(self, now: float) -> list[StallReport]:
         """Requests idle for >= timeout_s, longest idle first; each is reported once and dropped."""
         stalled = sorted(((rid, w) for rid, w in self._watch.items()

@@ -1,0 +1,43 @@
+"""A dedicated rollout GPU's own KV pool, as vLLM manages it: blocks grow with the tokens each
+step writes, and when the pool runs out the youngest running request is preempted. A mixin of
+Device (sim/device.py), which keeps `kv_pool` (blocks; None: unbounded), `kv_used` and each
+turn's `blocks`."""
+from __future__ import annotations
+
+from sim.serving import BLOCK
+
+
+class KVPool:
+    def _grow_kv(self) -> None:
+        """Blocks for the tokens the step wrote; when the pool runs out, vLLM preempts its youngest
+        running request (recompute: its KV is dropped, its prompt and output so far prefilled
+        again when it resumes, first in the queue)."""
+        for t in self.running:
+            need = -(-(t.kv_tokens + 1) // BLOCK) - t.blocks
+            if need > 0:
+                self.kv_used += need
+                t.blocks += need
+        while self.kv_used > self.kv_pool and len(self.running) > 1:
+            t = self.running.pop()
+            self.kv_used -= t.blocks
+            t.blocks, t.cached = 0, 0
+            t.prefill_left = t.context + t.response - t.out_left
+            t.context, t.response = t.prefill_left, t.out_left  # re-prefilled as a prompt
+            self.waiting.insert(0, t)
+            self.preempted += 1
+
+    def _pool_room(self, n: int) -> int:
+        """The most further steps (<= n) after which the running turns' KV still fits the pool."""
+        held = sum(t.blocks for t in self.running)
+        if sum(max(t.blocks, -(-(t.kv_tokens + n + 1) // BLOCK)) for t in self.running) - held + self.kv_used \
+                <= self.kv_pool:
+            return n  # the common case: the whole run fits
+        lo, hi = 0, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            used = sum(max(t.blocks, -(-(t.kv_tokens + mid + 1) // BLOCK)) for t in self.running)
+            if used - held + self.kv_used <= self.kv_pool:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
