@@ -26,11 +26,13 @@ from sim.config import SimConfig
 from sim.device import Device, Turn
 from sim.engine_cost import ContextCost
 from sim.events import EventLoop
+from sim.elastic import ElasticSide
 from sim.handback import HandbackSide
 from sim.redundant_sampling import RedundantSampling
 from sim.profiles import PROFILE_DIR, load_profile, scaled
 from sim.report import summarize
 from sim.staleness import policy_floor
+from sim.tail_batching import TailBatching
 from sim.workload import StepModel, WorkloadSpec, p90, serving_arrivals
 
 MAX_STEP_S = 7200.0  # the horizon per step: a step not done by then is reported unfinished
@@ -38,7 +40,7 @@ DEFAULT_STEP_MODEL = StepModel(1.0633637e-4, 1.2176131,
                                "median over 24 fixed-rollout steps of bench/results/learning_fidelity.json")
 
 
-class ClusterSim(HandbackSide, RedundantSampling):
+class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
     def __init__(self, cfg: SimConfig, workload: WorkloadSpec | None = None,
                  step_model: StepModel = DEFAULT_STEP_MODEL, router: TurnRouter | None = None) -> None:
         self.cfg, self.loop = cfg, EventLoop()
@@ -87,7 +89,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
             arrivals = serving_arrivals(c.serving_rate, self.rng.uniform(0, 3600), c.serving_length_scale,
                                         max_model_len=c.serving_max_len)
             name = f"serving-{j}"
-            if c.config == "fixed":
+            if c.config in ("fixed", "elastic"):
                 dev = Device(self.loop, name, "serving", None, self._done, self._abort,
                              serving=self.serving_prof, arrivals=arrivals, jump=c.event_jump)
             elif c.config == "static":  # half the device each: two half-speed engines side by side
@@ -112,6 +114,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
                 self.flags[name], self.version[name] = False, 0
                 self.devices[name] = dev
             self.serving_devices.append(dev)
+        self._build_elastic(ctx)
 
     def _add(self, dev: Device) -> None:
         self.devices[dev.name] = dev
@@ -149,6 +152,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
             if name in self.version:
                 dev.eligible = self.version[name] >= floor
                 self._on_iter(dev)
+        self._allocate_elastic(now)  # "elastic": external GPUs join after their allocation
         self._launch_step(step)  # the batch, or DAPO's groups (sim/redundant_sampling.py)
         self._dispatch()
 
@@ -158,6 +162,7 @@ class ClusterSim(HandbackSide, RedundantSampling):
         next rollout starts now if version s-1 is published (else when it is)."""
         now, sm, step = self.loop.now, self.step_model, self._step
         rollout_s = now - self._step_started
+        self._release_elastic()
         train_s = sm.train_s(self._step_tokens, self.cfg.train_gpus)
         self._trainer_free = max(now, self._trainer_free) + train_s
         published = max(self._trainer_free, self._published_at.get(step - 1, 0.0)) + sm.publish_s

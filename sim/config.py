@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from rose.modes import ROUTING_MODES
 
-CONFIGS = ("fixed", "rose", "slo_unaware", "static")
+CONFIGS = ("fixed", "rose", "slo_unaware", "static", "elastic")
 ALGORITHMS = ("grpo", "dapo")
 
 
@@ -15,7 +15,9 @@ class SimConfig:
     serving_ratio: borrowed serving GPUs per rollout GPU (the issue's 1x-4x).
     config: "fixed" (serving GPUs only serve), "rose" (co-serving with admission, memory policy,
     stall rule), "slo_unaware" (co-serving, every rollout step admitted), "static" (each serving
-    GPU split 50/50: serving and rollout engines each at half speed, no admission).
+    GPU split 50/50: serving and rollout engines each at half speed, no admission), "elastic"
+    (serving GPUs only serve; as many external GPUs join rollout each step, elastic_alloc_s after
+    it starts: sim/elastic.py).
     """
 
     gpus: int = 16
@@ -61,6 +63,13 @@ class SimConfig:
     algorithm: str = "grpo"
     group_size: int = 16
     dapo_valid_rate: float = 0.5
+    # trainer GPUs (None: half the job's GPUs); the paper's (rollout, train) splits are (8, 8), (16, 32)
+    trainers: int | None = None
+    elastic_alloc_s: float = 60.0  # "elastic": seconds from a step's start until external GPUs serve rollout
+    # RollPacker's tail batching (sim/tail_batching.py): trajectories in the top tail_share of
+    # response tokens are deferred from short rounds to a long round of their own
+    tail_batching: bool = False
+    tail_share: float = 0.25
     # silent decode runs as one event (sim/decode_jump.py); False: one event per engine iteration
     event_jump: bool = True
 
@@ -89,12 +98,18 @@ class SimConfig:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.group_size < 1 or not 0 < self.dapo_valid_rate <= 1:
             raise ValueError("group_size must be >= 1 and dapo_valid_rate in (0, 1]")
+        if self.trainers is not None and not 1 <= self.trainers < self.gpus:
+            raise ValueError(f"trainers must be in 1..gpus-1, got {self.trainers}")
+        if self.elastic_alloc_s < 0 or not 0 < self.tail_share < 1:
+            raise ValueError("elastic_alloc_s must be >= 0 and tail_share in (0, 1)")
+        if self.tail_batching and self.algorithm != "grpo":
+            raise ValueError("tail batching is modelled for GRPO's fixed batch only")
         if self.rollout_kv_blocks is not None and self.rollout_kv_blocks < 1:
             raise ValueError(f"rollout_kv_blocks must be >= 1 or None, got {self.rollout_kv_blocks}")
 
     @property
     def train_gpus(self) -> int:
-        return self.gpus // 2
+        return self.gpus // 2 if self.trainers is None else self.trainers
 
     @property
     def rollout_gpus(self) -> int:

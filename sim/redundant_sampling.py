@@ -46,10 +46,9 @@ class RedundantSampling:
             self._launch(step, cfg.group_size, gid)
 
     def _launch(self, step: int, n: int, group: int | None) -> None:
-        for _ in range(n):
+        for traj in self._draw_batch(n):  # sim/tail_batching.py (the plain draw unless configured)
             tid = f"s{step}-t{self._index}"
             self._index += 1
-            traj = self.workload.sample(self.rng)
             self.trajs[tid] = [traj, 0, traj.first_prompt, group]
             self.counts["started"] += 1
             self.queue.append(tid)

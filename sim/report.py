@@ -53,7 +53,9 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "trajectories_started": c["started"], "trajectories_finished": c["finished"],
         "trajectories_in_flight": in_flight, "turns": c["turns"], "turns_rerouted": c["rerouted"],
         "turns_handed_back": c["handed_back"], "algorithm": cfg.algorithm,
-        "trajectories_dropped": c["dropped"],
+        "trajectories_dropped": c["dropped"], "long_rounds": c.get("long_rounds", 0),
+        # elastic: the external GPUs' allocation per step, as a share of the step (paper Fig. 8b)
+        "allocation_share": cfg.elastic_alloc_s * len(steps) / step_s if cfg.config == "elastic" and step_s else 0.0,
         "stall_kept": sum(d.stall_kept for d in sim.devices.values()),
         "kv_cuts": sum(d.memory.cuts for d in sim.devices.values() if d.memory is not None),
         "events": sim.loop.events, "sim_s": sim.loop.now, "wall_s": wall_s,
