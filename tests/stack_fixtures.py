@@ -10,7 +10,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,15 +18,42 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+_BACKGROUND_BUILD: list[tuple[subprocess.Popen, Path]] = []  # (build process, its log)
+
+
+def build_models_into(root: str | Path) -> None:
+    """The product's model build, into root/policy and root/serving (skipped when built)."""
+    from rose.config import ModelsConfig
+    from rose.models.build import build_models
+
+    root = Path(root)
+    build_models(ModelsConfig(policy_dir=root / "policy", serving_dir=root / "serving"))
+
+
+def start_model_build(tmp_path_factory) -> None:
+    """Build the session's models in a process of their own now: one thread, so they take the
+    core the fast tests leave idle, and are ready when the first end-to-end test asks."""
+    if os.environ.get("ROSE_TEST_MODELS_DIR") or _BACKGROUND_BUILD:
+        return
+    root = tmp_path_factory.getbasetemp() / "rose-models"
+    log = tmp_path_factory.getbasetemp() / "rose-models-build.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from tests.stack_fixtures import "
+                                 "build_models_into; build_models_into(sys.argv[1])", str(root)],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    _BACKGROUND_BUILD.append((proc, log))
+
+
 def shared_models(tmp_path_factory) -> Path:
     given = os.environ.get("ROSE_TEST_MODELS_DIR")
     if given:
         return Path(given)
-    from rose.config import ModelsConfig
-    from rose.models.build import build_models
-
+    for proc, log in _BACKGROUND_BUILD:
+        if proc.wait() != 0:
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the background model build failed (code {proc.returncode}):\n{tail}")
     root = tmp_path_factory.getbasetemp() / "rose-models"
-    build_models(ModelsConfig(policy_dir=root / "policy", serving_dir=root / "serving"))
+    build_models_into(root)  # a no-op after the background build
     return root
 
 
@@ -85,6 +112,41 @@ def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None,
         (stopped if stopped is not None else []).extend(stop_stack(stack_dir()))
         os.environ.clear()
         os.environ.update(old)
+
+
+class SharedStack:
+    """One local stack (a trainer, a rollout worker, the Mooncake relay) for the end-to-end
+    modules that only run flows on it, each its own run: started by the first test that asks,
+    stopped after the last (tests/conftest.py counts them), then `after_stop` checks run with
+    what stop_stack stopped."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._factory, self._exit = tmp_path_factory, None
+        self.handle: Any = None
+        self.stopped: list[str] = []
+        self._checks: list = []
+
+    def start(self) -> Any:
+        if self.handle is None:
+            from rose.config import StackConfig
+
+            self._exit = ExitStack()
+            self.handle = self._exit.enter_context(in_process_stack(
+                self._factory, "rose-shared", self.stopped,
+                config=StackConfig(rollout_workers=1, relay="mooncake")))
+        return self.handle
+
+    def after_stop(self, check) -> None:
+        self._checks.append(check)
+
+    def stop(self) -> None:
+        if self._exit is None:
+            return
+        exit_stack, self._exit, self.handle = self._exit, None, None
+        exit_stack.close()
+        checks, self._checks = self._checks, []
+        for check in checks:
+            check(self.stopped)
 
 
 @dataclass

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stack_fixtures import engine_mismatches, flow_runs, in_process_stack
+from tests.stack_fixtures import engine_mismatches, flow_runs
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from rose.config import StackConfig
-
-    with in_process_stack(tmp_path_factory, "rose-data",
-                          config=StackConfig(rollout_workers=1, relay="mooncake")) as handle:
-        yield handle
+def stack(shared_stack):
+    return shared_stack.handle
 
 
 def test_one_rl_step_end_to_end(stack):

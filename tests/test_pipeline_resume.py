@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stack_fixtures import (file_fingerprint, flow_runs, in_process_stack, task_states,
+from tests.stack_fixtures import (file_fingerprint, flow_runs, task_states,
                                   trainer_and_worker_state)
 
 pytestmark = pytest.mark.slow
@@ -21,9 +21,8 @@ RUN = "pipeline-resume-t"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with in_process_stack(tmp_path_factory, "rose-pipeline") as handle:
-        yield handle
+def stack(shared_stack):
+    return shared_stack.handle
 
 
 def _task(run, name: str):

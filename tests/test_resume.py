@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack_fixtures import (file_fingerprint, flow_runs, in_process_stack, rose_cli,
+from tests.stack_fixtures import (file_fingerprint, flow_runs, rose_cli,
                                   task_states, trainer_and_worker_state)
 
 pytestmark = pytest.mark.slow
@@ -30,12 +30,15 @@ DEPLOYED: list = []  # the worker record of `rose deploy`, checked at teardown
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    stopped: list = []
-    with in_process_stack(tmp_path_factory, "rose-resume", stopped) as handle:
-        yield handle
-    if DEPLOYED:  # `rose down` (stop_stack) also stops the worker `rose deploy` started
+def stack(shared_stack):
+    yield shared_stack.handle
+
+    def deployed_worker_stopped(stopped: list[str]) -> None:
+        # `rose down` (stop_stack) also stops the worker `rose deploy` started
         assert "prefect-worker" in stopped and not DEPLOYED[0].alive()
+
+    if DEPLOYED:
+        shared_stack.after_stop(deployed_worker_stopped)
 
 
 def _cfg(**kw):
