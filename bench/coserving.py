@@ -221,6 +221,8 @@ def _run_sweep_single(mode: str, spec: dict, args) -> dict:
         async def main():
             stop = asyncio.Event()
             task = asyncio.create_task(stream.run(stop)) if rollout else None
+            # RL steps as the product has them: each re-sets the rollout KV budget and unfreezes
+            steps = asyncio.create_task(_steps(worker, args.step_s, stop)) if mode != "dedicated" else None
             if mode == "dedicated":
                 await asyncio.sleep(args.warmup_s)
             t0 = time.monotonic()
@@ -231,9 +233,10 @@ def _run_sweep_single(mode: str, spec: dict, args) -> dict:
             await asyncio.sleep(max(0.0, t0 + span - time.monotonic()))
             t1 = time.monotonic()
             stop.set()
-            if task:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            for t in (task, steps):
+                if t:
+                    t.cancel()
+                    await asyncio.gather(t, return_exceptions=True)
             if mode != "dedicated":
                 await drain(worker)
             return records, t0, t1
@@ -274,7 +277,8 @@ def sweep_main(args, console: Console) -> None:
         sw.dump(partial, {"spec": spec, "runs": runs})
     doc = sw.report(runs, spec["slos"], args, console)
     doc.update(bench="coserving_sweep", quick=args.quick, sweep_s=args.sweep_s, slo_factor=args.slo_factor,
-               rollout_stream={k: spec[k] for k in ("trajectories", "obs_tokens", "turn_tokens", "max_turns")},
+               rollout_stream={k: spec[k] for k in ("trajectories", "obs_tokens", "turn_tokens", "max_turns",
+                                                    "step_s")},
                total_s=time.perf_counter() - t_start, trace_notice=trace_notice(args.trace),
                machine={"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
                runs={m: {k: v for k, v in r.items() if k != "loads"} for m, r in runs.items()})
