@@ -29,8 +29,6 @@ columns say so.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from dataclasses import replace
@@ -46,6 +44,8 @@ from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
                                  prefill_share)
+from bench.paper_figures_report import pct, report  # noqa: E402
+from bench.result_file import write_result  # noqa: E402
 from sim.report import judged_at, speedup  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
@@ -64,7 +64,13 @@ PAPER = {  # the ROSE paper: the sentence each comes from
     "table3": ("pinned < turn-wise < + affinity", "§6.4 Table 3; the factor was lost in the text extraction"),
     "fig14": ("reductions with 16 / 8 / 4 serving GPUs lost in the text extraction", "App. E, Fig. 14"),
     "route_p99_ms": (10.0, "the issue's bound for a routing decision"),
+    "allocation_share": ((0.068, 0.261), "§6 Fig. 8b: RLBoost+ and serverless RL spend 6.8-26.1% of the step "
+                                        "allocating, ROSE < 0.5%"),
+    "rose_allocation_max": (0.005, "§6 Fig. 8b, the same sentence"),
+    "rollpacker_vs_verl": ((2.03, 2.56), "RollPacker abstract: 2.03-2.56x end-to-end over veRL (its own baseline)"),
+    "scale_s": (300.0, "the issue's bound: 1,024 GPUs x 5 steps of the 8B workload in under 5 minutes"),
 }
+ALLOCATIONS_S = (30.0, 60.0, 120.0)  # chosen: an elastic instance's start + weight load per step (not published)
 
 
 def base_config(args, **kw) -> SimConfig:
@@ -94,12 +100,8 @@ def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "", own_s
     r["route_calls"] = len(took)
     tps = "unfinished" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f} tok/s"
     print(f"  {label or cfg.config:<34} {tps:>16}  rollout {r['rollout_s_mean']:6.0f} s  "
-          f"borrowed {r['borrowed_share']:4.0%}  SLO {_pct(r['slo_attainment'])}  ({r['wall_s']:.1f} s)", flush=True)
+          f"borrowed {r['borrowed_share']:4.0%}  SLO {pct(r['slo_attainment'])}  ({r['wall_s']:.1f} s)", flush=True)
     return r
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{x:.1%}"
 
 
 def slo_of(fixed: dict) -> dict:
@@ -131,9 +133,22 @@ def end_to_end(args) -> tuple[dict, dict]:
             "areal_style": run(base_config(args, config="fixed", off_policy=1, **slo),
                                label="AReaL-style asynchronous (staleness 1)"),
             "rose_off_policy": run(base_config(args, config="rose", off_policy=1, **slo),
-                                   label="ROSE, one-step off-policy")}
+                                   label="ROSE, one-step off-policy"),
+            # the most 16 more GPUs could add: external, dedicated, there from the step's start
+            "elastic_free": run(base_config(args, config="elastic", elastic_alloc_s=0.0, **slo),
+                                label="16 external GPUs, no allocation")}
+    for alloc in ALLOCATIONS_S:
+        rows[f"elastic_{alloc:g}s"] = run(base_config(args, config="elastic", elastic_alloc_s=alloc, **slo),
+                                          label=f"resource-elastic, {alloc:g} s allocation")
+    # tail batching's long round comes every 1 / tail_share rounds: 4 steps hold 3 short and 1 long
+    long_steps = max(4, args.steps)
+    rows["fixed_4_steps"] = run(base_config(args, config="fixed", steps=long_steps, **slo), label="fixed, 4 steps")
+    rows["rollpacker"] = run(base_config(args, config="fixed", tail_batching=True, steps=long_steps, **slo),
+                             label="RollPacker tail batching (4 steps)")
+    rows["rollpacker_rose"] = run(base_config(args, config="rose", tail_batching=True, steps=long_steps, **slo),
+                                  label="RollPacker + ROSE (4 steps)")
     for name, r in rows.items():
-        r["vs_fixed"] = speedup(r, fixed)
+        r["vs_fixed"] = speedup(r, rows["fixed_4_steps"] if name.startswith("rollpacker") else fixed)
         r["vs_fixed_pinned"] = speedup(r, rows["fixed_pinned"])
     table3 = {mode: run(base_config(args, config="rose", mode=mode, **slo), label=f"ROSE, {mode}")
               for mode in ("pinned", "turnwise")}
@@ -175,6 +190,23 @@ def sensitivity(args) -> list[dict]:
     return rows
 
 
+def scale(args, slo: dict) -> dict:
+    """The event-jumping engine against the per-iteration one at 16 GPUs (one step of ROSE), and
+    ROSE at 1,024 GPUs x 5 steps: wall and CPU seconds (the machine is shared: CPU is what the
+    simulator costs, wall what this run took)."""
+    out = {}
+    for jump in (False, True):
+        cpu = time.process_time()
+        r = run(base_config(args, config="rose", steps=1, event_jump=jump, **slo),
+                label=f"ROSE 16 GPUs, {'event jumping' if jump else 'per-iteration engine'}")
+        out["jump" if jump else "per_iteration"] = r | {"cpu_s": time.process_time() - cpu}
+    cpu = time.process_time()
+    r = run(base_config(args, config="rose", gpus=args.scale_gpus, steps=5, **slo),
+            label=f"ROSE {args.scale_gpus} GPUs x 5 steps")
+    out["large"] = r | {"cpu_s": time.process_time() - cpu}
+    return out
+
+
 def fit(args) -> None:
     def rollout_of(spec: WorkloadSpec) -> float:
         return ClusterSim(base_config(args, config="fixed", serving_ratio=0.0), workload=spec).run()["rollout_s_mean"]
@@ -191,6 +223,8 @@ def main() -> None:
     ap.add_argument("--workload", default=WORKLOAD)
     ap.add_argument("--fit", action="store_true", help="refit the workload's two fitted parameters first")
     ap.add_argument("--no-sensitivity", action="store_true")
+    ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU timing run")
+    ap.add_argument("--scale-gpus", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -205,78 +239,14 @@ def main() -> None:
     print("Fig. 7 under DAPO (redundant sampling)")
     fig7_dapo = dapo(args)
     sens = [] if args.no_sensitivity else (print("Sensitivity") or sensitivity(args))
-    doc = {"bench": "paper_figures", "args": {k: str(v) for k, v in vars(args).items()}, "paper": PAPER,
-           "fig1": fig1, "fig7a": e2e, "fig7_dapo": fig7_dapo, "table3": table3, "fig14": fig14, "sensitivity": sens,
-           "total_s": time.perf_counter() - t0, "machine": platform.node()}
+    big = {} if args.no_scale else (print("Scale: event jumping") or scale(args, slo_of(e2e["fixed"])))
+    fields = dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
+                  sensitivity=sens, scale=big, total_s=time.perf_counter() - t0)
+    print(report(fields))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1, default=str))
-    print(report(doc))
+    write_result(args.out, "paper_figures", args, t0, **fields)
     from bench.paper_figures_plot import plot
-    print(f"wrote {args.out} and {plot(doc, args.out.with_suffix('.png'))}")
-
-
-def report(doc: dict) -> str:
-    """The figures as markdown tables beside the paper's numbers (also docs/results.md's section)."""
-    f1, P = doc["fig1"], doc["paper"]
-    lines = ["| Fig. 1 statistic | simulated | paper |", "| --- | --- | --- |",
-             f"| rollout share of the step | {f1['rollout_share']:.0%} | > {P['rollout_share_min'][0]:.0%} |",
-             f"| P75 trajectory / rollout time | {f1['p75_share']:.0%} | <= {P['p75_share_max'][0]:.0%} |",
-             f"| prefill tokens / all tokens | {f1['prefill_share']:.0%} (fitted) | {P['prefill_share'][0]:.0%} |",
-             f"| rollout s, 8 rollout GPUs | {f1['rollout_s_8']:.0f} (fitted) | {P['rollout_s_8'][0]:.0f} |",
-             f"| rollout s, 16 rollout GPUs | {f1['rollout_s_16']:.0f} | {P['rollout_s_16'][0]:.0f} |", ""]
-    lo, hi = P["grpo_vs_roll"][0]
-    lines += ["| Fig. 7a (GRPO, 8B) | tokens/s | vs fixed (turn-wise) | vs fixed (pinned) | rollout s | "
-              "borrowed | serving SLO met |", "| --- " * 7 + "|"]
-    for name, r in doc["fig7a"].items():
-        lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
-                     f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {_pct(r['slo_attainment'])} |")
-    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |"]
-    areal = doc["fig7a"].get("areal_style")
-    if areal:
-        lo, hi = P["vs_areal"][0]
-        lines += [f"| ROSE / AReaL-style | | {_x(speedup(doc['fig7a']['rose'], areal))} | | | | |",
-                  f"| ROSE one-step off-policy / AReaL-style | | "
-                  f"{_x(speedup(doc['fig7a']['rose_off_policy'], areal))} | | | | |",
-                  f"| paper: ROSE vs AReaL | | {lo:.2f}-{hi:.2f}x | | | | |"]
-    lines += [""]
-    if doc.get("fig7_dapo"):
-        lo, hi = P["dapo_vs_roll"][0]
-        lines += ["| Fig. 7 (DAPO, 8B): valid groups | launched / step | fixed tokens/s | ROSE tokens/s | ROSE / fixed "
-                  "| fixed / ROSE rollout s | borrowed | serving SLO met |", "| --- " * 8 + "|"]
-        for d in doc["fig7_dapo"]:
-            f, r = d["fixed"], d["rose"]
-            cells = [f"{d['valid_share']:.0%} (chosen)", f"{d['launched_per_step']:.0f}", _num(f["tokens_per_s"]),
-                     _num(r["tokens_per_s"]), _x(d["rose_vs_fixed"]),
-                     f"{f['rollout_s_mean']:.0f} / {r['rollout_s_mean']:.0f}", f"{r['borrowed_share']:.0%}",
-                     _pct(r["slo_attainment"])]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines += [f"| paper: ROSE vs ROLL | | | | {lo:.2f}-{hi:.2f}x | | | 100% |", ""]
-    lines += ["| Table 3 routing (ROSE) | tokens/s | rollout s | route P99 ms |", "| --- | --- | --- | --- |"]
-    for mode, r in doc["table3"].items():
-        p99 = "-" if r["route_p99_ms"] is None else f"{r['route_p99_ms']:.3f}"
-        lines.append(f"| {mode} | {_num(r['tokens_per_s'])} | {r['rollout_s_mean']:.0f} | {p99} |")
-    lines += [f"| paper | {P['table3'][0]} | | < {P['route_p99_ms'][0]:g} |", ""]
-    lines += ["| Fig. 14 serving GPUs | rollout s | reduction vs no serving GPU |", "| --- | --- | --- |"]
-    fig14 = {int(n): r for n, r in doc["fig14"].items()}  # JSON keys are strings
-    base = fig14[0]["rollout_s_mean"]
-    for n, r in sorted(fig14.items()):
-        lines.append(f"| {n} | {r['rollout_s_mean']:.0f} | {1 - r['rollout_s_mean'] / base:+.0%} |")
-    lines += [f"| paper | {P['fig14'][0]} | |", ""]
-    if doc["sensitivity"]:
-        lines += ["| trajectory sigma | env s/step | fixed rollout s | ROSE rollout s | ROSE / fixed | borrowed |",
-                  "| --- " * 6 + "|"]
-        for s in doc["sensitivity"]:
-            lines.append(f"| {s['trajectory_sigma']:g} | {s['env_s']:g} | {s['fixed_rollout_s']:.0f} | "
-                         f"{s['rose_rollout_s']:.0f} | {_x(s['rose_vs_fixed'])} | {s['borrowed_share']:.0%} |")
-    return "\n".join(lines)
-
-
-def _num(x) -> str:
-    return "unfinished" if x is None else f"{x:,.0f}"
-
-
-def _x(x) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+    print("wrote " + ", ".join(str(p) for p in plot(fields | {"args": vars(args)}, args.out.parent)))
 
 
 if __name__ == "__main__":

@@ -102,8 +102,9 @@ class DecodeJump:
         run = SilentRun("serving", start + first_cost, engine.decode_cost())
         n = engine.steps_to_retire()
         if memory is not None and n > 0:  # at the watermark a burst cut is due: a regular step
-            top, cap, blocks_after = memory.total_blocks, memory.watermark_blocks, engine.blocks_after()
-            n = last_true(lambda i: i == 0 or min(blocks_after(i), top) < cap, n)
+            top, cap = memory.total_blocks, memory.watermark_blocks
+            if min(engine.blocks_bound(n), top) >= cap:  # the common case, well below it, skips this
+                n = last_true(lambda i: i == 0 or min(engine.blocks_after(i), top) < cap, n)
         if rollout_work and self.stall is not None and n > 0:
             oldest, timeout = self.stall.oldest_progress(), self.stall.timeout_s
             n = last_true(lambda i: i == 0 or run.end(i) - oldest < timeout, n)

@@ -15,7 +15,7 @@ batch every step (the JSON outputs of bench/cluster_sim.py are identical before 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from executors.policies.latency_profile import LatencyProfile
@@ -108,19 +108,20 @@ class ServingEngine:
         """Decode steps before the one that emits some running request's last token."""
         return min(self._due) - self._steps - 1 if self._due else 0
 
-    def blocks_after(self) -> Callable[[int], int]:
-        """KV blocks after k more decode steps that retire nothing, as a function of k: step g
-        opens the blocks of the requests whose phase is (1 - g) mod BLOCK, so every BLOCK steps
-        open one each."""
-        g, phases, opened = self._steps, self._phases, [0]
-        for i in range(1, BLOCK):
-            opened.append(opened[-1] + phases[(1 - g - i) % BLOCK])
-        blocks, running = self.blocks, self.running
-        return lambda k: blocks + (k // BLOCK) * running + opened[k % BLOCK]
+    def blocks_after(self, k: int) -> int:
+        """KV blocks after k more decode steps that retire nothing: step g opens the blocks of
+        the requests whose phase is (1 - g) mod BLOCK, so every BLOCK steps open one each."""
+        g, phases = self._steps, self._phases
+        part = sum(phases[(1 - g - i) % BLOCK] for i in range(1, k % BLOCK + 1)) if k % BLOCK else 0
+        return self.blocks + (k // BLOCK) * self.running + part
+
+    def blocks_bound(self, k: int) -> int:
+        """At least blocks_after(k), in O(1)."""
+        return self.blocks + (k // BLOCK + 1) * self.running
 
     def silent_decodes(self, k: int, end: float) -> None:
         """k decode steps that retire nothing, the last ending at `end` (sim/decode_jump.py)."""
-        self.blocks = self.blocks_after()(k)
+        self.blocks = self.blocks_after(k)
         self._steps += k
         self.last_token_at = end
 

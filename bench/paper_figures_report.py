@@ -1,0 +1,125 @@
+"""bench/paper_figures.py's figures as markdown tables beside the paper's numbers (printed by
+the bench, and docs/results.md's section through bench/results_doc.py)."""
+from __future__ import annotations
+
+from sim.report import speedup
+
+
+def report(doc: dict) -> str:
+    """The figures as markdown tables beside the paper's numbers (also docs/results.md's section)."""
+    f1, P = doc["fig1"], doc["paper"]
+    lines = ["| Fig. 1 statistic | simulated | paper |", "| --- | --- | --- |",
+             f"| rollout share of the step | {f1['rollout_share']:.0%} | > {P['rollout_share_min'][0]:.0%} |",
+             f"| P75 trajectory / rollout time | {f1['p75_share']:.0%} | <= {P['p75_share_max'][0]:.0%} |",
+             f"| prefill tokens / all tokens | {f1['prefill_share']:.0%} (fitted) | {P['prefill_share'][0]:.0%} |",
+             f"| rollout s, 8 rollout GPUs | {f1['rollout_s_8']:.0f} (fitted) | {P['rollout_s_8'][0]:.0f} |",
+             f"| rollout s, 16 rollout GPUs | {f1['rollout_s_16']:.0f} | {P['rollout_s_16'][0]:.0f} |", ""]
+    lo, hi = P["grpo_vs_roll"][0]
+    lines += ["| Fig. 7a (GRPO, 8B) | tokens/s | vs fixed (turn-wise) | vs fixed (pinned) | rollout s | "
+              "borrowed | serving SLO met |", "| --- " * 7 + "|"]
+    for name, r in doc["fig7a"].items():
+        lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
+                     f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {pct(r['slo_attainment'])} |")
+    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |"]
+    areal = doc["fig7a"].get("areal_style")
+    if areal:
+        lo, hi = P["vs_areal"][0]
+        lines += [f"| ROSE / AReaL-style | | {_x(speedup(doc['fig7a']['rose'], areal))} | | | | |",
+                  f"| ROSE one-step off-policy / AReaL-style | | "
+                  f"{_x(speedup(doc['fig7a']['rose_off_policy'], areal))} | | | | |",
+                  f"| paper: ROSE vs AReaL | | {lo:.2f}-{hi:.2f}x | | | | |"]
+    lines += [""]
+    if doc.get("fig7_dapo"):
+        lo, hi = P["dapo_vs_roll"][0]
+        lines += ["| Fig. 7 (DAPO, 8B): valid groups | launched / step | fixed tokens/s | ROSE tokens/s | ROSE / fixed "
+                  "| fixed / ROSE rollout s | borrowed | serving SLO met |", "| --- " * 8 + "|"]
+        for d in doc["fig7_dapo"]:
+            f, r = d["fixed"], d["rose"]
+            cells = [f"{d['valid_share']:.0%} (chosen)", f"{d['launched_per_step']:.0f}", _num(f["tokens_per_s"]),
+                     _num(r["tokens_per_s"]), _x(d["rose_vs_fixed"]),
+                     f"{f['rollout_s_mean']:.0f} / {r['rollout_s_mean']:.0f}", f"{r['borrowed_share']:.0%}",
+                     pct(r["slo_attainment"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += [f"| paper: ROSE vs ROLL | | | | {lo:.2f}-{hi:.2f}x | | | 100% |", ""]
+    lines += ["| Table 3 routing (ROSE) | tokens/s | rollout s | route P99 ms |", "| --- | --- | --- | --- |"]
+    for mode, r in doc["table3"].items():
+        p99 = "-" if r["route_p99_ms"] is None else f"{r['route_p99_ms']:.3f}"
+        lines.append(f"| {mode} | {_num(r['tokens_per_s'])} | {r['rollout_s_mean']:.0f} | {p99} |")
+    lines += [f"| paper | {P['table3'][0]} | | < {P['route_p99_ms'][0]:g} |", ""]
+    lines += ["| Fig. 14 serving GPUs | rollout s | reduction vs no serving GPU |", "| --- | --- | --- |"]
+    fig14 = {int(n): r for n, r in doc["fig14"].items()}  # JSON keys are strings
+    base = fig14[0]["rollout_s_mean"]
+    for n, r in sorted(fig14.items()):
+        lines.append(f"| {n} | {r['rollout_s_mean']:.0f} | {1 - r['rollout_s_mean'] / base:+.0%} |")
+    lines += [f"| paper | {P['fig14'][0]} | |", ""]
+    lines += _overhead(doc) + _rollpacker(doc) + _scale(doc)
+    if doc["sensitivity"]:
+        lines += ["| trajectory sigma | env s/step | fixed rollout s | ROSE rollout s | ROSE / fixed | borrowed |",
+                  "| --- " * 6 + "|"]
+        for s in doc["sensitivity"]:
+            lines.append(f"| {s['trajectory_sigma']:g} | {s['env_s']:g} | {s['fixed_rollout_s']:.0f} | "
+                         f"{s['rose_rollout_s']:.0f} | {_x(s['rose_vs_fixed'])} | {s['borrowed_share']:.0%} |")
+    return "\n".join(lines)
+
+
+def _overhead(doc: dict) -> list[str]:
+    """Fig. 8b: the resource-elastic baselines' allocation share of the step beside ROSE's."""
+    rows = {n: r for n, r in doc["fig7a"].items() if n.startswith("elastic_") and n != "elastic_free"}
+    if not rows:
+        return []
+    lo, hi = doc["paper"]["allocation_share"][0]
+    lines = ["| Fig. 8b allocation overhead | allocation s / step | share of the step | vs fixed |",
+             "| --- | --- | --- | --- |"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {name.removeprefix('elastic_')} (chosen) | {r['allocation_share']:.1%} | "
+                     f"{_x(r['vs_fixed'])} |")
+    free = doc["fig7a"].get("elastic_free")
+    if free:
+        lines.append(f"| elastic_free: 16 external GPUs from the step's start | 0 | 0% | {_x(free['vs_fixed'])} |")
+    lines += ["| ROSE | none modelled (serving GPUs pull the policy in the background) | 0% | "
+              f"{_x(doc['fig7a']['rose']['vs_fixed'])} |",
+              f"| paper | | RLBoost+ / serverless {lo:.1%}-{hi:.1%}, ROSE < 0.5% | |", ""]
+    return lines
+
+
+def _rollpacker(doc: dict) -> list[str]:
+    e = doc["fig7a"]
+    if "rollpacker" not in e:
+        return []
+    lo, hi = doc["paper"]["rollpacker_vs_verl"][0]
+    base = e["fixed_4_steps"]
+    lines = ["| Tail batching (4 steps: 3 short rounds, 1 long) | tokens/s | vs fixed, 4 steps | rollout s | "
+             "borrowed | long rounds |", "| --- " * 6 + "|"]
+    for name in ("fixed_4_steps", "rollpacker", "rollpacker_rose"):
+        r = e[name]
+        lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(speedup(r, base))} | {r['rollout_s_mean']:.0f} | "
+                     f"{r['borrowed_share']:.0%} | {r.get('long_rounds', 0)} |")
+    lines += [f"| paper (RollPacker's own, over veRL, Qwen2.5) | | {lo:.2f}-{hi:.2f}x | | | |", ""]
+    return lines
+
+
+def _scale(doc: dict) -> list[str]:
+    sc = doc.get("scale")
+    if not sc:
+        return []
+    lines = ["| Scale (ROSE) | GPUs | steps | events | wall s | CPU s | tokens/s | rollout s | serving SLO met |",
+             "| --- " * 9 + "|"]
+    for name in ("per_iteration", "jump", "large"):
+        r = sc[name]
+        lines.append(f"| {name.replace('_', '-')} | {r['gpus']} (+{r['serving_gpus']} serving) | {r['steps']} | "
+                     f"{r['events']:,} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {_num(r['tokens_per_s'])} | "
+                     f"{r['rollout_s_mean']:.0f} | {pct(r['slo_attainment'])} |")
+    lines += [f"| bound (the issue) | 1,024 | 5 | | < {doc['paper']['scale_s'][0]:.0f} | | | | |", ""]
+    return lines
+
+
+def _num(x) -> str:
+    return "unfinished" if x is None else f"{x:,.0f}"
+
+
+def _x(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
