@@ -86,6 +86,10 @@ def step_markdown(run_id: str, summary: dict) -> str:
         f"- **trajectories** `{s.get('arrow_path', NA)}`",
         f"- **dashboards** `rose dashboard`, then {page_url(run=run_id)}",
     ]
+    borrow = s.get("borrow") or {}
+    if borrow:
+        lines.append(f"- **borrowed serving workers** {', '.join(borrow['workers']) or 'none'}"
+                     + (f" ({borrow['note']})" if borrow.get("note") else ""))
     if phases:
         lines.append("- **phases** " + ", ".join(f"{p}: {st}" for p, st in phases.items())
                      + (f" (reused from an earlier attempt: {', '.join(reused)})" if reused

@@ -115,6 +115,8 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "serving_requests": served.get("serving_requests", 0),
         "serving": served.get("serving", {}), "by_kind": rolled.get("by_kind", {}),
         "borrowed_share": rolled.get("by_kind", {}).get("serving", {}).get("share", 0.0),
+        # the serving workers this run borrowed, those other runs held, and why not more ("note")
+        "borrow": rolled.get("borrow", {}),
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
         "rollout_version": version, "stale_tokens": trained.get("stale_tokens", 0.0),
     }

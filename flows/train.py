@@ -27,7 +27,9 @@ from rose.config import RunConfig
 from rose.stack.dask_security import DaskScheduler
 from rose.stack.run_lease import RunLease, driving
 from rose.stack.serving import start_serving
+from rose.stack.serving_leases import borrowing
 from storage.atomic import write_atomic
+from tasks.borrow import stack_leases
 from tasks.publish import publish_and_sync
 from tasks.trainer_group import on_ranks
 
@@ -70,13 +72,15 @@ def attach_executors(client: Client, cfg: RunConfig) -> int:
     return client.submit(trainer_version, cfg, pure=False, **ON_TRAINER).result()
 
 
-def detach_serving(scheduler: DaskScheduler) -> None:
-    """The run is over: serving workers stop lending their rollout side (serving goes on)."""
+def detach_serving(scheduler: DaskScheduler, run: str) -> None:
+    """The run is over: the serving workers it holds stop lending their rollout side (serving
+    goes on; those another run holds go on lending to it)."""
     from executors.coserving.plugin import detach_coserving
     from rose.stack.serving import serving_workers
 
+    held = set(stack_leases().held_by(run))
     with scheduler.client() as client:
-        names = serving_workers(client)
+        names = [n for n in serving_workers(client) if n in held]
         if names:
             client.run(detach_coserving, workers=[client_address(client, n) for n in names])
 
@@ -148,16 +152,19 @@ def _train(cfg: RunConfig, lease: RunLease) -> list[dict]:
           f"steps {version + 1}..{cfg.steps} to go")
     step_flow = rl_step.with_options(task_runner=scheduler.task_runner())
     pin_step_identity(version + 1)
-    try:
-        if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
-            summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(scheduler))
-        else:
-            summaries = []
-            for step in range(version + 1, cfg.steps + 1):
-                lease.check()  # taken over (our renewals stalled): stop before the next step
-                summaries.append(step_flow(cfg, step))
-    finally:
-        detach_serving(scheduler)
+    # the serving workers each step borrows stay leased to this run while it drives (renewed),
+    # and are given back when it ends (tasks/borrow.py)
+    with borrowing(stack_leases(), cfg.run_id, cfg.borrow.lease_ttl_s):
+        try:
+            if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
+                summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(scheduler))
+            else:
+                summaries = []
+                for step in range(version + 1, cfg.steps + 1):
+                    lease.check()  # taken over (our renewals stalled): stop before the next step
+                    summaries.append(step_flow(cfg, step))
+        finally:
+            detach_serving(scheduler, cfg.run_id)
     publish_run_artifact(cfg.run_id, summaries)
     emit("run_end", run=cfg.run_id, summaries=summaries)
     return summaries
@@ -181,7 +188,8 @@ def _run_step(cfg: RunConfig, step: int | None) -> dict:
         raise ValueError(f"step {step} cannot run: the trainer of run {cfg.run_id} holds "
                          f"version {version}, so the next step is {version + 1}")
     save_run_config(cfg)
-    return rl_step.with_options(task_runner=scheduler.task_runner())(cfg, step)
+    with borrowing(stack_leases(), cfg.run_id, cfg.borrow.lease_ttl_s):
+        return rl_step.with_options(task_runner=scheduler.task_runner())(cfg, step)
 
 
 def main() -> None:

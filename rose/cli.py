@@ -70,8 +70,10 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
 def down() -> None:
     """Stop every process of the stack; checks that none is left."""
     from rose.stack.local_stack import stop_stack
+    from rose.stack.serving_leases import ServingLeases
 
     stopped = stop_stack(stack_dir())
+    ServingLeases(stack_dir()).release()  # no run holds a serving worker of a stopped stack
     console.print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped
                                                           else f" (no stack in {stack_dir()})"))
 

@@ -296,6 +296,23 @@ class PublishConfig(Strict):
     coder_processes: int = Field(0, ge=0, le=256)
 
 
+class BorrowConfig(Strict):
+    """Which serving workers a run borrows (executors/policies/borrow.py): each RL step it takes
+    up to `max_serving_workers` of those no other run holds, lowest serving load first, each
+    under a lease naming the run, renewed by its driver and released when the run ends."""
+
+    max_serving_workers: int | None = None  # None: every serving worker no other run holds
+    lease_ttl_s: float = Field(60.0, gt=0, allow_inf_nan=False)  # a driver silent this long frees its workers
+
+    @field_validator("max_serving_workers")
+    @classmethod
+    def _at_least_one(cls, n: int | None) -> int | None:
+        if n is not None and n < 1:
+            raise ValueError(f"must be >= 1 or unset (every free serving worker), got {n}; to borrow "
+                             "none set rollout.borrow_serving: false")
+        return n
+
+
 # Keys that moved, old -> new, both as paths; a config with the old key still loads.
 MOVED_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("publish", "max_staleness"): ("rollout", "serving_lag"),
@@ -331,6 +348,7 @@ class RunConfig(Strict):
     models: ModelsConfig = ModelsConfig()
     stack: StackConfig = StackConfig()
     rollout: RolloutConfig = RolloutConfig()
+    borrow: BorrowConfig = BorrowConfig()
     train: TrainConfig = TrainConfig()
     publish: PublishConfig = PublishConfig()
     fault_injection: dict[str, int] = Field(default_factory=dict)  # tests only: {"train": step}

@@ -19,7 +19,7 @@ from prefect.cache_policies import TASK_SOURCE, CachePolicy
 from prefect.utilities.hashing import hash_objects
 
 # RunConfig fields that change how a run is operated, never what a phase of a step computes.
-OPERATIONAL_FIELDS = frozenset({"steps", "checkpoint_every", "stack", "publish",
+OPERATIONAL_FIELDS = frozenset({"steps", "checkpoint_every", "stack", "publish", "borrow",
                                 "fault_injection"})
 
 

@@ -3,15 +3,16 @@
 The push is sparse (storage/weights/sparse_publisher.py): a lossless bf16 delta against the version
 published before, or a full snapshot when there is none; in a delta each tensor is coded or sent
 raw, whichever storage/delta/time_model.py predicts reaches the engines sooner over
-`publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every engine
-worker pulls in the background (executors/workers/weight_sync.py), started just before the push
-when it is a coded delta (`publish.stream`: applied bucket by bucket as it lands, while the
-trainer still encodes the rest; storage/weights/stream_pull.py), else once it is complete
-(a full snapshot, a delta all sent raw: nothing to overlap), and reloads in place when
-its pull completes: a delta onto the weights it holds, or a full snapshot when it cannot (skew,
-damage, a lost relay). With `publish.shard_split` the version is published by the trainer's
-declared layout instead (executors/workers/publishers.publish_sharded: parts, then one commit)
-and engines pull the parts their layout needs; the same waits, checks and metrics follow.
+`publish.link_gbps` (on the demo's tiny policy at the default 10 Gbps: all raw). Every dedicated
+rollout worker and every serving worker the run holds (tasks/borrow.py) pulls in the background
+(executors/workers/weight_sync.py), started just before the push when it is a coded delta
+(`publish.stream`: applied bucket by bucket as it lands, while the trainer still encodes the rest;
+storage/weights/stream_pull.py), else once it is complete (a full snapshot, a delta all sent raw:
+nothing to overlap), and reloads in place when its pull completes: a delta onto the weights it
+holds, or a full snapshot when it cannot (skew, damage, a lost relay). With `publish.shard_split`
+the version is published by the trainer's declared layout instead
+(executors/workers/publishers.publish_sharded: parts, then one commit) and engines pull the parts
+their layout needs; the same waits, checks and metrics follow.
 
 When the task returns (`wait_for`):
   "dedicated" (default) the push is done and the dedicated rollout workers run the version (the
@@ -49,6 +50,7 @@ from storage.shards.plan import assemble
 from storage.weights.sharded import commit_sharded
 from storage.weights.digest import tensors_digest
 from storage.weights.transfer_metrics import PublishReport
+from tasks.borrow import stack_leases
 from tasks.placement import require, workers_by_kind
 from tasks.trainer_group import on_ranks
 from tasks.worker_threads import client_outside_thread_pool
@@ -81,7 +83,9 @@ def publish_and_sync(cfg: RunConfig, version: int, wait_for: str = "dedicated",
         sharded = cfg.publishes_sharded
         kinds = workers_by_kind(client)
         dedicated = require(kinds, "rollout")
-        serving = sorted(n for n, k in kinds.items() if k == "serving")
+        # only the serving workers this run holds (tasks/borrow.py): another run's must keep
+        # that run's weights; one lent to this run later loads the version then
+        serving = [n for n in stack_leases().held_by(cfg.run_id) if kinds.get(n) == "serving"]
         # a worker that is gone, restarting or silent is not waited for (never a hang): it
         # pulls this version before the rollout scheduler routes turns to it again
         left: dict[str, str] = {}

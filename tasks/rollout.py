@@ -21,6 +21,7 @@ from rose.config import RunConfig
 from storage.atomic import write_atomic
 from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
+from tasks.borrow import borrow_for_step
 from tasks.caching import STEP_CACHE
 from tasks.placement import require, workers_by_kind
 from tasks.worker_threads import client_outside_thread_pool
@@ -144,9 +145,13 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     with client_outside_thread_pool() as client:
         kinds = workers_by_kind(client)
         require(kinds, "rollout")
-        lent = ("rollout", "serving") if r.borrow_serving else ("rollout",)
-        workers = {n: k for n, k in kinds.items() if k in lent}
-        serving = [n for n, k in kinds.items() if k == "serving"]  # lent or not: step window
+        all_serving = sorted(n for n, k in kinds.items() if k == "serving")
+        # this step's serving workers: leased to this run, lowest serving load first (tasks/borrow.py)
+        grant = borrow_for_step(client, cfg, all_serving, policy_version) if r.borrow_serving else None
+        lent = grant.workers if grant is not None else []
+        workers = {n: k for n, k in kinds.items() if k == "rollout" or n in lent}
+        # lent or not, a step window; never on a worker another run holds (its steps open them)
+        serving = [n for n in all_serving if grant is None or n not in grant.held_elsewhere]
         # not awaited (an executor still starting must not hold up the rollout); held till the end
         step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
                                      pure=False) for n in serving]
@@ -166,4 +171,5 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
                 log.warning("serving worker %s did not start the step: %s", name, e)
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
-    return {**summarize(report, policy_version), "path": str(path)}
+    return {**summarize(report, policy_version), "path": str(path),
+            "borrow": grant.as_dict() if grant is not None else {}}

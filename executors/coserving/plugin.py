@@ -181,6 +181,20 @@ def coserving_state() -> dict:
             "endpoint": plugin.endpoint_url}
 
 
+def coserving_load() -> dict:
+    """Runs on a serving worker: its serving load for the borrowing policy
+    (executors/policies/borrow.py): KV use by serving now, and TTFT P99 over the recent
+    requests (the executor's usage window) against the SLO."""
+    import numpy as np
+
+    ex = _plugin().executor
+    m = ex.metrics(fresh=True)
+    recent = [r.ttft_s for r in ex.served_since(time.monotonic() - ex.cfg.usage_window_s) if r.ok]
+    return {"worker": get_worker().name, "kv_used": m["serving"]["used_blocks"] / max(1, ex.total),
+            "ttft_p99_s": float(np.percentile(recent, 99)) if recent else None,
+            "slo_ttft_s": m["slo"]["ttft_s"]}
+
+
 def serving_endpoint(dask_worker=None) -> str | None:
     """Runs on any worker (Client.run passes `dask_worker`: there is no task context there):
     this worker's serving endpoint URL, None where it has none."""

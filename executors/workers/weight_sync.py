@@ -159,7 +159,9 @@ def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
                                                        full_timeout_s=FULL_TIMEOUT_S))
             loader = loader or engine_loader(run, lambda: receiver.digest)
             for key in [k for k in _agents if k[0] == wid]:
-                del _agents[key]  # one run at a time per worker: drop other runs' weights
+                # one run's weights per engine: a serving worker is leased to one run at a time
+                # (tasks/borrow.py); a dedicated rollout worker shared by runs reloads at each switch
+                del _agents[key]
             found = _agents[wid, run] = PullAgent(receiver, loader, name)
         found.receiver.batch_bytes = batch_bytes
         return found

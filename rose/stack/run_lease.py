@@ -83,10 +83,10 @@ def read_holder(run_dir: Path) -> Holder | None:
 
 
 @contextmanager
-def _locked(run_dir: Path, timeout_s: float = 30.0) -> Iterator[None]:
-    """The lease's short critical section (read, decide, write), across processes."""
+def locked(run_dir: Path, timeout_s: float = 30.0, lock_file: str = LOCK_FILE) -> Iterator[None]:
+    """A lease's short critical section (read, decide, write), across processes."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(run_dir / lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -95,7 +95,7 @@ def _locked(run_dir: Path, timeout_s: float = 30.0) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{run_dir / LOCK_FILE} stayed locked {timeout_s:.0f} s") from None
+                    raise TimeoutError(f"{run_dir / lock_file} stayed locked {timeout_s:.0f} s") from None
                 time.sleep(0.02)
         yield
     finally:
@@ -136,7 +136,7 @@ class RunLease:
         now, pid = time.time(), os.getpid()
         mine = Holder(self.run_id, pid, socket.gethostname(), _process_start(pid), now, now,
                       self.ttl_s, self.command, uuid.uuid4().hex)
-        with _locked(self.run_dir):
+        with locked(self.run_dir):
             other = read_holder(self.run_dir)
             if other is not None:
                 why_dead = other.dead(now)
@@ -158,7 +158,7 @@ class RunLease:
         """Write a fresh renewal time; False (and `lost` set) when the lease is no longer ours."""
         if self.holder is None:
             return False
-        with _locked(self.run_dir):
+        with locked(self.run_dir):
             current = read_holder(self.run_dir)
             if current is None or current.token != self.holder.token:
                 self.lost = ("the lease file is gone" if current is None
@@ -177,7 +177,7 @@ class RunLease:
         if held is None:
             return
         try:
-            with _locked(self.run_dir, lock_timeout_s):
+            with locked(self.run_dir, lock_timeout_s):
                 self._remove_if_mine(held)
         except TimeoutError:  # a SIGTERM landed inside our own critical section
             self._remove_if_mine(held)

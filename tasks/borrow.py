@@ -1,0 +1,79 @@
+"""Which serving workers a run borrows for a step (called from the rollout task).
+
+Each serving worker's load comes from its own metrics (executors/coserving/plugin.coserving_load);
+the choice and the leases are executors/policies/borrow.py's, kept in the stack's lease table
+(rose/stack/serving_leases.py) that every run's driver shares. A worker the run did not hold a
+step ago missed its weight publishes: it loads the rollout's version before it takes turns.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from distributed import Client
+
+from executors.coserving.plugin import coserving_load
+from executors.policies.borrow import BorrowPolicy, Grant, ServingLoad
+from executors.workers.pinned import fetch_result, running_workers
+from executors.workers.weight_sync import sync_weights
+from rose.config import RunConfig, stack_dir
+from rose.stack.serving_leases import ServingLeases
+
+log = logging.getLogger(__name__)
+LOAD_TIMEOUT_S = 10.0  # a metrics answer is a small dict (ms) on a live worker
+SYNC_TIMEOUT_S = 120.0
+
+
+def stack_leases() -> ServingLeases:
+    return ServingLeases(stack_dir())
+
+
+def borrow_policy(cfg: RunConfig) -> BorrowPolicy:
+    return BorrowPolicy(cfg.borrow.max_serving_workers, cfg.borrow.lease_ttl_s)
+
+
+def serving_loads(client: Client, names: list[str]) -> list[ServingLoad]:
+    """Each serving worker's load; one that does not answer in time counts as fully loaded."""
+    live = running_workers(client)
+    futures = {n: client.submit(coserving_load, workers=[live[n]], allow_other_workers=False,
+                                pure=False) for n in names if n in live}
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    loads = []
+    for name in names:
+        try:
+            m = fetch_result(futures[name], max(0.1, deadline - time.monotonic()))
+            loads.append(ServingLoad(name, m["kv_used"], m["ttft_p99_s"], m["slo_ttft_s"]))
+        except Exception as e:  # noqa: BLE001 - starting, gone, or no executor: chosen last
+            log.warning("no serving load from %s (%s): it is chosen last", name, e)
+            loads.append(ServingLoad.unknown(name))
+    return loads
+
+
+def borrow_for_step(client: Client, cfg: RunConfig, serving: list[str], version: int) -> Grant:
+    """Lease this step's serving workers to the run; fresh ones load policy `version` first (one
+    that cannot is dropped from the grant, its lease given back, and the note says why)."""
+    grant = stack_leases().grant(cfg.run_id, serving_loads(client, serving), borrow_policy(cfg))
+    failed = _sync_fresh(client, cfg, grant.fresh, version)
+    if failed:
+        stack_leases().give_back(cfg.run_id, list(failed))
+        grant = grant.without(failed)
+    if grant.note:
+        log.warning("run %s: %s", cfg.run_id, grant.note)
+    return grant
+
+
+def _sync_fresh(client: Client, cfg: RunConfig, fresh: list[str], version: int) -> dict[str, str]:
+    """Load `version` on the freshly lent workers; worker -> why it could not."""
+    live = running_workers(client)
+    futures = {n: client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
+                                cfg.publish.pull_batch_bytes, SYNC_TIMEOUT_S,
+                                sharded=cfg.publishes_sharded, workers=[live[n]],
+                                allow_other_workers=False, pure=False)
+               for n in fresh if n in live}
+    failed = {n: "not running" for n in fresh if n not in live}
+    for name, fut in futures.items():
+        try:
+            fetch_result(fut, SYNC_TIMEOUT_S + 30.0)
+        except Exception as e:  # noqa: BLE001 - the step goes on without it
+            failed[name] = f"could not load v{version}: {type(e).__name__}: {e}"
+    return failed
