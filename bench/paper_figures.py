@@ -10,7 +10,8 @@ Setting (paper §6): 16 GPUs, (rollout, train) = (8, 8), 256 trajectories a step
 GPU), 16 per rollout GPU at once, borrowed serving GPUs capped at 16. The serving SLO is 2x the
 P99 of serving alone (the fixed configuration), as every sweep here sets it.
 
-Prints and writes bench/results/paper_figures.json and bench/results/paper_figures.png:
+Prints and writes bench/results/paper_figures.json and one PNG per figure beside it
+(bench/paper_figures_plot.py):
 - Fig. 1 (characterization): rollout share of the step, P75 trajectory / rollout time, prefill
   share, rollout seconds at 8 and 16 rollout GPUs;
 - Fig. 7a (GRPO, 8B): step throughput of the resource-fixed system (serving GPUs only serve;
