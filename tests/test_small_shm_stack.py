@@ -21,6 +21,7 @@ def test_a_run_trains_in_a_2_mib_shm_coding_on_threads(tmp_path_factory):
     data = new_data_dir(tmp_path_factory, "rose-small-shm")
     cfg = data / "run.yaml"
     cfg.write_text("run_id: small-shm\nsteps: 1\n"
+                   "rollout: {groups: 2, group_size: 4, max_turns: 3}\n"  # the publish is what is tested
                    "publish: {coder_processes: 2, link_gbps: 0.05, measure_link: false}\n")
     rose = f"{sys.executable} -m rose.cli"
     with cli_stack_env(data) as env:  # stops the stack from outside the namespace afterwards
