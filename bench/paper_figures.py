@@ -191,6 +191,26 @@ def sensitivity(args) -> list[dict]:
     return rows
 
 
+def concurrency(args, e2e: dict, slo: dict) -> list[dict]:
+    """ROSE / fixed against the trajectories each GPU runs at once (router cap, also the serving GPUs'
+    turn cap): the paper does not say how many ROLL runs; 16 is the figures' setting."""
+    rows = []
+    for cap in (8, 16, 32):
+        kw = dict(cap_per_rollout_gpu=cap, serving_max_turns=cap, **slo)
+        r = {"fixed": e2e["fixed"], "rose": e2e["rose"], "elastic_free": e2e["elastic_free"]} if cap == 16 else {
+            "fixed": run(base_config(args, config="fixed", **kw), label=f"fixed, {cap} at once"),
+            "rose": run(base_config(args, config="rose", **kw), label=f"ROSE, {cap} at once"),
+            "elastic_free": run(base_config(args, config="elastic", elastic_alloc_s=0.0, **kw),
+                                label=f"16 external GPUs, {cap} at once")}
+        rows.append({"cap": cap, **{f"{k}_tokens_per_s": v["tokens_per_s"] for k, v in r.items()},
+                     "rose_vs_fixed": speedup(r["rose"], r["fixed"]),
+                     "elastic_free_vs_fixed": speedup(r["elastic_free"], r["fixed"]),
+                     "rose_borrowed_share": r["rose"]["borrowed_share"],
+                     "fixed_rollout_s": r["fixed"]["rollout_s_mean"],
+                     "rose_slo_attainment": r["rose"]["slo_attainment"]})
+    return rows
+
+
 def scale(args, slo: dict) -> dict:
     """The event-jumping engine against the per-iteration one at 16 GPUs (one step of ROSE), and
     ROSE at 1,024 GPUs x 5 steps: wall and CPU seconds (the machine is shared: CPU is what the
@@ -240,9 +260,11 @@ def main() -> None:
     print("Fig. 7 under DAPO (redundant sampling)")
     fig7_dapo = dapo(args)
     sens = [] if args.no_sensitivity else (print("Sensitivity") or sensitivity(args))
+    print("Concurrency: trajectories per GPU at once")
+    conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
     big = {} if args.no_scale else (print("Scale: event jumping") or scale(args, slo_of(e2e["fixed"])))
     fields = dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
-                  sensitivity=sens, scale=big, total_s=time.perf_counter() - t0)
+                  sensitivity=sens, concurrency=conc, scale=big, total_s=time.perf_counter() - t0)
     print(report(fields))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, "paper_figures", args, t0, **fields)

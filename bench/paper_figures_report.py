@@ -52,7 +52,7 @@ def report(doc: dict) -> str:
     for n, r in sorted(fig14.items()):
         lines.append(f"| {n} | {r['rollout_s_mean']:.0f} | {1 - r['rollout_s_mean'] / base:+.0%} |")
     lines += [f"| paper | {P['fig14'][0]} | |", ""]
-    lines += _overhead(doc) + _rollpacker(doc) + _scale(doc)
+    lines += _overhead(doc) + _rollpacker(doc) + _concurrency(doc) + _scale(doc)
     if doc["sensitivity"]:
         lines += ["| trajectory sigma | env s/step | fixed rollout s | ROSE rollout s | ROSE / fixed | borrowed |",
                   "| --- " * 6 + "|"]
@@ -96,6 +96,19 @@ def _rollpacker(doc: dict) -> list[str]:
                      f"{r['borrowed_share']:.0%} | {r.get('long_rounds', 0)} |")
     lines += [f"| paper (RollPacker's own, over veRL, Qwen2.5) | | {lo:.2f}-{hi:.2f}x | | | |", ""]
     return lines
+
+
+def _concurrency(doc: dict) -> list[str]:
+    rows = doc.get("concurrency")
+    if not rows:
+        return []
+    lines = ["| trajectories per GPU at once (not published) | fixed rollout s | fixed tokens/s | ROSE tokens/s | "
+             "ROSE / fixed | 16 external GPUs / fixed | ROSE borrowed | ROSE SLO met |", "| --- " * 8 + "|"]
+    for r in rows:
+        lines.append(f"| {r['cap']} | {r['fixed_rollout_s']:.0f} | {_num(r['fixed_tokens_per_s'])} | "
+                     f"{_num(r['rose_tokens_per_s'])} | {_x(r['rose_vs_fixed'])} | {_x(r['elastic_free_vs_fixed'])} | "
+                     f"{r['rose_borrowed_share']:.0%} | {pct(r['rose_slo_attainment'])} |")
+    return lines + [""]
 
 
 def _scale(doc: dict) -> list[str]:
