@@ -7,6 +7,9 @@ bench/cluster_sim.py does); then every other configuration x pipeline mode runs 
 all scales at once. The rows come back as a table artifact and the flow's result.
 
     .venv/bin/python -m flows.cluster_sim --scales 16 64 --configs rose static
+    # the paper's Fig. 7a configurations (bench/paper_figures.py runs them on one machine)
+    .venv/bin/python -m flows.cluster_sim --scales 16 --configs rose elastic --fleet h100_qwen3_8b \
+        --workload workload_paper_qwen3_8b_frozenlake --serving-ratio 2
 """
 from __future__ import annotations
 
@@ -135,6 +138,8 @@ if __name__ == "__main__":
     ap.add_argument("--off-policy", type=int, nargs="+", default=[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--fleet", default=None, help="sim/profiles/fleet_<name>.json, e.g. h100_qwen3_8b")
+    ap.add_argument("--workload", default="workload_frozenlake", help="sim/profiles/<name>.json")
+    ap.add_argument("--serving-ratio", type=float, default=1.0, help="borrowed serving GPUs per rollout GPU")
     a = ap.parse_args()
-    cluster_sim(SimSweep(scales=a.scales, configs=a.configs, off_policy=a.off_policy,
-                         steps=a.steps, fleet=a.fleet))
+    cluster_sim(SimSweep(scales=a.scales, configs=a.configs, off_policy=a.off_policy, steps=a.steps,
+                         fleet=a.fleet, workload=a.workload, serving_ratio=a.serving_ratio))
