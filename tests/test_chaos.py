@@ -29,7 +29,7 @@ def test_fault_recovered_with_nothing_lost(key, tmp_path, tmp_path_factory):
 
     [fault] = [f for f in FAULTS if f.key == key]
     args = Namespace(root=str(tmp_path), models=str(shared_models(tmp_path_factory)), steps=2,
-                     groups=4, group_size=8, max_turns=8)
+                     groups=2, group_size=8, max_turns=6)  # 3+ turn batches: the faults strike at the 3rd
     row = run_fault(fault, args, Console(stderr=True))
     assert not row.get("hung"), f"fault {key} hung past its deadline: {row.get('tail')}"
     assert row["injected"] and not row["injected"].get("error"), row["injected"]
