@@ -155,14 +155,15 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         # not awaited (an executor still starting must not hold up the rollout); held till the end
         step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
                                      pure=False) for n in serving]
+        incarnations = running_workers(client)  # a serving worker restarted meanwhile: new address
         scheduler = RolloutScheduler(client, workers, config=r,
                                      resync=resync_from_relay(client, cfg, policy_version))
         report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it
         live = running_workers(client)
         for name, started in zip(serving, step_starts):
-            if name not in live and not started.done():  # died during the rollout
-                started.cancel()
+            if live.get(name) != incarnations.get(name) and not started.done():
+                started.cancel()  # died during the rollout (or restarted: its call went with it)
                 log.warning("serving worker %s left during the rollout: no step window", name)
                 continue
             try:

@@ -17,9 +17,11 @@ import time
 from typing import Callable
 
 from executors.coserving.plugin import coserving_state
-from executors.workers.pinned import fetch_result
 
 log = logging.getLogger("rose.rollout")
+# a poll's answer is a small dict on a live worker (ms); one that died holding it never comes
+# (Dask reschedules the poll on the dead address): never wait long for it, the gate stays shut
+POLL_FETCH_S = 1.0
 
 
 class ServingAdmission:
@@ -67,11 +69,18 @@ class ServingAdmission:
         for name, fut in list(self._poll.items()):
             if not fut.done():
                 continue
-            del self._poll[name]
             try:
-                state = fetch_result(fut)  # bounded: the worker may have died holding it
-            except Exception as exc:  # the worker is going away; liveness reroutes its turns
-                log.warning("admission poll on %s failed: %s", name, exc)
+                state = fut.result(timeout=POLL_FETCH_S)
+            except TimeoutError as exc:
+                if fut.status != "error":  # its worker died holding it: the poll stays out,
+                    self.admitting[name] = False  # dropped when liveness drops the worker
+                    continue
+                state = exc
+            except Exception as exc:  # noqa: BLE001 - the worker is going away
+                state = exc
+            del self._poll[name]
+            if isinstance(state, Exception):  # liveness reroutes its turns
+                log.warning("admission poll on %s failed: %s", name, state)
                 self.admitting[name] = False
                 continue
             self.state[name] = state

@@ -26,12 +26,14 @@ from distributed import Client, wait
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
-from executors.workers.pinned import fetch_result
+from executors.workers.pinned import LostResult, fetch_result
 from executors.workers.rollout_worker import generate_turns
 from executors.policies.router import TurnRouter
 from executors.policies.tail_handback import HandbackConfig, TailHandback
 from executors.scheduling.worker_pool import WorkerPool
 from rose.config import SchedulerConfig
+
+QUICK_FETCH_S = 1.0  # a finished batch's results from a live worker take ms
 
 log = logging.getLogger("rose.rollout")
 
@@ -184,7 +186,7 @@ class RolloutScheduler:
     def _finish_batch(self, fut, launcher: GroupLauncher, on_turn) -> bool:
         worker, tids, sent = self.inflight.pop(fut)
         try:
-            results = fetch_result(fut, self.config.result_timeout_s)
+            results = self._fetch(fut, worker)
         except Exception as exc:  # worker died (also: with the results), or the batch failed
             self._batch_failed(worker, tids, exc)
             return False
@@ -227,6 +229,20 @@ class RolloutScheduler:
             self._remove(worker, dead=False)
             self.pool.try_rejoin(worker)
         return progressed
+
+    def _fetch(self, fut, worker: str):
+        """A finished batch's results. One whose worker died holding them (Dask reschedules
+        it on the dead address) is lost: told at once when the worker is gone or restarted
+        (a new address), rather than after result_timeout_s with the dispatch loop stalled."""
+        try:
+            return fut.result(timeout=QUICK_FETCH_S)
+        except TimeoutError:
+            if fut.status == "error":  # the function itself raised a TimeoutError
+                raise
+        if self.pool.liveness.addresses().get(worker) != self.pool.address(worker):
+            fut.cancel()
+            raise LostResult(f"{worker} left holding the results of {fut.key}")
+        return fetch_result(fut, self.config.result_timeout_s)
 
     def _batch_failed(self, worker: str, tids: list[str], exc: Exception) -> None:
         if worker not in self.routable:

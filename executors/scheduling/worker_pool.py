@@ -83,6 +83,9 @@ class WorkerPool:
         """Routable workers that died since the last look (the caller reroutes their turns).
         Also: returned incarnations start a resync, finished resyncs rejoin, admission refreshes."""
         events = self.liveness.poll(force)
+        if self.admission is not None:  # a lost worker's poll answer is lost with it: no fetch
+            for name in events.lost:
+                self.admission.drop(name)
         for name in events.returned:
             log.warning("%s came back as a new incarnation (fresh state)", name)
             self.try_rejoin(name)
@@ -125,7 +128,9 @@ class WorkerPool:
     def abort(self, name: str, request_ids: list[str]) -> int:
         """Abort these turns in the worker's engines now; returns how many were asked."""
         address = self.liveness.address(name)
-        if address is None:
+        # gone since the last liveness poll (or restarted: a new address): a run to a dead
+        # address would wait out Dask's connect timeout (30 s), the rollout stalled meanwhile
+        if address is None or self.liveness.addresses().get(name) != address:
             return 0
         try:
             self.client.run(abort_turns, request_ids, workers=[address], on_error="ignore")
