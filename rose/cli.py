@@ -82,16 +82,20 @@ def down() -> None:
 @clear_errors
 def status() -> None:
     """Services and workers of the running stack."""
-    from rose.stack.local_stack import dead_parts, read_stack
+    from rose.stack.local_stack import dead_parts, read_stack, recovering_parts
     from rose.stack.status import print_stack
 
     handle = read_stack(stack_dir())
     if handle is None:
         raise StackError(f"no stack running in {stack_dir()} (start one with `rose up`)")
     print_stack(handle, console)
+    recovering = recovering_parts(handle)
+    if recovering:  # the supervisor is on it: not an error
+        console.print(f"[yellow]recovering:[/] {', '.join(recovering)} (restarted by the "
+                      "stack's supervisor)")
     dead = dead_parts(handle)
     if dead:
-        raise StackError(f"the stack is degraded: {', '.join(dead)} not answering "
+        raise StackError(f"the stack is degraded, down or not answering: {', '.join(dead)} "
                          "(`rose down` then `rose up`)")
 
 

@@ -45,7 +45,7 @@ def ensure_stack(cfg: RunConfig, console: Console):
 def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
     """Serving workers co-serve from the start: their engines and endpoints come up with the
     stack (a no-op when they already run); the endpoint URLs go into the stack file."""
-    from rose.stack.local_stack import write_stack
+    from rose.stack.local_stack import update_stack
     from rose.stack.serving import serving_workers, start_serving
 
     with handle.scheduler().client() as client:
@@ -53,10 +53,11 @@ def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
             return {}
         with console.status("serving workers: building the serving + rollout engines, "
                             "profiling them, opening the OpenAI endpoints"):
-            endpoints = start_serving(client, cfg.models, cfg.stack)
+            # a worker restarting now keeps its URL (its port is the stack's for life)
+            endpoints = {**handle.endpoints, **start_serving(client, cfg.models, cfg.stack)}
     if endpoints != handle.endpoints:
-        handle.endpoints = endpoints
-        write_stack(handle)
+        handle.endpoints = endpoints  # into the file as one step: the supervisor writes it too
+        update_stack(handle.run_dir, lambda h: setattr(h, "endpoints", endpoints))
     return endpoints
 
 

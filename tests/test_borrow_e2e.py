@@ -140,3 +140,54 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     # the serving worker's rollout engine itself runs the trained weights, read from inside vLLM
     assert engine_mismatches(handle.dask_scheduler, run, "serving-0") == []
     assert state["rollout_in_flight"] == 0  # the run ended: its rollout side detached
+
+
+def test_a_killed_serving_worker_comes_back_at_its_endpoint(serving_stack):
+    """The serving worker's process as `rose status` lists it (its nanny) SIGKILLed: the
+    stack's supervisor (rose/stack/supervisor.py) restarts it, the co-serving plugin the
+    scheduler holds builds its engines again, and the endpoint answers at the same URL."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    from rose.stack.local_stack import read_stack
+
+    data, env = serving_stack
+    before = read_stack(data / "stack")
+    url = before.endpoints["serving-0"]
+    nanny = next(p.pid for p in before.processes if p.name == "worker-serving-0")
+    family = [nanny, *(c.pid for c in psutil.Process(nanny).children(recursive=True))]
+    t0 = time.monotonic()
+    os.kill(nanny, signal.SIGKILL)
+    psutil.wait_procs([psutil.Process(p) for p in family if psutil.pid_exists(p)], timeout=30)
+    down_at = time.monotonic() - t0  # its worker went with it: the endpoint is down
+    assert not _answers(url)
+    while not _answers(url):
+        assert time.monotonic() - t0 < 120, "the serving endpoint never answered again"
+        time.sleep(0.2)
+    answered_s = time.monotonic() - t0
+    print(f"serving-0 killed: endpoint down after {down_at:.1f} s, answering again after "
+          f"{answered_s:.1f} s")
+    assert answered_s < 90  # ~20 s on an idle 2-core machine (docs/reliability.md)
+    model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    ok = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi",
+                                                   "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+    after = read_stack(data / "stack")
+    [restart] = [r for r in after.restarts if r["service"] == "worker-serving-0"]
+    assert restart["exit_code"] == -signal.SIGKILL and restart["restart"] == 1
+    assert {p.name: p.pid for p in after.processes}["worker-serving-0"] == restart["pid"] != nanny
+    assert after.endpoints == before.endpoints
+    status = rose_cli(["status"], env)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "worker-serving-0" in status.stdout and "Restarts by the supervisor" in status.stdout
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -186,7 +186,7 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     from rose.cli import app
     from rose.config import StackConfig
     from rose.stack.dask_cluster import worker_identity
-    from rose.stack.local_stack import load_stack, start_stack, stop_stack
+    from rose.stack.local_stack import load_stack, read_stack, start_stack, stop_stack
     from rose.stack.mooncake import round_trip
     from rose.stack.process import group_members
 
@@ -236,21 +236,79 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
         assert ok.exit_code == 0, ok.output
         assert "rollout-0" in ok.output and "train_gpu=1" in ok.output
 
+        # the supervisor (rose/stack/supervisor.py) restarts a killed service at its address
+        supervisor = handle.supervisor
+        assert supervisor is not None and supervisor.alive()
+        assert psutil.Process(supervisor.pid).children() and all(
+            psutil.Process(p.pid).ppid() == supervisor.pid for p in handle.processes)
         master = next(p for p in handle.processes if p.name == "mooncake-master")
         os.kill(master.pid, 9)
-        psutil.wait_procs([psutil.Process(master.pid)], timeout=10)
+        back = _until(lambda: _restarted(run_dir, "mooncake-master", 1))
+        assert back.mooncake_master == handle.mooncake_master
+        [restart] = back.restarts
+        assert restart["service"] == "mooncake-master" and restart["exit_code"] == -9
+        assert restart["restart"] == 1 and restart["pid"] != master.pid
+        with Client(handle.dask_scheduler, timeout=30) as client:  # the relay works again
+            assert client.submit(round_trip, 1 << 20, **on_rollout).result(60) == 1 << 20
+        shown = runner.invoke(app, ["status"])
+        assert shown.exit_code == 0, shown.output
+        assert "Restarts by the supervisor" in shown.output and "mooncake-master" in shown.output
+
+        # five exits within a minute: failed, said, never restarted again; the rest runs on
+        for n in range(2, 6):
+            pid = next(p.pid for p in read_stack(run_dir).processes if p.name == "mooncake-master")
+            os.kill(pid, 9)
+            if n < 5:
+                _until(lambda: _restarted(run_dir, "mooncake-master", n))
+        failed = _until(lambda: _failed(run_dir, "mooncake-master"))
+        assert failed.services["mooncake-master"]["last_exit"] == -9
         degraded = runner.invoke(app, ["status"])
         assert degraded.exit_code == 1
-        assert "mooncake-master" in degraded.output and "Traceback" not in degraded.output
+        assert "FAILED: mooncake-master" in degraded.output and "Traceback" not in degraded.output
+        assert "exited 5 times within 60 s" in degraded.output and "mooncake-master.log" in degraded.output
         assert load_stack(run_dir) is None
+        assert [p.name for p in failed.processes if not p.alive()] == ["mooncake-master"]
+        host, port = handle.dask_scheduler.removeprefix("tcp://").split(":")
+        assert port_answers(host, int(port))  # the rest of the stack runs on
+
+        # without its supervisor the stack is degraded: nothing would restart what exits
+        os.kill(supervisor.pid, 9)
+        psutil.wait_procs([psutil.Process(supervisor.pid)], timeout=10)
+        unsupervised = runner.invoke(app, ["status"])
+        assert unsupervised.exit_code == 1 and "stack supervisor" in unsupervised.output
 
         down = runner.invoke(app, ["down"])
         assert down.exit_code == 0, down.output
     finally:
         stop_stack(run_dir)
-    assert _dead(family)
+    assert _dead(family) and _dead([supervisor.pid])
     assert not any(group_members(pid) for pid in pids)
     assert not (run_dir / "stack.json").exists()
+
+
+def _until(get, timeout: float = 60.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (got := get()):
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.1)
+    return got
+
+
+def _restarted(run_dir: Path, name: str, n: int):
+    from rose.stack.local_stack import read_stack
+
+    handle = read_stack(run_dir)
+    seen = handle.services.get(name, {}) if handle else {}
+    return handle if seen.get("restarts") == n and seen.get("state") == "up" else None
+
+
+def _failed(run_dir: Path, name: str):
+    from rose.stack.local_stack import read_stack
+
+    handle = read_stack(run_dir)
+    return handle if handle and handle.services.get(name, {}).get("state") == "failed" else None
 
 
 def json_load(path: Path):

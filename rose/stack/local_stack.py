@@ -3,12 +3,17 @@
 start_stack() starts what is missing and writes run_dir/stack.json (addresses + pids), so
 `rose down`/`rose status` in another process find it. A Mooncake failure is not fatal: the
 relay falls back to the filesystem, loudly.
+
+The services are started by the stack's supervisor (rose/stack/supervisor.py), a process of
+its own that outlives the `rose` command which asked for the stack: it is their parent, restarts
+one that exits unasked and records each restart here; `rose down` stops it first.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import time
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -25,11 +30,12 @@ from rose.stack.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
 from rose.stack.ports import ensure_free, port_answers
 from rose.stack.prefect_server import check_prefect, launch_prefect_server, prefect_env, prefect_home
-from rose.stack.process import ProcessRecord, group_members, http_ok, read_records
+from rose.stack.process import ManagedProcess, ProcessRecord, group_members, http_ok, read_records
 from storage.atomic import write_atomic
 from storage.weights.arena_files import sweep_dead
 
 STACK_FILE = "stack.json"
+SUPERVISOR_ENV = "ROSE_STACK_SUPERVISOR_PID"  # storage.relay.mooncake reads it by this name
 err_console = Console(stderr=True)
 
 
@@ -49,6 +55,11 @@ class StackHandle:
     mooncake_client: str | None = None  # the store client every process here shares memory with
     # a cluster scheduler's TLS files (stack.dask_tls, paths as JSON), for `rose status` and flows
     dask_tls: dict[str, str] | None = None
+    # the supervisor (rose/stack/supervisor.py) and what it keeps here: per service its state
+    # (up, starting, restarting, failed), restarts, last exit code and log; every restart
+    supervisor: ProcessRecord | None = None
+    services: dict[str, dict] = field(default_factory=dict)
+    restarts: list[dict] = field(default_factory=list)  # {at, service, exit_code, restart, pid}
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -60,7 +71,18 @@ class StackHandle:
         d = json.loads(text)
         d["run_dir"] = Path(d["run_dir"])
         d["processes"] = [ProcessRecord(**p) for p in d.get("processes", [])]
+        if d.get("supervisor"):
+            d["supervisor"] = ProcessRecord(**d["supervisor"])
         return cls(**d)
+
+    def supervised(self) -> dict[str, dict]:
+        """The supervisor's view of each service, {} when no live supervisor keeps one."""
+        return self.services if self.supervisor is not None and self.supervisor.alive() else {}
+
+    def state(self, service: str) -> str | None:
+        """up, starting (restarted, not answering yet), restarting (waiting out its backoff),
+        failed (given up on); None: not supervised."""
+        return self.supervised().get(service, {}).get("state")
 
     def relay_dir(self) -> Path:
         return Path(self.run_dir) / "relay"
@@ -83,21 +105,30 @@ def _locked(run_dir: Path):
 
 def start_stack(cfg: StackConfig, run_dir: Path, *, prefect_port: int | None = None,
                 scheduler_port: int | None = None) -> StackHandle:
-    """Start (or reuse) the stack of run_dir; on any failure stop what was started, then raise."""
+    """Start (or reuse) the stack of run_dir; on any failure stop what was started, then raise.
+    The services are started by the stack's supervisor process (their parent from then on),
+    which this waits for."""
+    from rose.stack.supervisor_launch import launch
+
     run_dir = Path(run_dir).resolve()
     with _locked(run_dir):
-        return _start_stack(cfg, run_dir, prefect_port, scheduler_port)
+        running = load_stack(run_dir)
+        if running is not None:
+            return running
+        _stop_stack(run_dir)  # leftovers of a stack that died half-way
+        for port in (prefect_port, scheduler_port):  # fail before starting anything
+            if port:
+                ensure_free(port)
+        said, handle = launch(cfg, run_dir, prefect_port, scheduler_port)
+        if said:
+            err_console.file.write(said)  # the start's warnings (Mooncake), as rendered there
+        return handle
 
 
-def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
-                 scheduler_port: int | None) -> StackHandle:
-    running = load_stack(run_dir)
-    if running is not None:
-        return running
-    _stop_stack(run_dir)  # leftovers of a stack that died half-way
-    for port in (prefect_port, scheduler_port):  # fail before starting anything
-        if port:
-            ensure_free(port)
+def start_services(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
+                   scheduler_port: int | None) -> tuple[StackHandle, list[ManagedProcess]]:
+    """Start every service of the stack in this process (the supervisor's); the handle (not
+    written yet) and the processes. On any failure stop what was started, then raise."""
     started: list = []
     try:
         # Prefect's ~10 s start-up overlaps Mooncake's and Dask's; workers only need its URL.
@@ -112,7 +143,10 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
         if mooncake:
             started.append(mooncake)
         relay = "mooncake" if mooncake else "filesystem"
+        # SUPERVISOR_ENV: this process (the supervisor, rose/stack/supervisor.py) restarts a
+        # service that dies; a relay op waits for a restarting master only while it lives
         base_env = {**prefect_env(api_url, home), "ROSE_RELAY": relay, "ROSE_RUN_DIR": str(run_dir),
+                    SUPERVISOR_ENV: str(os.getpid()),
                     **(mooncake_env(mooncake) if mooncake else {})}
         if cfg.dask_scheduler:
             scheduler = cfg.dask_scheduler
@@ -129,20 +163,44 @@ def _start_stack(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
         for service in reversed(started):
             service.stop()
         raise
-    procs = [p.record for s in started for p in _processes(s)]
+    procs = [p for s in started for p in _processes(s)]
     handle = StackHandle(run_dir, api_url, api_url.removesuffix("/api"), scheduler,
                          mooncake.master_addr if mooncake else None,
                          mooncake.metadata_url if mooncake else None, relay, workers,
-                         str(home), procs, mooncake_client=mooncake.client_addr if mooncake else None,
+                         str(home), [p.record for p in procs],
+                         mooncake_client=mooncake.client_addr if mooncake else None,
                          dask_tls=cfg.dask_tls.model_dump(mode="json") if cfg.dask_tls else None)
-    write_stack(handle)
-    return handle
+    return handle, procs
 
 
 def write_stack(handle: StackHandle) -> None:
     """(Re)write the stack file atomically: a reader never sees half of it."""
     run_dir = Path(handle.run_dir)
-    write_atomic(run_dir / STACK_FILE, handle.to_json())
+    with _file_locked(run_dir):
+        write_atomic(run_dir / STACK_FILE, handle.to_json())
+
+
+@contextmanager
+def _file_locked(run_dir: Path):
+    """One writer of the stack file at a time (the supervisor records restarts in it while a
+    `rose` command records endpoints); not the start/stop lock, which `rose down` holds while
+    it waits for the supervisor."""
+    with open(Path(run_dir) / ".stack-file.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def update_stack(run_dir: Path, change) -> StackHandle | None:
+    """Read the stack file, `change(handle)` it and write it back, as one step against other
+    writers; None (nothing written) when there is no stack file (stopped meanwhile)."""
+    run_dir = Path(run_dir)
+    with _file_locked(run_dir):
+        handle = read_stack(run_dir)
+        if handle is None:
+            return None
+        change(handle)
+        write_atomic(run_dir / STACK_FILE, handle.to_json())
+        return handle
 
 
 def _processes(service) -> list:
@@ -183,25 +241,60 @@ def read_stack(run_dir: Path) -> StackHandle | None:
         return None
 
 
+# which service answers at each address the stack records
+OWNERS = {"dask": "dask-scheduler", "prefect": "prefect-server", "master": "mooncake-master"}
+RECOVERING = ("restarting", "starting")
+RECOVERY_WAIT_S = 120.0  # how long load_stack waits for a service the supervisor restarts
+
+
 def dead_parts(handle: StackHandle) -> list[str]:
-    """Names of the stack's parts that do not run or do not answer."""
-    dead = [f"{p.name} (pid {p.pid})" for p in handle.processes if not p.alive()]
+    """Names of the stack's parts that do not run or do not answer. A service its supervisor
+    is restarting is not dead (recovering_parts); one it gave up on is, with why."""
+    dead = []
+    if handle.supervisor is not None and not handle.supervisor.alive():
+        dead.append(f"stack supervisor (pid {handle.supervisor.pid}): nothing restarts a "
+                    "service that exits")
+    for p in handle.processes:
+        state = handle.state(p.name)
+        if state == "failed":
+            s = handle.services[p.name]
+            dead.append(f"{p.name} failed ({s.get('why', 'gave up restarting it')}; last exit "
+                        f"code {s.get('last_exit')}; log: {s.get('log', p.log)})")
+        elif state not in RECOVERING and not p.alive():
+            dead.append(f"{p.name} (pid {p.pid})")
+    quiet = {OWNERS[k] for k in OWNERS if handle.state(OWNERS[k]) in (*RECOVERING, "failed")}
     host, _, port = handle.dask_scheduler.split("://")[-1].rpartition(":")  # tcp:// or tls://
-    if not port_answers(host, int(port)):
+    if OWNERS["dask"] not in quiet and not port_answers(host, int(port)):
         dead.append(f"Dask scheduler at {handle.dask_scheduler}")
-    if not http_ok(f"{handle.prefect_api_url}/health"):
+    if OWNERS["prefect"] not in quiet and not http_ok(f"{handle.prefect_api_url}/health"):
         dead.append(f"Prefect server at {handle.prefect_api_url}")
-    if handle.mooncake_master:
+    if handle.mooncake_master and OWNERS["master"] not in quiet:
         host, _, port = handle.mooncake_master.rpartition(":")
         if not port_answers(host, int(port)):
             dead.append(f"Mooncake master at {handle.mooncake_master}")
     return list(dict.fromkeys(dead))
 
 
-def load_stack(run_dir: Path) -> StackHandle | None:
-    """The running stack of run_dir, or None when it is absent or any part of it is dead."""
-    handle = read_stack(run_dir)
-    return handle if handle is not None and not dead_parts(handle) else None
+def recovering_parts(handle: StackHandle) -> list[str]:
+    """Services the live supervisor is restarting (waiting out a backoff, or started again and
+    not answering yet)."""
+    return [f"{name} ({s['state']})" for name, s in handle.supervised().items()
+            if s.get("state") in RECOVERING]
+
+
+def load_stack(run_dir: Path, recovery_wait_s: float = RECOVERY_WAIT_S) -> StackHandle | None:
+    """The running stack of run_dir, or None when it is absent or any part of it is dead. A
+    part its supervisor is restarting is waited for, up to `recovery_wait_s`."""
+    deadline = time.monotonic() + recovery_wait_s
+    while True:
+        handle = read_stack(run_dir)
+        if handle is None or dead_parts(handle):
+            return None
+        if not recovering_parts(handle):
+            return handle
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 def stop_stack(run_dir: Path) -> list[str]:
@@ -214,12 +307,19 @@ def stop_stack(run_dir: Path) -> list[str]:
 
 
 def _stop_stack(run_dir: Path) -> list[str]:
-    records: dict[int, ProcessRecord] = {}
+    """The supervisor first (it stops restarting at once, then stops the services, workers
+    first, and exits last), then whatever is left by pid: a supervisor that is gone or did
+    not finish, services of a start that failed half-way."""
+    from rose.stack.supervisor_launch import read_supervisor, stop_supervisor
+
     handle = read_stack(run_dir)
-    for p in handle.processes if handle else []:
-        records[p.pid] = p
-    for p in read_records(run_dir):  # also services of a start that failed half-way
-        records.setdefault(p.pid, p)
+    before = {p.pid: p for p in _records(run_dir, handle) if p.alive()}
+    supervisor = (handle.supervisor if handle and handle.supervisor else None) or read_supervisor(run_dir)
+    stopped_supervisor = supervisor is not None and supervisor.alive()
+    if stopped_supervisor:
+        stop_supervisor(supervisor)
+    records = {p.pid: p for p in _records(run_dir, read_stack(run_dir) or handle)}
+    records.update(before)
     live = [p for p in records.values() if p.alive()]
     workers = [p for p in live if p.name.startswith("worker-")]
     others = [p for p in live if not p.name.startswith("worker-")]
@@ -227,14 +327,24 @@ def _stop_stack(run_dir: Path) -> list[str]:
         if batch:
             with ThreadPoolExecutor(len(batch)) as pool:
                 list(pool.map(lambda p: p.stop(grace=10), batch))
-    left = [f"{p.name} (pid {p.pid})" for p in live if p.alive() or group_members(p.pid)]
+    left = [f"{p.name} (pid {p.pid})" for p in records.values() if p.alive() or group_members(p.pid)]
     if left:
         raise StackError(f"could not stop: {', '.join(left)}")
     for p in records.values():
         (run_dir / "pids" / f"{p.name}.json").unlink(missing_ok=True)
     (run_dir / STACK_FILE).unlink(missing_ok=True)
+    (run_dir / "supervisor.json").unlink(missing_ok=True)
     sweep_dead()  # a stopped trainer's snapshots in /dev/shm (coder processes) go with it
-    return [p.name for p in live]
+    names = list(dict.fromkeys(p.name for p in before.values()))
+    return names + (["supervisor"] if stopped_supervisor else [])
+
+
+def _records(run_dir: Path, handle: StackHandle | None) -> list[ProcessRecord]:
+    """Every service the stack file names, and every pid file (a start that failed half-way)."""
+    records = {p.pid: p for p in (handle.processes if handle else [])}
+    for p in read_records(run_dir):
+        records.setdefault(p.pid, p)
+    return list(records.values())
 
 
 def stack_env(handle: StackHandle) -> dict[str, str]:
@@ -245,6 +355,7 @@ def stack_env(handle: StackHandle) -> dict[str, str]:
         "ROSE_DASK_SCHEDULER": handle.dask_scheduler,
         "ROSE_RELAY": handle.relay,
         "ROSE_RUN_DIR": str(handle.run_dir),
+        **({SUPERVISOR_ENV: str(handle.supervisor.pid)} if handle.supervisor else {}),
         "ROSE_DATA_DIR": str(data_dir()),
     }
     if handle.relay == "mooncake" and handle.mooncake_master and handle.mooncake_metadata_url:

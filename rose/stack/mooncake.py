@@ -23,6 +23,7 @@ from rose.stack.ports import LOCALHOST, free_port, port_answers
 from rose.stack.process import ManagedProcess, venv_binary
 
 START_TIMEOUT_S = 20.0
+MASTER_RESTART_WAIT_S = 20  # a relay op's wait for a master the supervisor restarts
 
 
 def _binary(name: str) -> str:
@@ -138,6 +139,8 @@ def mooncake_env(services: MooncakeServices) -> dict[str, str]:
     return {
         "MC_TCP_BIND_ADDRESS": LOCALHOST,  # the transfer engine would listen on all interfaces
         "MC_STORE_CLIENT_SETUP_RETRIES": "1",  # else setup blocks ~90 s when the master is down
+        # the stack's supervisor restarts a master that dies (~1-2 s): relay ops wait for it
+        "ROSE_MOONCAKE_RESTART_WAIT_S": str(MASTER_RESTART_WAIT_S),
         "ROSE_MOONCAKE_MASTER": services.master_addr,
         "ROSE_MOONCAKE_METADATA": services.metadata_url,
         **({"ROSE_MOONCAKE_CLIENT": services.client_addr} if services.client_addr else {}),

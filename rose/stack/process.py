@@ -106,11 +106,14 @@ class ManagedProcess:
         with open(self.log_path, "ab") as log:
             log.write(f"\n==== {time.strftime('%F %T')} {' '.join(self.argv)}\n".encode())
             log.flush()
+            # niced through nice(1), not a preexec_fn: the stack's supervisor, which starts and
+            # restarts the services, has threads (Dask's client, Mooncake's), and Python code
+            # run between fork and exec in a threaded process may deadlock
+            nice = [shutil.which("nice") or "nice", "-n", str(self.nice)] if self.nice else []
             try:
                 self.popen = subprocess.Popen(
-                    self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=self.env, cwd=self.cwd, start_new_session=True,
-                    preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+                    [*nice, *self.argv], stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True)
             except FileNotFoundError:
                 raise StackError(f"{self.name}: executable not found: {self.argv[0]}") from None
         try:

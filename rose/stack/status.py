@@ -1,7 +1,11 @@
-"""Rich tables of a running stack: its services and its Dask workers."""
+"""Rich tables of a running stack: its services, its Dask workers, and what its supervisor
+restarted (or gave up on)."""
 from __future__ import annotations
 
+import time
+
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 
 from rose.stack.dask_security import DaskScheduler
@@ -23,16 +27,39 @@ def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0) -> list[dict]:
     return sorted(rows, key=lambda r: r["name"])
 
 
+def state_cell(handle: StackHandle, name: str, rec) -> str:
+    """A service's state as its supervisor sees it (up, restarting in N s, starting, FAILED),
+    else by its pid (up/dead); "external" where the stack did not start it."""
+    if rec is None:
+        return "external"
+    seen = handle.supervised().get(name)
+    if seen is None:
+        return "[green]up[/]" if rec.alive() else "[red]dead[/]"
+    state = seen.get("state")
+    if state == "failed":
+        return f"[bold red]FAILED[/] (exit {seen.get('last_exit')})"
+    if state == "restarting":
+        return f"[yellow]restarting[/] (exit {seen.get('last_exit')}, in {seen.get('restart_in_s', 0):g} s)"
+    if state == "starting":
+        return "[yellow]starting[/]"
+    return "[green]up[/]" if rec.alive() else "[red]dead[/]"
+
+
+def restarts_cell(handle: StackHandle, name: str) -> str:
+    n = handle.supervised().get(name, {}).get("restarts", 0)
+    return str(n) if n else "-"
+
+
 def print_stack(handle: StackHandle, console: Console) -> None:
     services = Table(title=f"ROSE stack ({handle.run_dir})", title_justify="left")
-    for col in ("service", "address", "pid", "state"):
+    for col in ("service", "address", "pid", "state", "restarts"):
         services.add_column(col)
     alive = {p.name: p for p in handle.processes}
 
     def row(name: str, address: str | None, proc_name: str | None) -> None:
         rec = alive.get(proc_name) if proc_name else None
-        state = "external" if rec is None else ("[green]up[/]" if rec.alive() else "[red]dead[/]")
-        services.add_row(name, address or "-", str(rec.pid) if rec else "-", state)
+        services.add_row(name, address or "-", str(rec.pid) if rec else "-",
+                         state_cell(handle, proc_name, rec), restarts_cell(handle, proc_name))
 
     row("Prefect UI", handle.prefect_ui_url, "prefect-server")
     row("Dask scheduler", handle.dask_scheduler, "dask-scheduler")
@@ -42,14 +69,20 @@ def print_stack(handle: StackHandle, console: Console) -> None:
         if handle.mooncake_client:
             row("Mooncake store client", handle.mooncake_client, "mooncake-store-client")
     else:
-        services.add_row("relay", str(handle.relay_dir()), "-", "[yellow]filesystem[/]")
+        services.add_row("relay", str(handle.relay_dir()), "-", "[yellow]filesystem[/]", "-")
     for name, url in sorted(handle.endpoints.items()):
         services.add_row(f"serving endpoint ({name})", url, "-",
-                         "[green]up[/]" if http_ok(f"{url}/health") else "[red]down[/]")
+                         "[green]up[/]" if http_ok(f"{url}/health") else "[red]down[/]", "-")
+    sup = handle.supervisor
+    if sup is not None:
+        services.add_row("supervisor", f"log {sup.log}", str(sup.pid),
+                         "[green]up[/]" if sup.alive() else "[bold red]dead[/] (nothing restarts)",
+                         "-")
     console.print(services)
 
     workers = Table(title="Dask workers (each stands for one GPU)", title_justify="left")
-    for col in ("worker", "kind", "resources", "threads", "memory MB", "executing", "pid"):
+    for col in ("worker", "kind", "resources", "threads", "memory MB", "executing", "pid",
+                "restarts"):
         workers.add_column(col, no_wrap=True)
     try:
         rows = {r["name"]: r for r in worker_rows(handle.scheduler())}
@@ -57,10 +90,37 @@ def print_stack(handle: StackHandle, console: Console) -> None:
         rows = {}
     for name in sorted(set(handle.workers) | set(rows)):
         r, rec = rows.get(name), alive.get(f"worker-{name}")
+        restarts = restarts_cell(handle, f"worker-{name}")
         if r is None:
-            workers.add_row(name, handle.workers.get(name, "?"), "-", "-", "-", "-",
-                            "[red]not registered[/]")
+            state = handle.state(f"worker-{name}")
+            why = {"failed": "[bold red]FAILED[/]", "restarting": "[yellow]restarting[/]",
+                   "starting": "[yellow]registering[/]"}.get(state, "[red]not registered[/]")
+            workers.add_row(name, handle.workers.get(name, "?"), "-", "-", "-", "-", why, restarts)
             continue
         workers.add_row(name, handle.workers.get(name, "?"), r["resources"], str(r["nthreads"]),
-                        str(r["memory_mb"]), str(r["executing"]), str(rec.pid) if rec else "-")
+                        str(r["memory_mb"]), str(r["executing"]), str(rec.pid) if rec else "-",
+                        restarts)
     console.print(workers)
+    print_restarts(handle, console)
+
+
+def print_restarts(handle: StackHandle, console: Console, last: int = 10) -> None:
+    """The supervisor's last restarts, and every service it gave up on, loudly."""
+    if handle.restarts:
+        table = Table(title=f"Restarts by the supervisor (last {min(last, len(handle.restarts))} "
+                      f"of {len(handle.restarts)})", title_justify="left",
+                      caption=f"log: {handle.supervisor.log}" if handle.supervisor else None,
+                      caption_justify="left")
+        for col in ("time", "service", "exit code", "restart"):
+            table.add_column(col)
+        for r in handle.restarts[-last:]:
+            table.add_row(time.strftime("%F %T", time.localtime(r["at"])), r["service"],
+                          str(r.get("exit_code")), str(r.get("restart")))
+        console.print(table)
+    failed = {n: s for n, s in handle.supervised().items() if s.get("state") == "failed"}
+    for name, s in failed.items():
+        console.print(Panel(
+            f"[bold]{name}[/] {s.get('why', '')}; the supervisor does not restart it again.\n"
+            f"last exit code {s.get('last_exit')}; its log: {s.get('log')}\n"
+            "The rest of the stack keeps running; `rose down` then `rose up` starts it afresh.",
+            title=f"FAILED: {name}", border_style="bold red"))

@@ -44,6 +44,11 @@ _CODES = {-10: "BUFFER_OVERFLOW",
 _MISSING, _NOT_READY = -704, -703  # REPLICA_IS_NOT_READY: a put of the key is under way
 _NOT_READY_WAIT_S = 2.0  # how long a reader waits for such a put before calling the key missing
 _RPC_FAIL, _RECONNECT_WAIT_S = -900, 8.0  # a store client reconnects to a new master in ~2-4 s
+# how long an op waits for a dead master to answer again: the stack's supervisor restarts it
+# within ~1-2 s (rose/stack/supervisor.py; set by rose.stack.mooncake.mooncake_env); 0 (no
+# supervisor): the op fails at once
+RESTART_WAIT_ENV = "ROSE_MOONCAKE_RESTART_WAIT_S"
+SUPERVISOR_ENV = "ROSE_STACK_SUPERVISOR_PID"  # the pid of the stack's supervisor, when there is one
 PROBE_EVERY_S = 0.05  # a master or store client dead for less is told by the RPC (its ~4 s timeout)
 
 
@@ -89,6 +94,17 @@ class MooncakeRelay(Relay):
     def _master_answers(self) -> bool:
         return _answers(self.master_addr)
 
+    def _master_back(self) -> bool:
+        """Whether the master answers, now or within the restart window the stack gives
+        (RESTART_WAIT_ENV: its supervisor restarts a master that died), while that supervisor
+        lives (SUPERVISOR_ENV: after `rose down` nothing will restart it)."""
+        deadline = time.monotonic() + restart_wait_s()
+        while not self._master_answers():
+            if time.monotonic() >= deadline or not _supervised():
+                return False
+            time.sleep(0.1)
+        return True
+
     def _check_store_client(self, op: str, key: str) -> None:
         """RelayError at once where the stack's store client is gone: no wait mends that, so
         waiting out _RECONNECT_WAIT_S would only delay the error."""
@@ -102,7 +118,7 @@ class MooncakeRelay(Relay):
         """A dummy client failing: whether its store client may be reconnecting to a master
         that answers again."""
         self._check_store_client(op, key)
-        return bool(self.client_addr) and self._master_answers()
+        return bool(self.client_addr) and self._master_back()
 
     def _live(self, op: str, key: str, probe: bool = False):
         """The store, if open and its master answers. health_check is instant but lags a dead
@@ -125,7 +141,8 @@ class MooncakeRelay(Relay):
         if now < self._probed_until:
             return True
         self._check_store_client(op, key)
-        answers = self._master_answers()
+        answers = self._master_answers() or (bool(self.client_addr) and self._master_back()
+                                             and reconnected(self._store, _RECONNECT_WAIT_S))
         self._probed_until = now + PROBE_EVERY_S if answers else 0.0
         return answers
 
@@ -298,3 +315,28 @@ class MooncakeRelay(Relay):
                 for pool in self._shared or ():
                     pool.release()
             store.close()
+
+
+def restart_wait_s() -> float:
+    import os
+
+    try:
+        return max(0.0, float(os.environ.get(RESTART_WAIT_ENV, "0")))
+    except ValueError:
+        return 0.0
+
+
+def _supervised() -> bool:
+    """Whether the stack's supervisor (SUPERVISOR_ENV) still runs; True when none is named."""
+    import os
+
+    pid = os.environ.get(SUPERVISOR_ENV, "")
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
