@@ -12,6 +12,9 @@ the row reads "hang". Columns (bench/chaos_stack.py reads them from outside the 
   lost        expected trajectories not whole (turns 0..n, done, advantage) in the Arrow data
   rerouted    turns recorded as rerouted to another worker
   failed      serving requests that failed at the client (rows with a serving replay)
+  serving down  the serving downtime the users saw: first failed to first answered request
+              after the fault, and the failed requests in that window (rows with a replay);
+              row 3 also times the kill to its endpoint's /health answering again
   weights     the final checkpoint equals a trainer replaying the run's own trajectories
               (two stack runs never sample the same trajectories: see weights_check)
 Rows are merged into bench/results/chaos.json by fault, so faults can be run one at a time.
@@ -37,11 +40,12 @@ from bench.chaos_serving import ServingLoad  # noqa: E402
 from bench.chaos_stack import Bed, Progress, dataset_check, weights_check  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+USERS_AFTER_S = 10.0  # the replay's users stay this long after a serving fault is over
 OUT = RESULTS / "chaos.json"
 
 
-def run_config(args, stack: dict) -> dict:
-    return {"steps": args.steps, "seed": 7,
+def run_config(args, stack: dict, steps: int | None = None) -> dict:
+    return {"steps": steps or args.steps, "seed": 7,
             "stack": {"relay": "mooncake", **stack},
             "rollout": {"groups": args.groups, "group_size": args.group_size,
                         "max_turns": args.max_turns, "max_concurrency_per_worker": 8}}
@@ -49,8 +53,9 @@ def run_config(args, stack: dict) -> dict:
 
 def run_fault(fault: Fault, args, console: Console) -> dict:
     bed = Bed.fresh(Path(args.root), f"f{fault.key}", Path(args.models),
-                    run_config(args, fault.stack))
-    row: dict = {"fault": fault.key, "title": fault.title, "where": fault.where,
+                    run_config(args, fault.stack, fault.steps))
+    steps = bed.config["steps"]
+    row: dict = {"fault": fault.key, "title": fault.title, "where": fault.where, "steps": steps,
                  "deadline_s": fault.deadline_s, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime())}
     record: dict = {}
@@ -65,6 +70,9 @@ def run_fault(fault: Fault, args, console: Console) -> dict:
         with ServingLoad(bed) if fault.serving else nullcontext() as load:
             out = bed.rose(["train", "-c", str(bed.config_file), "--run-id", bed.run_id],
                            fault.deadline_s)
+            if load is not None:  # the users stay until the fault is over (its endpoint
+                injector.join(300)  # answers again, timed by the fault) and a bit after
+                time.sleep(USERS_AFTER_S)
         if load is not None:
             row.update(load.report(record.get("at")))
         if fault.after is not None:
@@ -88,8 +96,12 @@ def run_fault(fault: Fault, args, console: Console) -> dict:
         row.update(weights_check(bed))
     except Exception as e:  # noqa: BLE001
         row.update(weights_equal=None, weights_error=f"{type(e).__name__}: {e}")
+    after = record.get("serving_after") or {}
+    if after.get("digest"):  # the restarted serving worker re-attached and pulled the run's weights
+        row["serving_holds_final"] = (after.get("version") == steps
+                                      and after["digest"] == row.get("final_digest"))
     row["recovered"] = bool(row.get("rc") == 0 and record and not record.get("error")
-                            and row.get("final_checkpoint") == args.steps
+                            and row.get("final_checkpoint") == steps
                             and row["trajectories_lost"] == 0 and row["duplicate_rows"] == 0)
     return row
 
@@ -127,7 +139,7 @@ def table(rows: list[dict]) -> Table:
     t = Table(title="Chaos: one fault per short run on the local stack (Mooncake relay)",
               header_style="bold cyan")
     for c in ("fault", "where injected", "recovered", "recover s", "lost", "dup rows",
-              "rerouted", "serving failed", "weights = replay"):
+              "rerouted", "serving down s", "serving failed", "weights = replay"):
         t.add_column(c, justify="left" if c in ("fault", "where injected") else "right")
     for r in rows:
         state = "hang" if r.get("hung") else ("yes" if r["recovered"] else "NO")
@@ -139,7 +151,8 @@ def table(rows: list[dict]) -> Table:
         t.add_row(f"{r['fault']}. {r['title']}", r["where"], state,
                   "-" if r.get("recover_s") is None else f"{r['recover_s']:.0f}",
                   str(r["trajectories_lost"]), str(r["duplicate_rows"]),
-                  str(r.get("rerouted_turns", r["rerouted_rows"])), serving_cell(r), weights)
+                  str(r.get("rerouted_turns", r["rerouted_rows"])), down_cell(r),
+                  serving_cell(r), weights)
     return t
 
 
@@ -161,6 +174,25 @@ def _engine_side(r: dict) -> str:
                 return (f"; at {w}'s endpoint: P99 TTFT {v['ttft_p99_s']:.2f} s / TPOT "
                         f"{v['tpot_p99_s'] * 1e3:.0f} ms, {v['slo_attainment']:.0%} met")
     return ""
+
+
+def down_cell(r: dict) -> str:
+    """Serving downtime (first failed to first answered request after the fault) and the
+    requests that failed in it; "-" for a row without serving users."""
+    if "serving_down_s" not in r:
+        return "-"
+    down = r["serving_down_s"]
+    cell = "never back" if down is None else f"{down:g} ({r['serving_failed_in_down']} failed)"
+    if r.get("serving_failed_outside"):
+        cell += f"; {r['serving_failed_outside']} failed outside it"
+    if r.get("serving_shed"):
+        cell += f"; {r['serving_shed']} shed by admission (503)"
+    back = r["injected"].get("endpoint_back_s")
+    cell += f"; /health back {back:g} s after the kill" if back is not None else ""
+    if "serving_holds_final" in r:
+        cell += ("; restarted, it holds the final weights" if r["serving_holds_final"]
+                 else "; restarted, it does NOT hold the final weights")
+    return cell
 
 
 def serving_cell(r: dict) -> str:
@@ -224,7 +256,7 @@ def _merge(row: dict | None, args) -> list[dict]:
     except (OSError, ValueError, KeyError):
         rows = {}
     if row is not None:
-        rows[row["fault"]] = {**row, "config": run_config(args, {})}
+        rows[row["fault"]] = {**row, "config": run_config(args, {}, row.get("steps"))}
     ordered = [rows[k] for k in sorted(rows, key=lambda k: (int(k.rstrip('abc')), k))]
     OUT.write_text(json.dumps({"command": "python bench/chaos.py", "rows": ordered}, indent=1,
                               default=str))

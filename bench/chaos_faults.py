@@ -31,12 +31,14 @@ class Fault:
     after: After | None = None  # follow-up once the train command returned (e.g. resume)
     deadline_s: float = 900.0  # the train command (and each follow-up) is killed after this
     serving: bool = False  # a replay drives the serving endpoint while the run trains
+    steps: int | None = None  # the run's steps, when not the bench's --steps
 
 
 def kill_serving(bed: Bed, progress: Progress, record: dict) -> None:
     """SIGKILL serving-0 and its nanny once it has run a rollout turn batch lent to the run
     and runs another, while the replay runs and 4 long streaming requests are in flight on
-    its endpoint (they must fail at the client, promptly: never hang)."""
+    its endpoint (they must fail at the client, promptly: never hang); then time how long its
+    endpoint takes to answer again (the stack's supervisor restarts it)."""
     from bench.chaos_serving import InFlightProbes
 
     with Client(scheduler_of(bed), timeout=30) as client:
@@ -50,7 +52,27 @@ def kill_serving(bed: Bed, progress: Progress, record: dict) -> None:
         raise kill.error
     progress.injected()
     record.update(kill.killed)
+    # the stack's supervisor restarts it (rose/stack/supervisor.py): kill -> /health answers
+    from bench.chaos_serving import wait_answering
+
+    record["endpoint_back_s"] = wait_answering(bed.stack()["endpoints"]["serving-0"],
+                                               kill.killed["at"])
     record.update(probes.report(kill.killed["at"]))
+
+
+def serving_weights_after(bed: Bed, out: Outcome, record: dict) -> Outcome:
+    """Once the run is over: the policy version and weights digest the restarted serving
+    worker's rollout engine holds (it re-attached to the run and pulled its weights if it
+    equals the final checkpoint's)."""
+    from executors.coserving.plugin import coserving_state
+
+    try:
+        with Client(scheduler_of(bed), timeout=30) as client:
+            state = client.submit(coserving_state, workers=["serving-0"], pure=False).result(60)
+        record["serving_after"] = {k: state.get(k) for k in ("version", "digest", "endpoint")}
+    except Exception as e:  # noqa: BLE001 - the row says it could not be read
+        record["serving_after"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+    return out
 
 
 def kill_rollout(with_nanny: bool, freeze_restart: bool = False) -> Inject:
@@ -163,7 +185,7 @@ def resume_if_failed(up_first: bool) -> After:
     """The operator's recovery: (`rose up`, then) `rose resume <run>` when the run failed."""
     def after(bed: Bed, out: Outcome, record: dict) -> Outcome:
         record["train_rc"] = out.rc
-        if "at" in record:  # how long the failed driver took to give up after the fault
+        if "at" in record and out.rc != 0:  # how long the failed driver took to give up
             record["train_gave_up_s"] = round(time.time() - record["at"], 1)
         if out.rc == 0 or out.hung:
             return out
@@ -183,9 +205,10 @@ FAULTS: list[Fault] = [
           kill_rollout(with_nanny=False, freeze_restart=True), deadline_s=600),
     Fault("2", "rollout worker killed with its nanny", "rollout, step 1, 3rd turn batch",
           kill_rollout(with_nanny=True)),
-    Fault("3", "serving worker killed while serving a replay",
-          "rollout, step 1, turns lent to serving-0, 4 requests streaming", kill_serving,
-          stack={"rollout_workers": 1, "serving_workers": 1}, serving=True),
+    Fault("3", "serving worker killed while serving a replay (6 steps)",
+          "rollout, turns lent to serving-0, 4 requests streaming", kill_serving,
+          stack={"rollout_workers": 1, "serving_workers": 1}, serving=True,
+          after=serving_weights_after, steps=6),  # a run that outlives the restart
     Fault("5", "Mooncake master killed mid-publish", "publish, step 1",
           kill_service("mooncake-master", "publish-"),
           after=resume_if_failed(up_first=False)),

@@ -38,12 +38,54 @@ class ServingLoad:
         sent = lambda r: self.t0 + r.send_at_s + r.late_s  # noqa: E731 - wall clock of a send
         in_flight = [r for r in failed if fault_at is not None and sent(r) < fault_at]
         durations = [r.e2e_s for r in failed if not math.isnan(r.e2e_s)]
-        return {"serving_requests": len(records), "serving_failed": len(failed),
+        # refused at once by the endpoint's SLO admission (503 + Retry-After): load shedding by
+        # design (a busy machine), not the fault; counted apart
+        shed = [r for r in failed if r.error.startswith("HTTP 503") and "the serving endpoint is" in r.error]
+        shed_ids = {id(r) for r in shed}
+        return {**downtime([(sent(r), r.e2e_s, r.ok) for r in records if id(r) not in shed_ids],
+                           fault_at),
+                "serving_shed": len(shed),
+                "serving_requests": len(records), "serving_failed": len(failed),
                 "serving_failed_in_flight": len(in_flight),
                 "serving_failed_after": len(failed) - len(in_flight),
                 "serving_errors": sorted({r.error[:80] for r in failed})[:5],
                 "serving_failed_max_s": max(durations) if durations else None,
                 "replay_error": repr(self.replay.error) if self.replay.error else None}
+
+
+def downtime(requests: list[tuple[float, float, bool]], fault_at: float | None) -> dict:
+    """The serving downtime a fault caused, as the users saw it: from the first request that
+    failed after the fault (a request in flight then fails at the fault) to the first request
+    sent after that one which was answered; the failures inside that window and outside it.
+    `requests`: (wall-clock send time, seconds to its end or nan, answered)."""
+    if fault_at is None:
+        return {}
+    ends = [(max(t, fault_at) if math.isnan(e) else t + e, ok, t) for t, e, ok in requests]
+    failed = sorted(end for end, ok, _ in ends if not ok and end >= fault_at)
+    if not failed:
+        return {"serving_down_s": 0.0, "serving_failed_in_down": 0, "serving_failed_outside": 0}
+    first_fail = failed[0]
+    answered = sorted(t for _, ok, t in ends if ok and t >= first_fail)
+    back = answered[0] if answered else None
+    inside = sum(1 for end in failed if back is None or end <= back)
+    return {"serving_down_s": None if back is None else round(back - first_fail, 1),
+            "serving_failed_in_down": inside,
+            "serving_failed_outside": sum(1 for end, ok, _ in ends if not ok) - inside}
+
+
+def wait_answering(url: str, since: float, timeout_s: float = 300.0) -> float | None:
+    """Seconds from `since` (a fault) until the endpoint's /health answers 200, polled every
+    0.2 s; None when it never does within `timeout_s`."""
+    import httpx
+
+    while time.time() - since < timeout_s:
+        try:
+            if httpx.get(f"{url.rstrip('/')}/health", timeout=2).status_code == 200:
+                return round(time.time() - since, 1)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return None
 
 
 class InFlightProbes:
