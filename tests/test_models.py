@@ -1,10 +1,6 @@
 import dataclasses
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -172,24 +168,3 @@ def test_missing_policy_dir_is_a_clear_error(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no model in"):
         load_policy(tmp_path / "nope")
-
-
-@pytest.mark.slow
-def test_vllm_generates_from_built_models(tmp_path):
-    policy, serving = build_models(_cfg(tmp_path), spec=TINY)
-    script = textwrap.dedent(f"""
-        from vllm import LLM, SamplingParams
-        if __name__ == "__main__":
-            for path in [{str(policy)!r}, {str(serving)!r}]:
-                llm = LLM(model=path, enforce_eager=True, dtype="bfloat16", max_model_len=1024, seed=0)
-                msgs = [{{"role": "system", "content": "Rules."}}, {{"role": "user", "content": "Your move?"}}]
-                out = llm.chat(msgs, SamplingParams(max_tokens=5, temperature=1.0))
-                assert len(out[0].outputs[0].token_ids) >= 1
-                print("OK", path)
-                del llm
-    """)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_TARGET_DEVICE": "cpu",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vc")}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("OK") == 2
