@@ -56,10 +56,11 @@ def dask_scheduler(cfg: RunConfig) -> DaskScheduler:
 
 def attach_executors(client: Client, cfg: RunConfig) -> int:
     """Register the long-lived executors (idempotent) and return the trainer's policy version."""
-    from tasks.placement import require, workers_by_kind
+    from tasks.placement import check_hw_affinity, require, workers_by_kind
 
     kinds = workers_by_kind(client)
     trainers, _ = require(kinds, "trainer"), require(kinds, "rollout")
+    check_hw_affinity(client, cfg.rollout.hw_affinity)  # refused before any step, not at its rollout
     if cfg.train.backend == "hf" and len(trainers) > 1:
         raise ValueError(f"train.backend hf trains in one process, the stack has {len(trainers)} trainer "
                          "workers: use train.backend megatron with train.parallel, or `rose up --trainers 1`")

@@ -9,8 +9,9 @@ docs/configuration.md: the sections, `rose config show`, and the environment var
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +19,7 @@ from rose.modes import Device, RoutingMode, StackServingMode
 
 MB = 1 << 20
 BLOCK_SIZE = 32  # tokens per KV block (vLLM CPU attention wants multiples of 32)
+DEVICE_CLASS_PATTERN = re.compile(r"[A-Za-z0-9_]+")  # a rollout worker's device class (hw_affinity)
 
 
 def data_dir() -> Path:
@@ -127,6 +129,9 @@ class StackConfig(Strict):
     # trainer workers trainer-0..N-1; a megatron run uses train.parallel tp x pp x dp of them
     trainers: int = Field(1, ge=1, le=64)
     rollout_workers: int = Field(1, ge=1, le=8)
+    # the device class of rollout-0, rollout-1, ... (a Dask resource hw_<class> on the worker,
+    # for rollout.hw_affinity); empty: every rollout worker is the one class "standard"
+    rollout_device_classes: list[str] = []
     serving_workers: int = Field(0, ge=0, le=8)
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     # TLS to that scheduler (tls://...); the local stack on 127.0.0.1 stays plain TCP
@@ -158,12 +163,26 @@ class StackConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_device_classes(self) -> "StackConfig":
+        classes = self.rollout_device_classes
+        if classes and len(classes) != self.rollout_workers:
+            raise ValueError(f"stack.rollout_device_classes names {len(classes)} classes for "
+                             f"{self.rollout_workers} rollout workers: give one per worker, or none")
+        bad = [c for c in classes if not DEVICE_CLASS_PATTERN.fullmatch(c)]
+        if bad:
+            raise ValueError(f"stack.rollout_device_classes: {bad} are not class names (letters, digits, _)")
+        return self
+
+    @model_validator(mode="after")
     def _check_tls(self) -> "StackConfig":
         if self.dask_tls is not None and not (self.dask_scheduler or "").startswith("tls://"):
             raise ValueError(f"stack.dask_tls needs stack.dask_scheduler: tls://host:port, the "
                              f"address of a cluster's TLS scheduler (got {self.dask_scheduler!r}; "
                              "the local stack on 127.0.0.1 stays plain TCP)")
         return self
+
+
+EnvName = Literal["frozenlake", "guess"]
 
 
 class SchedulerConfig(Strict):
@@ -190,6 +209,22 @@ class SchedulerConfig(Strict):
     # a borrowed turn out this many dedicated median turn times while a rollout GPU idles is
     # taken back and rerouted there (executors/policies/tail_handback.py); 0 = never
     handback_factor: float = Field(4.0, ge=0, allow_inf_nan=False)
+    # environment tag (or "default") -> the device class its turns prefer (RollArt's hardware
+    # affinity: executors/policies/hw_affinity.py), e.g. {frozenlake: compute, default: bandwidth};
+    # a class no rollout worker has is refused when the run starts. Empty: no preference.
+    hw_affinity: dict[str, str] = {}
+
+    @field_validator("hw_affinity")
+    @classmethod
+    def _known_tags(cls, mapping: dict[str, str]) -> dict[str, str]:
+        tags = (*get_args(EnvName), "default")
+        unknown = sorted(set(mapping) - set(tags))
+        if unknown:
+            raise ValueError(f"hw_affinity tags {unknown} are not environments; known: {list(tags)}")
+        bad = sorted(c for c in mapping.values() if not DEVICE_CLASS_PATTERN.fullmatch(c))
+        if bad:
+            raise ValueError(f"hw_affinity classes {bad} are not class names (letters, digits, _)")
+        return mapping
 
     @model_validator(mode="after")
     def _check_handback(self) -> "SchedulerConfig":
@@ -200,7 +235,7 @@ class SchedulerConfig(Strict):
 
 
 class RolloutConfig(SchedulerConfig):
-    env: Literal["frozenlake", "guess"] = "frozenlake"
+    env: EnvName = "frozenlake"
     groups: int = Field(16, ge=1)  # GRPO groups per step (16 maps: a less noisy step signal)
     group_size: int = Field(8, ge=2)  # trajectories per group, sharing the initial state
     max_turns: int = Field(8, ge=1)

@@ -8,3 +8,5 @@ from __future__ import annotations
 KIND_RESOURCE: dict[str, str] = {"trainer": "train_gpu", "rollout": "rollout_gpu",
                                  "serving": "serving_gpu"}
 KIND_OF_RESOURCE: dict[str, str] = {resource: kind for kind, resource in KIND_RESOURCE.items()}
+# a rollout worker's device class (rollout.hw_affinity) rides as one more resource: hw_<class>=1
+CLASS_RESOURCE_PREFIX = "hw_"

@@ -23,7 +23,7 @@ from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
 from tasks.borrow import borrow_for_step
 from tasks.caching import STEP_CACHE
-from tasks.placement import require, workers_by_kind
+from tasks.placement import device_classes, require, workers_by_kind
 from tasks.worker_threads import client_outside_thread_pool
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,8 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
                                      pure=False) for n in serving]
         incarnations = running_workers(client)  # a serving worker restarted meanwhile: new address
         scheduler = RolloutScheduler(client, workers, config=r,
-                                     resync=resync_from_relay(client, cfg, policy_version))
+                                     resync=resync_from_relay(client, cfg, policy_version),
+                                     classes=device_classes(client) if r.hw_affinity else None)
         report = scheduler.run(group_launcher(cfg, step, policy_version))
         # a serving worker gone or still starting opens no window: never block the step on it
         live = running_workers(client)

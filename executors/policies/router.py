@@ -4,7 +4,9 @@ Every TURN is routed afresh (not every trajectory), in this order:
   1. the cache-affine worker, the one that served the trajectory's previous turn and so holds its
      prefix KV, if it has room: a dedicated rollout worker below its cap, or a serving worker whose
      admission (the co-serving executor's current decision) accepts;
-  2. else the least-loaded dedicated rollout worker below its cap;
+  2. else the least-loaded dedicated rollout worker below its cap, of the device class the
+     trajectory's environment tag prefers (hw_affinity.py) while one of that class has room, else
+     of any class;
   3. else the least-loaded serving worker whose admission accepts;
   4. else None: the caller queues the turn and asks again when a turn ends.
 Plain Python, no engine, no network: the rollout proxy reports turn starts, ends, aborts and dead
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from executors.policies.hw_affinity import STANDARD_CLASS, HwAffinity
 from executors.policies.load_index import LoadIndex
 from rose.modes import ROUTING_MODES, RoutingMode
 
@@ -36,10 +39,13 @@ Admits = Callable[[str], bool]
 class WorkerInfo:
     name: str
     kind: Kind
+    device_class: str = STANDARD_CLASS  # e.g. "compute" or "bandwidth" (hw_affinity.py)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("worker name must be non-empty")
+        if not self.device_class:
+            raise ValueError(f"worker {self.name!r}: device_class must be non-empty")
         if self.kind not in KINDS:
             raise ValueError(f"worker {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
 
@@ -87,7 +93,8 @@ def _never(_: str) -> bool:
 class TurnRouter:
     """Routing state for one rollout: worker loads, cache affinity, per-trajectory placements."""
 
-    def __init__(self, cap_per_rollout_worker: int = 16, mode: RoutingMode = "turnwise_affinity") -> None:
+    def __init__(self, cap_per_rollout_worker: int = 16, mode: RoutingMode = "turnwise_affinity",
+                 affinity: HwAffinity | None = None) -> None:
         if cap_per_rollout_worker < 1:
             raise ValueError(f"cap_per_rollout_worker must be >= 1, got {cap_per_rollout_worker}")
         if mode not in ROUTING_MODES:
@@ -96,6 +103,8 @@ class TurnRouter:
         self.mode = mode
         self._workers: dict[str, _Worker] = {}
         self._index = {"rollout": LoadIndex(), "serving": LoadIndex()}
+        self.affinity = affinity or HwAffinity()
+        self._class_index: dict[str, LoadIndex] = {}  # rollout workers by device class
         self._trajs: dict[str, _Trajectory] = {}
         self._epochs = itertools.count()
 
@@ -105,6 +114,8 @@ class TurnRouter:
             raise ValueError(f"worker {info.name!r} is already registered")
         self._workers[info.name] = _Worker(info, next(self._epochs))
         self._index[info.kind].add(info.name, 0)
+        if info.kind == "rollout":
+            self._class_index.setdefault(info.device_class, LoadIndex()).add(info.name, 0)
 
     def remove_worker(self, name: str) -> list[str]:
         """Drop a dead or withdrawn worker; return the trajectories whose turn it was running.
@@ -117,6 +128,8 @@ class TurnRouter:
             raise KeyError(f"unknown worker {name!r}")
         if worker.indexed:
             self._index[worker.info.kind].discard(name, len(worker.in_flight))
+        if worker.info.kind == "rollout":
+            self._class_index[worker.info.device_class].discard(name, len(worker.in_flight))
         lost = list(worker.in_flight)
         for tid in lost:
             traj = self._trajs[tid]
@@ -144,11 +157,12 @@ class TurnRouter:
         return len(self._worker(name).in_flight)
 
     # -- the decision ----------------------------------------------------------------------------
-    def route(self, trajectory_id: str, admits: Admits | None = None) -> str | None:
+    def route(self, trajectory_id: str, admits: Admits | None = None, tag: str | None = None) -> str | None:
         """Pick the worker for this trajectory's next turn, or None (queue it).
 
         `admits(name)` is a serving worker's current admission decision; None means no serving
         worker admits anything (serving first: only the co-serving executor can say yes).
+        `tag`: the trajectory's environment, whose preferred device class goes first.
         Pure: nothing changes until the caller reports `on_turn_start`.
         """
         accepts = admits or _never
@@ -164,10 +178,14 @@ class TurnRouter:
                 affine = self._live(traj.last)
                 if affine is not None and self._has_room(affine, accepts):
                     return affine.info.name
-        return self._least_loaded(accepts)
+        return self._least_loaded(accepts, self.affinity.preferred(tag))
 
-    def _least_loaded(self, accepts: Admits) -> str | None:
-        least = self._index["rollout"].least()
+    def _least_loaded(self, accepts: Admits, device_class: str | None = None) -> str | None:
+        preferred = self._class_index.get(device_class) if device_class is not None else None
+        least = preferred.least() if preferred is not None else None
+        if least is not None and least[1] < self.cap:
+            return least[0]
+        least = self._index["rollout"].least()  # the preferred class is saturated: any class
         if least is not None and least[1] < self.cap:
             return least[0]
         for name in self._index["serving"].ascending():
@@ -241,6 +259,10 @@ class TurnRouter:
             del w.in_flight[trajectory_id]
         if w.indexed:
             index = self._index[w.info.kind]
+            index.discard(w.info.name, load)
+            index.add(w.info.name, load + delta)
+        if w.info.kind == "rollout":
+            index = self._class_index[w.info.device_class]
             index.discard(w.info.name, load)
             index.add(w.info.name, load + delta)
 

@@ -28,6 +28,7 @@ from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
 from executors.workers.pinned import LostResult, fetch_result
 from executors.workers.rollout_worker import generate_turns
+from executors.policies.hw_affinity import STANDARD_CLASS, HwAffinity
 from executors.policies.router import TurnRouter
 from executors.policies.tail_handback import HandbackConfig, TailHandback
 from executors.scheduling.worker_pool import WorkerPool
@@ -42,20 +43,26 @@ class RolloutScheduler:
     def __init__(self, client: Client, workers: dict[str, str], cap_per_worker: int | None = None,
                  mode: str | None = None, admits: Callable[[str], bool] | None = None, *,
                  config: SchedulerConfig | None = None, resync: Callable | None = None,
-                 generate: Callable = generate_turns, **settings: Any) -> None:
+                 generate: Callable = generate_turns, classes: dict[str, str] | None = None,
+                 **settings: Any) -> None:
         """Settings come from `config` (a run's RolloutConfig is one); `cap_per_worker`, `mode`
         and keyword `settings` (any SchedulerConfig field) override it. admits / resync /
         generate: hooks for tests, benches and the rollout task (admission oracle, weight
-        resync, the function sent to workers)."""
+        resync, the function sent to workers). classes: rollout worker -> device class
+        (tasks/placement.device_classes), refused by hw_affinity naming a class none has."""
         given = {k: v for k, v in (("max_concurrency_per_worker", cap_per_worker), ("routing", mode))
                  if v is not None}
         base = (config or SchedulerConfig()).model_dump(include=set(SchedulerConfig.model_fields))
         self.config = cfg = SchedulerConfig.model_validate({**base, **given, **settings})
-        self.client, self.router = client, TurnRouter(cfg.max_concurrency_per_worker, cfg.routing)
+        affinity = HwAffinity(cfg.hw_affinity)
+        if cfg.hw_affinity:
+            affinity.check((classes or {}).get(n, STANDARD_CLASS) for n, k in workers.items() if k == "rollout")
+        self.client = client
+        self.router = TurnRouter(cfg.max_concurrency_per_worker, cfg.routing, affinity)
         self.pool = WorkerPool(client, workers, self.router, heartbeat_s=cfg.heartbeat_s,
                                admits=admits, serving_max_turns=cfg.serving_max_turns_per_worker,
                                admission_refresh_s=cfg.admission_refresh_s, resync=resync,
-                               max_rejoins=cfg.max_rejoins)
+                               max_rejoins=cfg.max_rejoins, classes=classes)
         self.kinds, self.routable = self.pool.kinds, self.pool.routable  # live views
         self.generate = generate
 
@@ -153,7 +160,8 @@ class RolloutScheduler:
             if full or (affine_only and tid not in self.last_worker):
                 waiting.append(tid)
                 continue
-            worker = self.router.route(tid, self.pool.admits)
+            tag = (self.by_id[tid].env.name or None) if self.router.affinity.classes else None
+            worker = self.router.route(tid, self.pool.admits, tag)
             if worker is None or (affine_only and worker != self.last_worker[tid]):
                 waiting.append(tid)
                 full = worker is None and not affine_only and self.router.mode != "pinned"

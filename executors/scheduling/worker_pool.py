@@ -45,12 +45,14 @@ class WorkerPool:
     def __init__(self, client, workers: dict[str, str], router: TurnRouter, *,
                  heartbeat_s: float = 0.5, admits: Callable[[str], bool] | None = None,
                  serving_max_turns: int = 16, admission_refresh_s: float = 0.3,
-                 resync: Callable | None = None, max_rejoins: int = 1) -> None:
+                 resync: Callable | None = None, max_rejoins: int = 1,
+                 classes: dict[str, str] | None = None) -> None:
         if not workers:
             raise ValueError("rollout needs at least one rollout or serving worker")
         self.client, self.kinds, self.router = client, dict(workers), router
+        self.classes = dict(classes or {})  # rollout worker -> device class (hw_affinity)
         for name, kind in workers.items():
-            router.register_worker(WorkerInfo(name, kind))
+            router.register_worker(self._info(name))
         self.routable = set(workers)
         self.liveness = WorkerLiveness(client, list(workers), heartbeat_s)
         serving = [n for n, k in workers.items() if k == "serving"]
@@ -68,6 +70,11 @@ class WorkerPool:
         self.excluded: list[str] = []
         self.rejoined: list[str] = []
         self.events: list[tuple[float, str, str]] = []  # (unix time, what, worker)
+
+    def _info(self, name: str) -> WorkerInfo:
+        kind = self.kinds[name]
+        cls = self.classes.get(name) if kind == "rollout" else None
+        return WorkerInfo(name, kind) if cls is None else WorkerInfo(name, kind, cls)
 
     def _load(self, name: str) -> int:
         return self.router.load(name) if name in self.routable else 0
@@ -97,7 +104,7 @@ class WorkerPool:
                 log.warning("weight sync on %s failed (%s): it stays out", name, exc)
                 continue
             if name not in self.routable and self.liveness.address(name) is not None:
-                self.router.register_worker(WorkerInfo(name, self.kinds[name]))
+                self.router.register_worker(self._info(name))
                 self.routable.add(name)
                 if self.admission is not None and self.kinds[name] == "serving":
                     self.admission.add(name)

@@ -18,7 +18,7 @@ from rose.stack.dask_security import DaskScheduler
 from rose.stack.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
-from rose.worker_kinds import KIND_OF_RESOURCE, KIND_RESOURCE
+from rose.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE, KIND_RESOURCE
 
 WorkerKind = Literal["trainer", "rollout", "serving"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,25 +39,37 @@ class WorkerSpec:
     # so it runs niced: it takes the cores the engines leave idle and never delays a serving
     # request (on a cluster it has its own devices and this does nothing).
     nice: int = 0
+    device_class: str | None = None  # a rollout worker's class, advertised as resource hw_<class>
 
     @property
     def resource(self) -> str:
         return KIND_RESOURCE[self.kind]
 
+    @property
+    def resources(self) -> str:
+        """The worker's --resources: its kind's, and its device class's if it has one."""
+        extra = f",{CLASS_RESOURCE_PREFIX}{self.device_class}=1" if self.device_class else ""
+        return f"{self.resource}=1{extra}"
+
 
 def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
                  trainer_threads: int = 1, rollout_threads: int = 2, serving_threads: int = 2,
-                 ncores: int | None = None, device: str = "cpu") -> list[WorkerSpec]:
+                 ncores: int | None = None, device: str = "cpu",
+                 rollout_classes: list[str] | None = None) -> list[WorkerSpec]:
     """trainer-i, rollout-i, serving-i; engine workers spread round-robin over the cores
-    (on cuda they bind no core: each engine worker has a GPU)."""
+    (on cuda they bind no core: each engine worker has a GPU); rollout-i of rollout_classes[i]."""
     if trainers < 0 or rollout < 0 or serving < 0:
         raise StackError("worker counts must be >= 0")
+    if rollout_classes and len(rollout_classes) != rollout:
+        raise StackError(f"{len(rollout_classes)} device classes for {rollout} rollout workers")
+    classes = dict(zip((f"rollout-{i}" for i in range(rollout)), rollout_classes or []))
     ncores = ncores or os.cpu_count() or 1
     specs = [WorkerSpec(f"trainer-{i}", "trainer", trainer_threads,
                         nice=TRAINER_NICE if device == "cpu" else 0) for i in range(trainers)]
     engines = [(f"rollout-{i}", "rollout", rollout_threads) for i in range(rollout)]
     engines += [(f"serving-{i}", "serving", serving_threads) for i in range(serving)]
-    specs += [WorkerSpec(n, k, t, core=j % ncores if device == "cpu" else None, device=device)
+    specs += [WorkerSpec(n, k, t, core=j % ncores if device == "cpu" else None, device=device,
+                         device_class=classes.get(n))
               for j, (n, k, t) in enumerate(engines)]
     return specs
 
@@ -144,7 +156,7 @@ def worker_command(spec: WorkerSpec, scheduler: str, local_dir: Path) -> list[st
     return [
         venv_binary("dask"), "worker", scheduler, "--name", spec.name,
         "--nthreads", str(spec.nthreads), "--nworkers", "1", "--nanny",
-        "--resources", f"{spec.resource}=1", "--host", LOCALHOST, "--no-dashboard",
+        "--resources", spec.resources, "--host", LOCALHOST, "--no-dashboard",
         "--dashboard-address", f"{LOCALHOST}:0",
         "--local-directory", str(local_dir),
         "--death-timeout", "60",  # exit on its own if the scheduler is gone: no orphan

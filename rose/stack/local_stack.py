@@ -153,7 +153,7 @@ def start_services(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
             workers = check_workers(DaskScheduler(cfg.dask_scheduler, cfg.dask_tls))
         else:
             specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers,
-                                 device=cfg.device)
+                                 device=cfg.device, rollout_classes=cfg.rollout_device_classes)
             cluster = start_dask(run_dir, specs, base_env, scheduler_port)
             started.append(cluster)
             scheduler, workers = cluster.scheduler_address, cluster.workers
