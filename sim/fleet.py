@@ -14,6 +14,10 @@ derived here, and each derivation is returned beside the settings so a report ca
 - serving rate: the trace speed-up at which one serving GPU, serving requests one at a time,
   is busy `serving_utilization` of the time (default 18.9%: the paper's measured mean SM
   utilization of a serving fleet).
+A fleet of tensor-parallel engines (`tp` > 1, the paper's 32B at TP 4) simulates each engine as
+one device: its profiles are TP-sharded (sim/tp_profile.py), its memory and HBM bandwidth are
+`tp` GPUs' (each GPU holds 1/tp of the weights and of every token's KV, and reads its own share),
+and its training time comes from the single-GPU `train_profile`.
 """
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ class FleetSpec:
     # the device's published HBM bandwidth (TB/s), for what long contexts cost (sim/engine_cost.py)
     memory_bandwidth_tb_s: float | None = None
     bandwidth_source: str = ""
+    tp: int = 1  # GPUs per engine; gpu_memory_gb and memory_bandwidth_tb_s stay one GPU's
+    train_profile: str | None = None  # <name>_train.json's name (None: the rollout profile's)
 
     def __post_init__(self) -> None:
         for shape in (self.rollout_shape, self.serving_shape):
@@ -54,6 +60,8 @@ class FleetSpec:
             raise ValueError("memory_utilization must be in (0, 1] and serving_utilization in (0, 1)")
         if self.gpu_memory_gb <= 0 or self.link_gbps <= 0 or self.serving_max_len < 2:
             raise ValueError("gpu_memory_gb and link_gbps must be > 0, serving_max_len >= 2")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
         if self.memory_bandwidth_tb_s is not None and not self.memory_bandwidth_tb_s > 0:
             raise ValueError(f"memory_bandwidth_tb_s must be > 0, got {self.memory_bandwidth_tb_s}")
 
@@ -113,12 +121,13 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
     rollout, serving = load_profile(spec.rollout_profile), load_profile(spec.serving_profile)
     r_params, r_kv = shape_numbers(spec.rollout_shape)
     s_params, s_kv = shape_numbers(spec.serving_shape)
-    free = spec.gpu_memory_gb * 1e9 * spec.memory_utilization - BYTES * (r_params + s_params)
+    memory = spec.tp * spec.gpu_memory_gb * 1e9 * spec.memory_utilization  # one engine's
+    free = memory - BYTES * (r_params + s_params)
     if free <= 0:
         raise ValueError(f"{spec.rollout_shape} and {spec.serving_shape} do not fit in "
-                         f"{spec.gpu_memory_gb} GB together")
+                         f"{spec.tp} x {spec.gpu_memory_gb} GB together")
     kv_blocks = int(free // (BLOCK * max(r_kv, s_kv)))
-    train_file = PROFILE_DIR / f"{spec.rollout_profile}_train.json"
+    train_file = PROFILE_DIR / f"{spec.train_profile or spec.rollout_profile}_train.json"
     if train_file.is_file():
         train_s_per_token = float(json.loads(train_file.read_text())["train_s_per_token"])
         train_how = f"measured: {train_file.name} = {train_s_per_token:.3g} s"
@@ -138,11 +147,10 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
     ctx = context_cost(spec)
     if ctx.active:
         settings.update(rollout_kv_s_per_token=ctx.kv_s_per_token, rollout_attn_s_per_pair=ctx.attn_s_per_pair,
-                        rollout_kv_blocks=int((spec.gpu_memory_gb * 1e9 * spec.memory_utilization
-                                               - BYTES * r_params) // (BLOCK * r_kv)))
+                        rollout_kv_blocks=int((memory - BYTES * r_params) // (BLOCK * r_kv)))
     how = {"rollout_params": r_params, "serving_params": s_params,
            "kv_bytes_per_token": {"rollout": r_kv, "serving": s_kv},
-           "kv_blocks": f"({spec.gpu_memory_gb} GB x {spec.memory_utilization} - bf16 weights) / "
+           "kv_blocks": f"({spec.tp} x {spec.gpu_memory_gb} GB x {spec.memory_utilization} - bf16 weights) / "
                         f"({BLOCK} x {max(r_kv, s_kv)} B) = {kv_blocks}",
            "train_s_per_token": train_how,
            "publish_s": f"{BYTES * r_params / 1e9:.1f} GB at {spec.link_gbps:g} Gbps = {publish_s:.2f} s",
@@ -158,5 +166,7 @@ def context_cost(spec: FleetSpec) -> ContextCost:
         return ContextCost.none()
     c = _config(spec.rollout_shape)
     params, kv = shape_numbers(spec.rollout_shape)
+    # an engine's profile already runs at its TP degree; its KV reads spread over tp GPUs' bandwidth
     return ContextCost.derive(load_profile(spec.rollout_profile), params, c["num_hidden_layers"], _widths(c)[0],
-                              kv, spec.memory_bandwidth_tb_s, spec.bandwidth_source)
+                              kv, spec.tp * spec.memory_bandwidth_tb_s,
+                              f"{spec.tp} x " * (spec.tp > 1) + spec.bandwidth_source)

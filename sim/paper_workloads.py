@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import NormalDist
 
+from sim.config import SimConfig
+from sim.fleet import sweep_settings
 from sim.profiles import PROFILE_DIR
 from sim.workload import QUANTILES, WorkloadSpec
 
@@ -57,7 +59,7 @@ class PaperWorkload:
              "env_s": _lognormal(self.env_s, 0.5, 0.0, math.inf) if self.env_s else [0.0] * len(QUANTILES),
              "dispatch_s": [0.0] * len(QUANTILES)}
         return WorkloadSpec(q, self.success_rate, f"paper workload {self.name}: {asdict(self)}", 0.0,
-                            self.max_context, CITATIONS)
+                            self.max_context, CITATIONS_32B if self.name == QWEN3_32B_ALFWORLD.name else CITATIONS)
 
     def write(self, directory: Path = PROFILE_DIR) -> Path:
         """The workload file, with these parameters beside the quantiles (`load` reads them back)."""
@@ -96,8 +98,45 @@ CITATIONS = {
              "environment manager)",
 }
 
-# the starting point of the fit: its two fitted medians are only first guesses
+CITATIONS_32B = {
+    "max_context": CITATIONS["max_context"],
+    "batch": "ROSE paper §6: 'we set the group size to 16 and use batch sizes of 256 and 1024 for Qwen3-8B and "
+             "Qwen3-32B' (1,024 trajectories per step: 256 per TP-4 rollout engine at 4 engines = 16 GPUs)",
+    "response": "fitted: the median so that prefill tokens are 'accounted for ... 86% (Qwen3-32B) of total "
+                "tokens' (ROSE paper §2)",
+    "turns": "fitted: the median so that ROSE's rollout takes 960.1 s (ROSE paper §6.2 Table 1 and App. D "
+             "Table 5, 'Qwen3-32B ... ROSE ... 960.1', at the §6 setting); sigma 0.5 chosen (not published); at "
+             "most 50 turns chosen: ALFWorld's customary 50-step episode limit (the paper gives none)",
+    "response_scale": "chosen (not published), as for Qwen3-8B: one log-normal level per trajectory, sigma 1.6 "
+                      "('most trajectories finish quickly, while a small fraction take much longer', §2)",
+    "response_sigma": "chosen (not published): a turn's spread around its trajectory's level, sigma 0.8",
+    "first_prompt": "chosen (not published): 1,200 tokens, ALFWorld's instructions, the task and the room's first "
+                    "description with its admissible commands",
+    "obs_tokens": "chosen (not published): 250 tokens, the step's observation and the admissible commands again",
+    "env_s": "chosen (not published): median 0.5 s per environment step (a TextWorld game in a CPU container "
+             "reached through Kubernetes API calls, ROSE paper §5)",
+}
+
+# the starting points of the fits: their two fitted medians are only first guesses
 QWEN3_8B_FROZENLAKE = PaperWorkload("qwen3_8b_frozenlake", turns_median=5.0, response_median=300.0)
+QWEN3_32B_ALFWORLD = PaperWorkload("qwen3_32b_alfworld", turns_median=10.0, response_median=300.0, max_turns=50,
+                                   first_prompt=1200.0, obs_tokens=250.0, env_s=0.5)
+
+
+QWEN3_32B_FLEET = "h100_qwen3_32b"  # TP-4 engines (sim/profiles/fleet_h100_qwen3_32b.json)
+QWEN3_32B_TP = 4  # §6: 'Rollout TP is 1 (8B) and 4 (32B)'
+
+
+def qwen3_32b_setting(**kw) -> SimConfig:
+    """The paper's 32B setting (§6), one simulated device per TP-4 engine: (Rollout, Training) =
+    (16, 32) GPUs, so 4 rollout engines and 32 trainers; 1,024 trajectories a step (256 per
+    engine); 'the per-device rollout batch size' 16 read per GPU, 64 per engine (on serving
+    engines too); borrowed serving GPUs capped at 64, 16 engines. `kw` changes any field."""
+    engines = 16 // QWEN3_32B_TP
+    base = dict(gpus=engines + 32, trainers=32, traj_per_rollout_gpu=1024 // engines,
+                cap_per_rollout_gpu=16 * QWEN3_32B_TP, serving_max_turns=16 * QWEN3_32B_TP,
+                serving_ratio=64 / QWEN3_32B_TP / engines, workload=f"workload_paper_{QWEN3_32B_ALFWORLD.name}")
+    return SimConfig(**(base | sweep_settings(QWEN3_32B_FLEET, None) | kw))
 
 
 def _lognormal(median: float, sigma: float, low: float, high: float) -> list[float]:

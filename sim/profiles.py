@@ -5,7 +5,8 @@ from_json) plus a "source" field saying where every number came from. Shipped: t
 models, measured by the executor's start-up profiler on this machine, and the paper's models
 (Qwen3-8B, Qwen3-32B, the 7B serving model) on an H100 (the H800's chip) and an H200, measured by
 bench/engine_profile.py --backend torch on lent GPU machines (no vLLM there; the published vLLM
-figures in gpu_sources.json are the check).
+figures in gpu_sources.json are the check). A file with "tp_of" names a tensor-parallel engine
+of a measured profile instead (sim/tp_profile.py), derived here on load.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 from executors.policies.latency_profile import Curve, LatencyProfile
+from sim.tp_profile import TPSharding
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -22,7 +24,18 @@ def load_profile(name: str) -> LatencyProfile:
     path = PROFILE_DIR / f"{name}.json"
     if not path.is_file():
         raise FileNotFoundError(f"no simulator profile {name!r} in {PROFILE_DIR}")
+    d = json.loads(path.read_text())
+    if "tp_of" in d:
+        return _memoized(tp_sharding(name).shard(load_profile(d["tp_of"])))
     return _memoized(LatencyProfile.load(path))
+
+
+def tp_sharding(name: str) -> TPSharding:
+    """The TP derivation a "tp_of" profile file names, its layers and width from its shape."""
+    d = json.loads((PROFILE_DIR / f"{name}.json").read_text())
+    c = json.loads((PROFILE_DIR / "shapes" / d["shape"] / "config.json").read_text())
+    return TPSharding(int(d["tp"]), c["num_hidden_layers"], c["hidden_size"], float(d["nvlink_gb_s"]),
+                      float(d.get("allreduce_latency_s", 0.0)))
 
 
 def profile_source(name: str) -> str:

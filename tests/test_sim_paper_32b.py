@@ -1,0 +1,90 @@
+"""The paper's 32B setting in the simulator: the TP-4 engine profile derived from the measured
+single-GPU one, the fleet of 4-GPU engines, and the Qwen3-32B ALFWorld workload file."""
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sim.cluster import ClusterSim
+from sim.fleet import context_cost, fleet_settings, load_fleet, shape_numbers
+from sim.paper_workloads import QWEN3_32B_ALFWORLD, PaperWorkload, prefill_share, qwen3_32b_setting
+from sim.profiles import PROFILE_DIR, load_profile, tp_sharding
+from sim.serving import BLOCK
+from sim.tp_profile import TPSharding
+from sim.workload import WorkloadSpec
+
+SINGLE, TP4 = "h100_qwen3_32b", "h100_qwen3_32b_tp4"
+WORKLOAD = PROFILE_DIR / "workload_paper_qwen3_32b_alfworld.json"
+
+
+def test_a_tp4_engine_is_faster_than_one_gpu_but_never_past_the_ideal_split():
+    one, four = load_profile(SINGLE), load_profile(TP4)
+    curves = {"monolithic": (one.monolithic, four.monolithic), "chunked": (one.chunked, four.chunked),
+              "decode": (one.decode, four.decode)}
+    for name, (a, b) in curves.items():
+        for x in a.xs:
+            assert a(x) / 4 < b(x) < a(x), (name, x)  # compute / 4 plus the all-reduces
+    # the derived file is the derivation: its shape's 64 layers and 5,120 width, the H800's NVLink
+    sh = tp_sharding(TP4)
+    assert (sh.tp, sh.layers, sh.hidden, sh.nvlink_gb_s) == (4, 64, 5120, 400.0)
+    assert four.decode_step(16) == pytest.approx(one.decode_step(16) / 4 + sh.comm_s(16))
+
+
+def test_the_allreduce_term_grows_with_layers_width_tokens_and_a_slower_link():
+    base = TPSharding(4, 64, 5120, 400.0)
+    # ring all-reduce: 2 (t - 1) / t of tokens x hidden x 2 B over half the bidirectional bandwidth
+    assert base.allreduce_s(512) == pytest.approx(2 * 3 / 4 * 512 * 5120 * 2 / 200e9)
+    assert base.comm_s(512) == pytest.approx(2 * 64 * base.allreduce_s(512))
+    assert replace(base, layers=128).comm_s(512) == pytest.approx(2 * base.comm_s(512))
+    assert replace(base, hidden=10240).comm_s(512) == pytest.approx(2 * base.comm_s(512))
+    assert base.comm_s(1024) > base.comm_s(512)
+    assert replace(base, nvlink_gb_s=900.0).comm_s(512) < base.comm_s(512)  # an H100 SXM's NVLink
+    assert replace(base, allreduce_latency_s=1e-5).comm_s(1) == pytest.approx(base.comm_s(1) + 128e-5)
+    one = load_profile(SINGLE)
+    same = TPSharding(1, 64, 5120, 400.0).shard(one)
+    assert [same.decode(x) for x in one.decode.xs] == [one.decode(x) for x in one.decode.xs]  # TP 1: no change
+    for bad in (dict(tp=0), dict(nvlink_gb_s=0.0), dict(allreduce_latency_s=-1.0)):
+        with pytest.raises(ValueError):
+            replace(base, **bad)
+
+
+def test_the_32b_fleet_is_one_device_per_four_gpu_engine():
+    spec = load_fleet("h100_qwen3_32b")
+    settings, how = fleet_settings(spec)
+    params, kv = shape_numbers("qwen3-32b")
+    engine = 4 * 85e9 * 0.9
+    assert settings["rollout_kv_blocks"] == int((engine - 2 * params) // (BLOCK * kv))
+    assert settings["kv_blocks"] == int((engine - 4 * params) // (BLOCK * kv))  # rollout + serving model
+    assert "h100_qwen3_32b_train.json" in how["train_s_per_token"]  # the single-GPU train profile
+    # four GPUs read an engine's KV: a quarter of one H100's seconds per cached token
+    assert context_cost(spec).kv_s_per_token == pytest.approx(kv / (4 * 3.35e12))
+
+
+def test_the_32b_setting_is_the_papers():
+    cfg = qwen3_32b_setting()
+    assert (cfg.rollout_gpus, cfg.train_gpus) == (4, 32)  # 16 rollout GPUs in TP-4 engines, 32 trainers
+    assert cfg.serving_gpus * 4 == 64  # ROSE's serving-GPU cap for 32B (§6)
+    assert cfg.traj_per_rollout_gpu * cfg.rollout_gpus == 1024  # the 32B batch (§6)
+    assert cfg.cap_per_rollout_gpu == 64  # 16 per GPU
+    # a small step whose engines saturate at 4 trajectories each: the rest go to the serving engines
+    r = ClusterSim(replace(cfg, steps=1, traj_per_rollout_gpu=8, cap_per_rollout_gpu=4, serving_ratio=1.0)).run()
+    assert r["finished"] and r["trajectories_finished"] == 32 and r["borrowed_share"] > 0
+
+
+def test_the_shipped_32b_workload_reproduces_the_published_statistics():
+    spec = WorkloadSpec.load(WORKLOAD)
+    assert spec.max_context == 32768  # §6: Qwen3-32B/32k
+    assert {"max_context", "batch", "response", "turns", "response_scale", "first_prompt", "obs_tokens",
+            "env_s"} <= set(spec.citations)
+    assert "86%" in spec.citations["response"] and "960.1" in spec.citations["turns"]
+    assert prefill_share(spec, n=3000, seed=5) == pytest.approx(0.86, abs=0.02)  # §2, within 2 points
+    # the file's parameters rebuild its quantiles (what --fit wrote is what is read)
+    w = PaperWorkload.load("qwen3_32b_alfworld")
+    assert w.max_turns == 50 and w.name == QWEN3_32B_ALFWORLD.name
+    assert WorkloadSpec.load(WORKLOAD).to_json() == w.spec().to_json()
+    # every trajectory ends inside the context; the long tail reaches it
+    rng = random.Random(7)
+    ends = [t.first_prompt + sum(t.obs) + sum(t.responses) for t in (spec.sample(rng) for _ in range(1024))]
+    assert max(ends) <= 32768 and sum(e > 32000 for e in ends) > 10
