@@ -51,9 +51,12 @@ def run_config(args, stack: dict, steps: int | None = None) -> dict:
                         "max_turns": args.max_turns, "max_concurrency_per_worker": 8}}
 
 
-def run_fault(fault: Fault, args, console: Console) -> dict:
-    bed = Bed.fresh(Path(args.root), f"f{fault.key}", Path(args.models),
-                    run_config(args, fault.stack, fault.steps))
+def run_fault(fault: Fault, args, console: Console, stack: Bed | None = None) -> dict:
+    """One fault's row. `stack`: a bed already up with the fault's stack, run on (its own run)
+    and left up, instead of a fresh stack brought up and down around the run."""
+    config = run_config(args, fault.stack, fault.steps)
+    bed = stack.run_on(f"f{fault.key}", config) if stack is not None \
+        else Bed.fresh(Path(args.root), f"f{fault.key}", Path(args.models), config)
     steps = bed.config["steps"]
     row: dict = {"fault": fault.key, "title": fault.title, "where": fault.where, "steps": steps,
                  "deadline_s": fault.deadline_s, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
@@ -62,7 +65,8 @@ def run_fault(fault: Fault, args, console: Console) -> dict:
     progress = Progress(bed)
     try:
         console.print(f"[bold]fault {fault.key}[/]: {fault.title} ({bed.data})")
-        bed.up()
+        if stack is None:
+            bed.up()
         progress.start()
         injector = threading.Thread(target=_strike, args=(fault, bed, progress, record),
                                     daemon=True)
@@ -86,8 +90,8 @@ def run_fault(fault: Fault, args, console: Console) -> dict:
         progress.stop()
         if bed.keep is not None:
             bed.keep.close()
-        down = bed.down()
-        row["down_rc"] = down.rc
+        if stack is None:
+            row["down_rc"] = bed.down().rc
     row["injected"] = record
     row["recover_s"] = None if progress.recovered_s is None else round(progress.recovered_s, 1)
     row.update(dataset_check(bed))

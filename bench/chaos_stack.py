@@ -1,5 +1,6 @@
-"""The chaos bench's harness: one fresh local stack per fault, `rose` commands with deadlines,
-and what a finished (or abandoned) run left behind, read from outside the product.
+"""The chaos bench's harness: a fresh local stack per fault (or several faults' runs in turn on
+one stack), `rose` commands with deadlines, and what a finished (or abandoned) run left behind,
+read from outside the product.
 
 Every `rose` command runs as a user runs it (its own process group, so a command past its
 deadline is killed whole and reported as a hang instead of being waited for). Nothing here
@@ -61,6 +62,7 @@ class Bed:
     config: dict
     env: dict[str, str] = field(default_factory=dict)
     keep: object | None = None  # a relay client a fault left open (closed before `rose down`)
+    config_name: str = "run.json"
 
     @classmethod
     def fresh(cls, root: Path, name: str, models: Path, config: dict) -> "Bed":
@@ -78,9 +80,17 @@ class Bed:
         env["ROSE_DATA_DIR"] = str(data)
         return cls(name, data, run_id, cfg, env)
 
+    def run_on(self, name: str, config: dict) -> "Bed":
+        """Another run, its own id and config file, on this bed's stack (up or not)."""
+        run_id = f"chaos-{name}"
+        cfg = {**config, "run_id": run_id}
+        bed = Bed(name, self.data, run_id, cfg, dict(self.env), config_name=f"{run_id}.json")
+        bed.config_file.write_text(json.dumps(cfg, indent=1))
+        return bed
+
     @property
     def config_file(self) -> Path:
-        return self.data / "run.json"
+        return self.data / self.config_name
 
     @property
     def run_dir(self) -> Path:
