@@ -104,7 +104,8 @@ class TurnRouter:
         self._workers: dict[str, _Worker] = {}
         self._index = {"rollout": LoadIndex(), "serving": LoadIndex()}
         self.affinity = affinity or HwAffinity()
-        self._class_index: dict[str, LoadIndex] = {}  # rollout workers by device class
+        # rollout workers by device class, kept only when some class is preferred (no cost otherwise)
+        self._class_index: dict[str, LoadIndex] | None = {} if self.affinity.classes else None
         self._trajs: dict[str, _Trajectory] = {}
         self._epochs = itertools.count()
 
@@ -114,7 +115,7 @@ class TurnRouter:
             raise ValueError(f"worker {info.name!r} is already registered")
         self._workers[info.name] = _Worker(info, next(self._epochs))
         self._index[info.kind].add(info.name, 0)
-        if info.kind == "rollout":
+        if info.kind == "rollout" and self._class_index is not None:
             self._class_index.setdefault(info.device_class, LoadIndex()).add(info.name, 0)
 
     def remove_worker(self, name: str) -> list[str]:
@@ -128,7 +129,7 @@ class TurnRouter:
             raise KeyError(f"unknown worker {name!r}")
         if worker.indexed:
             self._index[worker.info.kind].discard(name, len(worker.in_flight))
-        if worker.info.kind == "rollout":
+        if worker.info.kind == "rollout" and self._class_index is not None:
             self._class_index[worker.info.device_class].discard(name, len(worker.in_flight))
         lost = list(worker.in_flight)
         for tid in lost:
@@ -178,13 +179,14 @@ class TurnRouter:
                 affine = self._live(traj.last)
                 if affine is not None and self._has_room(affine, accepts):
                     return affine.info.name
-        return self._least_loaded(accepts, self.affinity.preferred(tag))
+        return self._least_loaded(accepts, tag)
 
-    def _least_loaded(self, accepts: Admits, device_class: str | None = None) -> str | None:
-        preferred = self._class_index.get(device_class) if device_class is not None else None
-        least = preferred.least() if preferred is not None else None
-        if least is not None and least[1] < self.cap:
-            return least[0]
+    def _least_loaded(self, accepts: Admits, tag: str | None = None) -> str | None:
+        if self._class_index is not None:
+            preferred = self._class_index.get(self.affinity.preferred(tag))
+            least = preferred.least() if preferred is not None else None
+            if least is not None and least[1] < self.cap:
+                return least[0]
         least = self._index["rollout"].least()  # the preferred class is saturated: any class
         if least is not None and least[1] < self.cap:
             return least[0]
@@ -261,7 +263,7 @@ class TurnRouter:
             index = self._index[w.info.kind]
             index.discard(w.info.name, load)
             index.add(w.info.name, load + delta)
-        if w.info.kind == "rollout":
+        if w.info.kind == "rollout" and self._class_index is not None:
             index = self._class_index[w.info.device_class]
             index.discard(w.info.name, load)
             index.add(w.info.name, load + delta)
