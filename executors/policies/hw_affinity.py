@@ -1,8 +1,9 @@
 """Hardware affinity (RollArt's first principle): an environment tag names the device class its
 turns prefer, e.g. {"frozenlake": "compute", "default": "bandwidth"}: long-horizon, prefill-heavy
 environments on compute-rich GPUs, decode-heavy ones on bandwidth-rich GPUs. A rollout worker's
-class is part of its kind (WorkerInfo.device_class); the router tries the preferred class first
-and falls back to any worker when every one of that class is at its cap (executors/policies/router.py).
+class is part of its kind (WorkerInfo.device_class); after the cache-affine worker (a prefix
+cache outweighs the class), the router tries the preferred class and falls back to any worker
+when every one of that class is at its cap (executors/policies/router.py).
 
 A mapping that names a class no worker has is refused when the run starts (`check`): its turns
 would silently always fall back, which is the misconfiguration the user wants to hear about.
