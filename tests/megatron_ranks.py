@@ -1,5 +1,6 @@
 """Trainer ranks for the megatron tests, run in processes of their own (torch.multiprocessing):
-each joins a gloo group, trains, and saves what the test compares under `out`."""
+each joins a gloo group, trains, and saves what the test compares under `out`; `runs_rank` runs
+several such runs in turn in one process (one launch's imports instead of one per run)."""
 from __future__ import annotations
 
 import os
@@ -79,3 +80,14 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
                    os.path.join(out, f"rank{rank}.pt"))
     finally:
         leave()
+
+
+def runs_rank(rank: int, runs: list[tuple[str, str, int, str, int, str]]) -> None:
+    """(rank function name, config, port, out, steps, ROSE_DATA_DIR) runs in turn, each joining
+    and leaving a group of its config's layout; a rank outside a run's world sits it out."""
+    from rose.config import RunConfig
+
+    for fn, cfg_json, port, out, steps, data_dir in runs:
+        if rank < RunConfig.model_validate_json(cfg_json).train.parallel.world:
+            os.environ["ROSE_DATA_DIR"] = data_dir
+            {"train": train_rank, "checkpoint": checkpoint_rank}[fn](rank, cfg_json, port, out, steps)

@@ -1,13 +1,16 @@
 """The megatron-core backend trains exactly what the Hugging Face backend trains: from the same
 weights and trajectories, TP=2, PP=2 and DP=2 give the TP=1 run's losses and updated weights
 within float tolerance over 3 steps, TP=1 gives the Hugging Face trainer's, and a checkpoint
-resumes under another layout as if never interrupted. One test: the runs are shared."""
+resumes under another layout as if never interrupted. One test: the runs are shared, and
+the megatron runs take turns in one launch of two ranks (its imports paid once)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from megatron_ranks import checkpoint_rank, step_turns, tiny_policy, train_rank
+from megatron_ranks import runs_rank, step_turns, tiny_policy
 from rose.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
 from rose.stack.ports import free_port
 
@@ -23,18 +26,30 @@ def _cfg(policy, par: TrainParallel) -> RunConfig:
     return RunConfig(models=ModelsConfig(policy_dir=policy), train=train)
 
 
-def _megatron(policy, tmp_path, par: TrainParallel, fn=train_rank, steps: int = STEPS,
-              tag: str = "") -> tuple[list[dict], dict[str, torch.Tensor]]:
+def _launch(policy, tmp_path, runs: list[tuple[str, TrainParallel, int, str, Path]]) -> list[Path]:
+    """The runs (rank function, layout, steps, out tag, ROSE_DATA_DIR) in turn in one launch of
+    as many ranks as the widest layout has; each run's ranks save under its out folder."""
     import torch.multiprocessing as mp
 
+    specs, ports = [], set()
+    for fn, par, steps, tag, data in runs:
+        out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
+        out.mkdir()
+        port = free_port()
+        while port in ports:  # each run's group its own rendezvous
+            port = free_port()
+        ports.add(port)
+        specs.append((fn, _cfg(policy, par).model_dump_json(), port, str(out), steps, str(data)))
+    mp.spawn(runs_rank, args=(specs,), nprocs=max(par.world for _, par, *_ in runs), join=True)
+    return [Path(spec[3]) for spec in specs]
+
+
+def _gather(policy, out: Path, par: TrainParallel) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """One run's stats (every rank agreeing) and its full weights assembled from the TP shards."""
     from storage.shards.plan import assemble
     from storage.shards.rules import infer_rule
     from transformers import AutoConfig
 
-    out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
-    out.mkdir()
-    mp.spawn(fn, args=(_cfg(policy, par).model_dump_json(), free_port(), str(out), steps),
-             nprocs=par.world, join=True)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(par.world)]
     def same(s: list[dict]) -> list[dict]:
         return [{k: v for k, v in x.items() if k != "train_s"} for x in s]
@@ -90,14 +105,19 @@ def test_megatron_layouts_train_what_the_hf_trainer_trains(tmp_path, monkeypatch
     start = load_file(policy / "model.safetensors")
     moved = max(float((hf[1][n] - start[n].float()).abs().max()) for n in hf[1])
     assert moved > 100 * WEIGHT_ATOL  # the update is far above the tolerance it is held to
-    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "straight"))
-    tp1 = _megatron(policy, tmp_path, TrainParallel(), checkpoint_rank)
+    layouts = (TrainParallel(tp=2), TrainParallel(pp=2), TrainParallel(dp=2))
+    resumed = tmp_path / "resumed"
+    runs = [("train", par, STEPS, "", tmp_path) for par in layouts]
+    runs += [("checkpoint", TrainParallel(tp=2), 1, "-a", resumed),
+             ("checkpoint", TrainParallel(pp=2), 2, "-b", resumed),
+             # world 1 last: the other rank is done by then, not waiting to join the next group
+             ("checkpoint", TrainParallel(), STEPS, "", tmp_path / "straight")]
+    outs = _launch(policy, tmp_path, runs)
+    tp1 = _gather(policy, outs[-1], TrainParallel())
     _close(tp1, hf)
-    for par in (TrainParallel(tp=2), TrainParallel(pp=2), TrainParallel(dp=2)):
-        _close(_megatron(policy, tmp_path, par), tp1)
-    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "resumed"))
-    first = _megatron(policy, tmp_path, TrainParallel(tp=2), checkpoint_rank, steps=1, tag="-a")
-    rest = _megatron(policy, tmp_path, TrainParallel(pp=2), checkpoint_rank, steps=2, tag="-b")
+    for out, par in zip(outs, layouts):
+        _close(_gather(policy, out, par), tp1)
+    first, rest = _gather(policy, outs[3], TrainParallel(tp=2)), _gather(policy, outs[4], TrainParallel(pp=2))
     _close((first[0] + rest[0], rest[1]), tp1)
     ckpts = sorted((tmp_path / "resumed" / "runs" / "demo" / "checkpoints").iterdir())
     assert [p.name for p in ckpts] == ["step-00000001", "step-00000002", "step-00000003"]
