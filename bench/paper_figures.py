@@ -24,12 +24,15 @@ Prints and writes bench/results/paper_figures.json and one PNG per figure beside
 - Fig. 14 / App. E: rollout seconds against the serving-GPU quota 0/4/8/16;
 - sensitivity: ROSE / fixed against the two parameters the paper does not give that move the
   tail most (the trajectory-level response spread and the environment's seconds per step).
+- Qwen3-32B on ALFWorld (bench/paper_figures_32b.py, TP-4 engines, 64 serving GPUs at most): Fig. 1's
+  statistics and Fig. 7a-c's rows (`--only-32b`: these alone, into the existing JSON).
 The paper's extracted text lost some numbers (the Fig. 14 reductions, Table 3's factor): those
 columns say so.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import replace
@@ -45,11 +48,12 @@ from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
                                  prefill_share)
-from bench.paper_figures_report import pct, report  # noqa: E402
+from bench.paper_figures_report import pct, report, report_32b  # noqa: E402
 from bench.result_file import write_result  # noqa: E402
 from sim.report import judged_at, speedup  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
+from storage.atomic import write_atomic  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "paper_figures.json"
 WORKLOAD = "workload_paper_qwen3_8b_frozenlake"
@@ -247,8 +251,12 @@ def main() -> None:
     ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU timing run")
     ap.add_argument("--scale-gpus", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--no-32b", action="store_true", help="skip the Qwen3-32B / ALFWorld rows")
+    ap.add_argument("--only-32b", action="store_true", help="only the 32B rows, into the existing JSON")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.only_32b:
+        return only_32b(args, t0)
     if args.fit:
         fit(args)
     print("Fig. 1: characterization")
@@ -263,13 +271,29 @@ def main() -> None:
     print("Concurrency: trajectories per GPU at once")
     conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
     big = {} if args.no_scale else (print("Scale: event jumping") or scale(args, slo_of(e2e["fixed"])))
+    t32 = time.perf_counter()
+    q32 = {} if args.no_32b else (print("Qwen3-32B on ALFWorld") or figures_32b(args))
+    q32 = q32 and q32 | {"total_s": time.perf_counter() - t32}
     fields = dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
-                  sensitivity=sens, concurrency=conc, scale=big, total_s=time.perf_counter() - t0)
+                  sensitivity=sens, concurrency=conc, scale=big, qwen3_32b=q32, total_s=time.perf_counter() - t0)
     print(report(fields))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, "paper_figures", args, t0, **fields)
     from bench.paper_figures_plot import plot
     print("wrote " + ", ".join(str(p) for p in plot(fields | {"args": vars(args)}, args.out.parent)))
+
+
+def figures_32b(args) -> dict:
+    from bench.paper_figures_32b import figures  # it runs this module's run()
+    return figures(args)
+
+
+def only_32b(args, t0: float) -> None:
+    """The 32B rows alone, written into the existing result beside its 8B figures."""
+    d = figures_32b(args) | {"total_s": time.perf_counter() - t0}
+    doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    print("\n".join(report_32b({"qwen3_32b": d})) + f"\nwrote {args.out}")
+    write_atomic(args.out, json.dumps(doc | {"qwen3_32b": d}, indent=1))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,21 @@ def prefill_share(spec: WorkloadSpec, n: int = 4000, seed: int = 0) -> float:
     return prompt / total
 
 
+def turn_tokens_per_sequence_token(spec: WorkloadSpec, n: int = 4000, seed: int = 0) -> float:
+    """Tokens summed over turns (each turn's whole context and response, what a step's throughput
+    and the simulator's train time count) over the tokens of the trajectories' final sequences."""
+    rng, per_turn, final = random.Random(seed), 0, 0
+    for _ in range(n):
+        t = spec.sample(rng)
+        context = t.first_prompt
+        for k, r in enumerate(t.responses):
+            per_turn += context + r
+            if k + 1 < t.turns:
+                context += r + t.obs[k]
+        final += context + t.responses[-1]
+    return per_turn / final
+
+
 def fit_response_median(base: PaperWorkload, share: float, n: int = 1500) -> PaperWorkload:
     """The response median at which prompt tokens are `share` of all tokens (bisection: the
     share falls as responses grow)."""

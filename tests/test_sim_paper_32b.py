@@ -88,3 +88,29 @@ def test_the_shipped_32b_workload_reproduces_the_published_statistics():
     rng = random.Random(7)
     ends = [t.first_prompt + sum(t.obs) + sum(t.responses) for t in (spec.sample(rng) for _ in range(1024))]
     assert max(ends) <= 32768 and sum(e > 32000 for e in ends) > 10
+
+
+def test_the_32b_rows_print_beside_the_papers_numbers():
+    from bench.paper_figures_32b import PAPER_32B
+    from bench.paper_figures_report import report_32b
+
+    def row(tps: float, rollout: float, borrowed: float = 0.0) -> dict:
+        return dict(tokens_per_s=tps, rollout_s_mean=rollout, borrowed_share=borrowed, slo_attainment=1.0,
+                    trajectory_p75_share=0.5, ttft_p99_s=0.9, tpot_p99_s=0.15, slo_ttft_s=3.0, slo_tpot_s=0.3,
+                    step_s_mean=rollout + 1000.0, steps=3, trajectories_started=3000)
+
+    rows = {"fixed": row(100.0, 1500.0), "rose": row(150.0, 900.0, 0.5), "areal_style": row(120.0, 1500.0)}
+    for r in rows.values():
+        r["vs_fixed"] = r["tokens_per_s"] / 100.0
+    d = {"paper": PAPER_32B, "setting": dict(rollout_engines=4, tp=4, serving_engines=16, train_gpus=32,
+                                              trajectories_per_step=1024, steps=3),
+         "fig1": dict(rollout_share=0.6, p75_share=0.7, prefill_share=0.86, turn_tokens_per_sequence_token=5.0,
+                      train_s=990.0),
+         "fig7a": rows, "dapo": dict(valid_share=0.5, fixed=rows["fixed"], rose=rows["rose"], rose_vs_fixed=1.5)}
+    assert report_32b({}) == []  # an 8B-only result has no 32B rows
+    text = "\n".join(report_32b({"qwen3_32b": d}))
+    assert "16 GPUs" in text and "64 GPUs" in text and "1,024 trajectories" in text
+    assert "| rose | 150 | 1.50x | 900 | 50% | 100.0% | 1.46x over ROLL (GRPO) |" in text
+    assert "3.31x" in text and "2.69x" in text and "960.1" in text
+    # the rollout share if each final sequence were trained once: 1500 / (1500 + 990 / 5 + 10)
+    assert f"{1500 / (1500 + 198 + 10):.0%} of the step" in text

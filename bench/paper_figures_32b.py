@@ -1,0 +1,97 @@
+"""The paper's Qwen3-32B / ALFWorld rows, simulated beside its numbers (run by bench/paper_figures.py;
+`--only-32b` runs these alone and keeps the 8B figures of the JSON it updates).
+
+Setting (sim/paper_workloads.py qwen3_32b_setting, paper §6): rollout TP 4, so one simulated device
+per 4-GPU engine on the TP-sharded H100 profile (sim/tp_profile.py); (rollout, train) = (16, 32)
+GPUs; 1,024 trajectories a step; 16 at once per GPU; borrowed serving GPUs capped at 64 (16
+engines). Workload: sim/profiles/workload_paper_qwen3_32b_alfworld.json (every parameter cited or
+marked chosen); `--fit` refits its response median to the 86% prefill share and its turn median
+to ROSE's published 960.1 s rollout. The serving SLO is 2x the P99 of serving alone, as for 8B.
+"""
+from __future__ import annotations
+
+from bench.paper_figures import run, slo_of
+from sim.cluster import ClusterSim
+from sim.config import SimConfig
+from sim.paper_workloads import (QWEN3_32B_ALFWORLD, fit_turns_median, prefill_share, qwen3_32b_setting,
+                                 turn_tokens_per_sequence_token)
+from sim.profiles import PROFILE_DIR
+from sim.report import speedup
+from sim.workload import WorkloadSpec
+
+from executors.policies.slo_admission import SLOConfig
+
+PAPER_32B = {  # the ROSE paper: the sentence each comes from
+    "prefill_share": (0.86, "§2: 'prefill tokens account for 77% (Qwen3-8B) and 86% (Qwen3-32B)' (fitted)"),
+    "rollout_share_min": (0.70, "§2: 'The rollout stage accounts for over 70% of total time' (both models)"),
+    "p75_share_max": (0.30, "§2, Fig. 1b: 'the 75th percentile (P75) is at most 30% of the end-to-end rollout "
+                            "time' (both models)"),
+    "rose_rollout_s": (960.1, "§6.2 Table 1, App. D Table 5: Qwen3-32B, ROSE, rollout 960.1 s (fitted)"),
+    "grpo_vs_roll": (1.46, "§6.1: 'average throughput improvements of 1.31 and 1.46 with GRPO' (the second read "
+                           "as 32B; maximum 1.76)"),
+    "dapo_vs_roll": (3.31, "§6.1: DAPO 'average throughput increases by 1.42 and 3.31' (the second read as 32B; "
+                           "maximum 4.39)"),
+    "vs_areal": (2.69, "§6.1: 'Compared with AReaL, ROSE achieves 1.44 and 2.69' (the second read as 32B)"),
+    "serving_p99_ms": ((837.5, 398.1), "§6.2 Table 1: ROSE's serving TTFT / TPOT P99 for 32B, under the "
+                                       "(1000, 450) ms SLO of §6"),
+}
+DAPO_VALID = 0.5  # chosen, as the 8B rows' middle share (the paper gives none)
+
+
+def config(args, **kw) -> SimConfig:
+    return qwen3_32b_setting(**(dict(steps=args.steps, seed=args.seed) | kw))
+
+
+def rose_rollout_s(args, spec: WorkloadSpec) -> float:
+    """ROSE's mean rollout seconds on `spec` (one step), at 2x the P99 of serving alone."""
+    fixed_sim = ClusterSim(config(args, config="fixed", steps=1), workload=spec)
+    fixed = fixed_sim.run()
+    slo = SLOConfig(2 * fixed["ttft_p99_s"], 2 * fixed["tpot_p99_s"])
+    rose = ClusterSim(config(args, config="rose", steps=1, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s),
+                      workload=spec).run()
+    return rose["rollout_s_mean"]
+
+
+def fit(args) -> None:
+    w = fit_turns_median(QWEN3_32B_ALFWORLD, PAPER_32B["prefill_share"][0], PAPER_32B["rose_rollout_s"][0],
+                         lambda spec: rose_rollout_s(args, spec), lo=2.0, hi=16.0)
+    print(f"fitted 32B: turns median {w.turns_median}, response median {w.response_median} -> {w.write()}")
+
+
+def figures(args) -> dict:
+    """Fig. 1's statistics and Fig. 7a-c's rows for Qwen3-32B on ALFWorld."""
+    if getattr(args, "fit", False):
+        fit(args)
+    spec = WorkloadSpec.load(PROFILE_DIR / f"workload_paper_{QWEN3_32B_ALFWORLD.name}.json")
+    fixed = run(config(args, config="fixed"), spec, "32B resource-fixed, turn-wise routing", own_slo=True)
+    slo = slo_of(fixed)
+    rows = {"fixed": fixed,
+            "rose": run(config(args, config="rose", **slo), spec, "32B ROSE (64 serving GPUs)"),
+            "areal_style": run(config(args, config="fixed", off_policy=1, **slo), spec,
+                               "32B AReaL-style asynchronous (staleness 1)"),
+            "rose_off_policy": run(config(args, config="rose", off_policy=1, **slo), spec,
+                                   "32B ROSE, one-step off-policy")}
+    for r in rows.values():
+        r["vs_fixed"] = speedup(r, fixed)
+    dapo = dict(algorithm="dapo", dapo_valid_rate=DAPO_VALID)
+    d_fixed = run(config(args, config="fixed", **dapo), spec, f"32B DAPO {DAPO_VALID:.0%} valid: fixed", own_slo=True)
+    d_rose = run(config(args, config="rose", **dapo, **slo_of(d_fixed)), spec, f"32B DAPO {DAPO_VALID:.0%} valid: ROSE")
+    # §2's characterization setting: 'a batch size of 256 ... on 16 H800 GPUs', split (8, 8) as for
+    # 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines
+    s2 = run(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128),
+             spec, "32B fixed, §2 setting (256 trajectories, 8 + 8 GPUs)")
+    c = rows["rose"]
+    return {"paper": PAPER_32B, "setting": {"rollout_engines": c["rollout_gpus"], "tp": 4,
+                                            "serving_engines": c["serving_gpus"], "train_gpus": c["train_gpus"],
+                                            "trajectories_per_step": c["trajectories_per_step"],
+                                            "steps": args.steps},
+            "fig1": {"rollout_share": fixed["rollout_share"], "p75_share": fixed["trajectory_p75_share"],
+                     "prefill_share": prefill_share(spec), "preempted": fixed["preempted"],
+                     "s2_rollout_share": s2["rollout_share"], "s2_p75_share": s2["trajectory_p75_share"],
+                     "s2_rollout_s": s2["rollout_s_mean"],
+                     "turn_tokens_per_sequence_token": turn_tokens_per_sequence_token(spec),
+                     "train_s": sum(x["train_s"] for x in fixed["per_step"]) / max(1, len(fixed["per_step"]))},
+            "fig7a": rows,
+            "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
+                     "rose_vs_fixed": speedup(d_rose, d_fixed),
+                     "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}
