@@ -77,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sweep", action="store_true",
                     help="harvest across loads (bench/coserving_sweep.py); --quick: shorter loads")
     ap.add_argument("--sweep-s", type=float, default=None, help="replay seconds per sweep load")
+    ap.add_argument("--loads", default=None,
+                    help="sweep: comma-separated load names to run (e.g. 'chat 30%%,bursty'; default: all)")
+    ap.add_argument("--scales-from", type=Path, default=None,
+                    help="sweep: reuse the load rates a previous sweep JSON calibrated (no calibration)")
     ap.add_argument("--min-requests", type=int, default=100,
                     help="sweep: serving requests per load point at least (its window grows)")
     ap.add_argument("--chat-output-median", type=float, default=129.0,
@@ -98,6 +102,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                      "license terms) must travel with every result derived from it")
     if args.sweep:
         args.sweep_s = args.sweep_s or (12.0 if args.quick else 20.0)
+        if args.scales_from is not None:
+            try:
+                args.scales = json.loads(args.scales_from.read_text())["scales"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                ap.error(f"--scales-from {args.scales_from}: no sweep's 'scales' there ({e})")
+        if args.loads:
+            args.loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+            from coserving_sweep import load_names
+            known = list(getattr(args, "scales", None) or load_names())
+            unknown = [x for x in args.loads if x not in known]
+            if unknown:
+                ap.error(f"--loads: unknown load(s) {unknown}; the sweep's loads are {known}")
     if args.quick:
         args.window_s = 120.0 if args.window_s == 600.0 else args.window_s
         args.configs = args.configs or (None if args.sweep else ",".join(QUICK))
@@ -262,8 +278,9 @@ def sweep_main(args, console: Console) -> None:
     spec["scales"] = runs["serving_only"]["scales"]
     spec["slos"] = sw.slos_from(runs["serving_only"], args.slo_factor)
     cal = runs["serving_only"]["calibration"]
-    console.print(f"  calibration: busy {cal['busy_fraction']:.0%} (chat {cal['chat_busy_fraction']:.0%}) at "
-                  f"{1 / sw.BASE_SCALE:g}x; loads " + ", ".join(
+    console.print((f"  loads' rates from {args.scales_from}" if cal.get("from") else
+                   f"  calibration: busy {cal['busy_fraction']:.0%} (chat {cal['chat_busy_fraction']:.0%}) at "
+                   f"{1 / sw.BASE_SCALE:g}x") + "; loads " + ", ".join(
                       f"{k}: {1 / v[0]:.1f}x, {v[1]:.0%} of arrivals" if k != "bursty"
                       else f"bursty: {v:.1f} req/s" for k, v in spec["scales"].items()))
     for name, (ttft, tpot) in spec["slos"].items():

@@ -45,6 +45,12 @@ START_S = 600.0  # trace seconds: past the first minutes' ramp-up
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again
 
 
+def load_names() -> list[str]:
+    """The sweep's load points by name, as its JSON rows name them."""
+    return ([f"trace {int(100 * x)}%" for x in TARGETS] + [f"chat {int(100 * x)}%" for x in CHAT_TARGETS]
+            + ["bursty"])
+
+
 @functools.lru_cache(maxsize=4)
 def _trace(path: Path) -> Trace:
     """The trace read once per process: a window grown for --min-requests plans it many times."""
@@ -125,6 +131,8 @@ def _load(kind: str, args, scale: tuple[float, float], most_s: float = MAX_WINDO
 def loads_for(args, scales: dict) -> dict[str, list[ReplayRequest]]:
     out = {name: _load("chat" if name.startswith("chat") else "trace", args, s)
            for name, s in scales.items() if name != "bursty"}
+    if "bursty" not in scales:
+        return out
     rate = scales["bursty"]
     out["bursty"] = bursty_load(args, rate, max(args.sweep_s, min(MAX_WINDOW_S, 1.1 * args.min_requests / rate)))
     return out
@@ -180,9 +188,14 @@ def run_sweep_single(mode: str, spec: dict, args, build, run_load) -> dict:
         return out
     scales = spec.get("scales")
     if mode == "serving_only":
-        scales, out["calibration"] = calibrate(worker, submit, args, run_load)
+        if scales:  # --scales-from: a previous sweep's calibrated rates
+            out["calibration"] = {"from": str(spec.get("scales_from")), "busy_fraction": None,
+                                  "chat_busy_fraction": None}
+        else:
+            scales, out["calibration"] = calibrate(worker, submit, args, run_load)
         out["scales"] = scales
-    for name, reqs in loads_for(args, scales).items():
+    wanted = spec.get("loads") or list(scales)
+    for name, reqs in loads_for(args, {k: v for k, v in scales.items() if k in wanted}).items():
         slo = (spec.get("slos") or {}).get(name)
         if slo:
             _set_slo(worker, *slo)
@@ -295,7 +308,7 @@ def report(runs: dict, slos: dict, args, console) -> dict:
                    "turns_returned_unstarted": ex.get("returned_unstarted", 0),
                    "stream_turns_ok": r.get("turns", 0), "stream_answered_abort": r.get("aborted_turns", 0),
                    "prefix_hit_tokens": hits, "prompt_tokens": r.get("prompt_tokens", 0) if r else 0,
-                   "executor": L["executor"]}
+                   "executor": L["executor"], "kv": L.get("kv")}
             rows.append(row)
             ms = lambda v: "-" if v is None else f"{v * 1e3:.0f} ms"  # noqa: E731
             att = row["slo_attainment"]
