@@ -55,7 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="120 s window, 4 configurations")
     ap.add_argument("--configs", default=None, help="comma-separated modes (default: all)")
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                    help="serving trace: Azure LLM inference, BurstGPT CSV, Mooncake JSONL or a CSV with "
+                         "arrival_s, prompt_tokens, output_tokens (rose/serve/trace.py FORMATS)")
     ap.add_argument("--window-s", type=float, default=600.0, help="trace seconds around the peak")
     ap.add_argument("--time-scale", type=float, default=0.125, help="replay s per trace s")
     ap.add_argument("--length-scale", type=float, default=1 / 16, help="prompt scale")
@@ -97,9 +99,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.single:  # before anything runs: a trace's attribution travels with its results
         if not args.trace.is_file():
             ap.error(f"--trace {args.trace}: no such file")
-        if not args.trace.with_name("NOTICE.md").is_file():
-            ap.error(f"--trace {args.trace}: no NOTICE.md beside it; a trace's attribution (its "
-                     "license terms) must travel with every result derived from it")
+        if not args.trace.with_name("NOTICE.md").is_file():  # a user's own trace: said, not refused
+            print(f"note: no NOTICE.md beside --trace {args.trace}; the results will say its source "
+                  "and terms are not recorded", file=sys.stderr)
+        try:
+            load_trace(args.trace)
+        except ValueError as e:
+            ap.error(f"--trace: {e}")
     if args.sweep:
         args.sweep_s = args.sweep_s or (12.0 if args.quick else 20.0)
         if args.scales_from is not None:
@@ -296,7 +302,7 @@ def sweep_main(args, console: Console) -> None:
     doc.update(bench="coserving_sweep", quick=args.quick, sweep_s=args.sweep_s, slo_factor=args.slo_factor,
                rollout_stream={k: spec[k] for k in ("trajectories", "obs_tokens", "turn_tokens", "max_turns",
                                                     "step_s")},
-               total_s=time.perf_counter() - t_start, trace_notice=trace_notice(args.trace),
+               total_s=time.perf_counter() - t_start, trace_notice=trace_notice(args.trace, required=False),
                machine={"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
                runs={m: {k: v for k, v in r.items() if k != "loads"} for m, r in runs.items()})
     sw.dump(out, doc)
@@ -447,7 +453,7 @@ def report(runs: dict, spec: dict, desc: dict, args, console: Console, total_s: 
             "configs": rows, "total_s": total_s,
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                         "load_avg": os.getloadavg()},
-            "trace_notice": trace_notice(args.trace)}
+            "trace_notice": trace_notice(args.trace, required=False)}
 
 
 if __name__ == "__main__":

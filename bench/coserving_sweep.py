@@ -1,16 +1,17 @@
 """`bench/coserving.py --sweep`: harvest at a measured SLO across serving loads.
 
 Loads: the Azure code trace (prompts x1/16, outputs as in the trace) replayed for --sweep-s
-seconds from trace second 600 at rates set in the same run so that the serving-alone busy
-fraction (serving engine busy time / wall time) lands near 10/30/50/80%. A rate below the
-calibration's (2x the trace) keeps the calibration's time scale and keeps a seeded fraction of
-the requests (the same trace seconds, fewer requests: a low load is not a 3-request sliver of
-the trace); a rate above it replays faster. Busy is not proportional to rate (decode steps are
-shared by concurrent requests; a long request keeps the engine stepping), so each load's rate
-is measured once at busy ~ rate and, if its busy fraction is more than 25% off its target,
-corrected from the measured fraction and measured again, at most twice (the last is the one
-used). A correction takes busy = 1 - exp(-rate x service time), which a saturated engine (a
-long-output load at 90% busy) needs: busy ~ rate would barely move the rate.
+seconds from trace second 600 (a fifth of the way into a shorter trace) at rates set in the
+same run so that the serving-alone busy fraction (serving engine busy time / wall time) lands
+near 10/30/50/80%. A rate below the calibration's (2x the trace) keeps the calibration's time
+scale and keeps a seeded fraction of the requests (the same trace seconds, fewer requests: a
+low load is not a 3-request sliver of the trace); a rate above it replays faster. Busy is not
+proportional to rate (decode steps are shared by concurrent requests; a long request keeps the
+engine stepping), so each load's rate is measured once at busy ~ rate and, if its busy fraction
+is more than 25% off its target, corrected from the measured fraction and measured again, at
+most twice (the last is the one used). A correction takes busy = 1 - exp(-rate x service time),
+which a saturated engine (a long-output load at 90% busy) needs: busy ~ rate would barely move
+the rate.
 Plus a synthetic bursty load (gamma inter-arrivals, CV 4, the 30% load's mean rate, lengths
 drawn from the trace), and a long-output conversation load ("chat"): the trace's arrival times,
 prompts and outputs drawn from log-normals with the figures of public chat traffic (outputs
@@ -41,7 +42,7 @@ CHAT_TARGETS = (0.3, 0.8)
 MAX_WINDOW_S = 400.0  # a point's replay window is grown for --min-requests up to this
 CALIBRATION_MAX_S = 60.0  # ... and a calibration try's up to this
 BASE_SCALE = 0.5  # calibration: 2x faster than the trace
-START_S = 600.0  # trace seconds: past the first minutes' ramp-up
+START_S = 600.0  # trace seconds: past the first minutes' ramp-up (at most a fifth of the trace)
 RETRY_OFF = 0.25  # a load's busy fraction this far (relative) from its target is measured again
 
 
@@ -59,9 +60,10 @@ def _trace(path: Path) -> Trace:
 
 def trace_load(args, time_scale: float, duration_s: float, sample: float = 1.0) -> list[ReplayRequest]:
     trace = _trace(Path(args.trace))
-    window = trace.window(START_S, duration_s / time_scale)
+    start = min(START_S, 0.2 * trace.span_s)  # a short trace (another user's) starts earlier
+    window = trace.window(start, duration_s / time_scale)
     return plan(window, Scaling(time_scale, args.length_scale, args.output_scale, sample, 2048, args.seed),
-                start_s=START_S)
+                start_s=start)
 
 
 def rate_to_load(rate: float) -> tuple[float, float]:

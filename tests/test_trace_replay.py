@@ -172,6 +172,35 @@ def test_notice_travels_with_results(tmp_path):
     bare.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
     with pytest.raises(FileNotFoundError, match="NOTICE"):
         trace_notice(bare)
+    assert "No NOTICE.md" in trace_notice(bare, required=False)  # a user's own trace: said
+
+
+def test_public_trace_formats_load_alike(tmp_path):
+    """BurstGPT (CSV, seconds), Mooncake (JSON lines, milliseconds) and a generic CSV give the
+    same arrivals and lengths, re-based to the first request and sorted by arrival."""
+    burst = tmp_path / "burstgpt.csv"
+    burst.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                     "45,ChatGPT,1087,250,1337,Conversation log\n5,ChatGPT,472,18,490,Conversation log\n")
+    mooncake = tmp_path / "mooncake.jsonl"
+    mooncake.write_text('{"timestamp": 5000, "input_length": 472, "output_length": 18, "hash_ids": [1]}\n'
+                        '{"timestamp": 45000, "input_length": 1087, "output_length": 250, "hash_ids": [2]}\n')
+    generic = tmp_path / "mine.csv"
+    generic.write_text("arrival_s,prompt_tokens,output_tokens\n5.0,472,18\n45.0,1087,250\n")
+    for path in (burst, mooncake, generic):
+        t = load_trace(path)
+        assert t.arrival_s.tolist() == [0.0, 40.0], path.name
+        assert t.context_tokens.tolist() == [472, 1087] and t.generated_tokens.tolist() == [18, 250]
+
+
+def test_unknown_trace_columns_are_refused_naming_the_formats(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("when,in,out\n1,2,3\n")
+    with pytest.raises(ValueError, match=r"columns \['in', 'out', 'when'\].*BurstGPT.*Mooncake"):
+        load_trace(bad)
+    neg = tmp_path / "neg.csv"
+    neg.write_text("arrival_s,prompt_tokens,output_tokens\n1,-2,3\n")
+    with pytest.raises(ValueError, match="negative"):
+        load_trace(neg)
 
 
 def test_trace_and_notice_ship_in_the_repository():

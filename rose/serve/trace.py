@@ -1,4 +1,4 @@
-"""A serving trace (Azure LLM inference trace 2023 format) and the plan to replay a window of it.
+"""A serving trace (Azure LLM inference, BurstGPT, Mooncake or a generic CSV) and the plan to replay a window of it.
 
 Trace time is seconds since the trace's first request. A replay takes a window of trace time,
 optionally keeps a seeded random fraction of its requests (`sample`, burst shape preserved in
@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 # Shipped in the repository (traces/), with its NOTICE.md (CC BY 4.0 attribution) beside it.
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "azure2023_code.csv"
 
@@ -45,29 +44,75 @@ class Trace:
                      self.generated_tokens[lo:hi], self.source)
 
 
-def load_trace(path: str | Path = DEFAULT_TRACE) -> Trace:
-    import pyarrow.csv as pcsv
+# Public trace formats, by their column names: (arrival, prompt tokens, output tokens). Arrival
+# is a date-time string or a number of seconds (milliseconds where the format says so).
+FORMATS = {
+    "Azure LLM inference 2023/2024": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "BurstGPT": ("Timestamp", "Request tokens", "Response tokens"),
+    "Mooncake (JSONL, ms)": ("timestamp", "input_length", "output_length"),
+    "generic": ("arrival_s", "prompt_tokens", "output_tokens"),
+}
+MILLISECONDS = {"Mooncake (JSONL, ms)"}
 
+
+def load_trace(path: str | Path = DEFAULT_TRACE) -> Trace:
+    """A serving trace from a CSV or JSON-lines file in one of FORMATS (told apart by columns)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trace {path} not found")
-    table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-        column_types={"TIMESTAMP": "string", "ContextTokens": "int64", "GeneratedTokens": "int64"}))
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise ValueError(f"trace {path} lacks columns {missing} (expected {list(COLUMNS)})")
+    table = _read_table(path)
+    names = set(table.column_names)
+    found = [(fmt, cols) for fmt, cols in FORMATS.items() if set(cols) <= names]
+    if not found:
+        known = "; ".join(f"{fmt}: {', '.join(cols)}" for fmt, cols in FORMATS.items())
+        raise ValueError(f"trace {path} has columns {sorted(names)}, none of the known formats ({known})")
+    fmt, (t_col, ctx_col, gen_col) = found[0]
     if table.num_rows == 0:
         raise ValueError(f"trace {path} has no requests")
-    # 100 ns resolution ("2023-11-16 18:17:03.9799600"): numpy parses it exactly into ns.
-    stamps = np.array(table["TIMESTAMP"].to_pylist(), dtype="datetime64[ns]")
-    order = np.argsort(stamps, kind="stable")
-    stamps = stamps[order]
-    arrival = (stamps - stamps[0]).astype(np.int64) / 1e9
-    ctx = table["ContextTokens"].to_numpy()[order]
-    gen = table["GeneratedTokens"].to_numpy()[order]
+    arrival = _seconds(table[t_col], path, scale=1e-3 if fmt in MILLISECONDS else 1.0)
+    order = np.argsort(arrival, kind="stable")
+    arrival = arrival[order] - arrival[order][0]
+    try:
+        ctx = np.asarray(table[ctx_col].to_pylist(), dtype=np.int64)[order]
+        gen = np.asarray(table[gen_col].to_pylist(), dtype=np.int64)[order]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"trace {path}: token counts in {ctx_col!r}/{gen_col!r} are not integers ({e})") from e
     if (ctx < 0).any() or (gen < 0).any():
         raise ValueError(f"trace {path} has negative token counts")
     return Trace(arrival, ctx, gen, str(path))
+
+
+def _read_table(path: Path):
+    """The file as an Arrow table; arrival columns read as written (strings stay strings)."""
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
+
+    lines = path.suffix in (".jsonl", ".json")
+    try:
+        if lines:
+            return pjson.read_json(path)
+        return pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            column_types={"TIMESTAMP": "string"}))  # 100 ns resolution: parsed exactly below
+    except Exception as e:  # pyarrow's own errors name the line; keep the file's name with them
+        raise ValueError(f"trace {path} cannot be read as {'JSON lines' if lines else 'CSV'}: {e}") from e
+
+
+def _seconds(column, path: Path, scale: float) -> np.ndarray:
+    """Arrival times in seconds: date-time strings ("2023-11-16 18:17:03.9799600", exact to the
+    ns) or numbers (times `scale`)."""
+    values = column.to_pylist()
+    if any(v is None for v in values):
+        raise ValueError(f"trace {path} has requests without an arrival time")
+    if isinstance(values[0], str):
+        try:
+            stamps = np.array(values, dtype="datetime64[ns]")
+        except ValueError:
+            try:
+                return np.asarray(values, dtype=np.float64) * scale
+            except ValueError as e:
+                raise ValueError(f"trace {path}: arrival times are neither date-times nor numbers ({e})") from e
+        return (stamps - stamps.min()).astype(np.int64) / 1e9
+    return np.asarray(values, dtype=np.float64) * scale
 
 
 def busiest_bin(trace: Trace, bin_s: float = 1.0) -> tuple[float, int]:
@@ -154,9 +199,12 @@ def synthetic_prompt(request: ReplayRequest, vocab_size: int, seed: int = 0,
     return rng.integers(low, vocab_size, size=request.prompt_len).tolist()
 
 
-def trace_notice(trace_path: str | Path) -> str:
-    """The trace's attribution (NOTICE.md beside it), marked as modified: we slice and rescale."""
+def trace_notice(trace_path: str | Path, required: bool = True) -> str:
+    """The trace's attribution (NOTICE.md beside it), marked as modified: we slice and rescale.
+    Not required (a user's own trace): a missing NOTICE.md is said in the text instead."""
     notice = Path(trace_path).with_name("NOTICE.md")
+    if not notice.is_file() and not required:
+        return f"No NOTICE.md beside {Path(trace_path).name}: its source and terms are not recorded here."
     if not notice.is_file():
         raise FileNotFoundError(f"no NOTICE.md beside trace {trace_path}: its attribution must "
                                 "travel with anything derived from it")
