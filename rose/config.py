@@ -36,12 +36,25 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+EnvName = Literal["frozenlake", "guess", "sokoban"]
+
+
 class ModelsConfig(Strict):
     """Locally built Hugging Face model directories (built by `rose models build`)."""
 
     policy_dir: Path | None = None  # default: <data_dir>/models/policy
     serving_dir: Path | None = None  # default: <data_dir>/models/serving
     seed: int = 0
+    # environments the policy is warmed up on (and its tokenizer trained on); sokoban is opt-in
+    # since its long episodes add to every build (rose/models/build.py)
+    demo_envs: list[EnvName] = ["frozenlake", "guess"]
+
+    @field_validator("demo_envs")
+    @classmethod
+    def _some_envs(cls, envs: list[str]) -> list[str]:
+        if not envs:
+            raise ValueError("name at least one environment to warm the policy up on")
+        return sorted(set(envs))
 
     def policy_path(self) -> Path:
         return Path(self.policy_dir) if self.policy_dir else data_dir() / "models" / "policy"
@@ -107,6 +120,9 @@ class CoServingSettings(Strict):
     evict_load_threshold: int = Field(8, ge=1)
     reload_after_s: float = Field(2.0, gt=0, allow_inf_nan=False)
     profile_repeats: int = Field(3, ge=1)  # start-up latency profile: runs per point
+    # no run holds the worker: its rollout engine is torn down (KV pages and weights given back
+    # to serving) and rebuilt with the next borrowing run's weights (executors/coserving/parking.py)
+    park_when_idle: bool = True
     seed: int = 0
 
     @model_validator(mode="after")
@@ -182,7 +198,13 @@ class StackConfig(Strict):
         return self
 
 
-EnvName = Literal["frozenlake", "guess"]
+class StepLatencyConfig(Strict):
+    """Seconds each environment step sleeps first, drawn per step (envs/latency.py): slow
+    environments for benchmarks. normal: N(mean_s, std_s) clipped at 0."""
+
+    dist: Literal["normal"] = "normal"
+    mean_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+    std_s: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class SchedulerConfig(Strict):
@@ -236,6 +258,7 @@ class SchedulerConfig(Strict):
 
 class RolloutConfig(SchedulerConfig):
     env: EnvName = "frozenlake"
+    env_step_latency: StepLatencyConfig | None = None  # None: environments step at their own speed
     groups: int = Field(16, ge=1)  # GRPO groups per step (16 maps: a less noisy step signal)
     group_size: int = Field(8, ge=2)  # trajectories per group, sharing the initial state
     max_turns: int = Field(8, ge=1)
@@ -397,6 +420,9 @@ class RunConfig(Strict):
     def _check(self) -> "RunConfig":
         if self.rollout.groups * self.rollout.group_size < 2:
             raise ValueError("a step needs at least two trajectories")
+        if self.rollout.env not in self.models.demo_envs:
+            raise ValueError(f"rollout.env {self.rollout.env} is not in models.demo_envs {self.models.demo_envs}: "
+                             "the policy would never have seen it; add it there")
         return self
 
     @property

@@ -9,6 +9,7 @@ from typing import Callable
 
 from prefect import task
 
+from envs.latency import StepLatency
 from envs.registry import make_env
 from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
@@ -42,10 +43,11 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int) -> Callable[[i
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(cfg.models.policy_path()))
     r = cfg.rollout
+    latency = StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
 
     def make_group(g: int) -> list[Episode]:
         return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
-                        env=make_env(r.env, max_turns=r.max_turns),
+                        env=make_env(r.env, step_latency=latency, max_turns=r.max_turns),
                         env_seed=env_seed(cfg.seed, step, g), chat=chat, max_turns=r.max_turns,
                         max_tokens=r.max_tokens_per_turn, temperature=r.temperature,
                         top_p=r.top_p, min_policy_version=policy_version)
@@ -153,8 +155,10 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         # lent or not, a step window; never on a worker another run holds (its steps open them)
         serving = [n for n in all_serving if grant is None or n not in grant.held_elsewhere]
         # not awaited (an executor still starting must not hold up the rollout); held till the end
-        step_starts = [client.submit(start_coserving_step, workers=[n], allow_other_workers=False,
-                                     pure=False) for n in serving]
+        # free and not lent to this run: parked (a worker given back or whose lease lapsed)
+        idle_for = {n: cfg.run_id for n in serving if grant is not None and n not in lent}
+        step_starts = [client.submit(start_coserving_step, idle_for.get(n), workers=[n],
+                                     allow_other_workers=False, pure=False) for n in serving]
         incarnations = running_workers(client)  # a serving worker restarted meanwhile: new address
         scheduler = RolloutScheduler(client, workers, config=r,
                                      resync=resync_from_relay(client, cfg, policy_version),

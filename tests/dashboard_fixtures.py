@@ -42,7 +42,10 @@ def step_summary(step: int, run_index: int = 0, serving: bool = True) -> dict:
             "slo_attainment": 0.97, "rollout_admitted": 12, "rollout_aborted": step - 1,
             "rollout_denied_tpot": 5 * step, "rollout_denied_ttft": 3, "rollout_denied_kv": 0,
             "rollout_denied_yielded": step - 1, "rollout_yielded_to_users": step - 1,
-            "rollout_returned_unstarted": 2, "kv_timeline": kv_timeline(step)}}
+            "rollout_returned_unstarted": 2, "kv_timeline": kv_timeline(step),
+            # parked in step 2, woken for step 3
+            "parked": step == 2, "wake_s": 1.5 if step == 3 else None,
+            "pages_given_back": 0 if step == 1 else 64, "bytes_given_back": 0 if step == 1 else 3 << 20}}
     return s
 
 

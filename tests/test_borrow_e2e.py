@@ -3,7 +3,9 @@
 Slow (a few minutes): `rose up` with 1 rollout + 1 serving worker, an HTTP replay of the code
 trace against the serving endpoint for the whole run, 2 RL steps in-process. Checks: turns ran
 on both workers, no serving request failed, every trajectory is whole, the serving worker's
-rollout engine holds the published weights after the pull, the summary carries serving SLOs.
+rollout engine is parked once the run ends (a turn sent there comes back unstarted), woken by the
+borrow path's weight sync with the run's version (read from inside vLLM), and the summary
+carries serving SLOs.
 """
 from __future__ import annotations
 
@@ -82,18 +84,19 @@ def steady_user(url: str, every_s: float = 0.25):
 def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from distributed import Client
 
-    from executors.coserving.plugin import coserving_state
+    from executors.coserving.plugin import coserving_state, generate_turns_coserving
+    from executors.turns import TurnRequest
     from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
-    from executors.workers.weight_sync import wait_versions
     from flows.train import train
     from rose.config import RolloutConfig, RunConfig
     from rose.grpo import assemble_trajectory
     from rose.serve.background import BackgroundReplay, BackgroundTraffic
     from rose.stack.local_stack import apply_env, read_stack, stack_env
     from storage.trajectories.dataset import TrajectoryStore
+    from tasks.borrow import _sync_fresh
 
-    data, _ = serving_stack
+    data, env = serving_stack
     handle = read_stack(data / "stack")
     apply_env(stack_env(handle))
     run = f"borrow-{uuid.uuid4().hex[:8]}"
@@ -131,15 +134,34 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     assert any(s["slo_attainment"] is not None for s in summaries)
     assert sum(s["by_kind"].get("serving", {}).get("turns", 0) for s in summaries) > 0
 
+    # the run ended: no run holds serving-0, so its rollout engine is parked (destroyed on CPU)
     with Client(handle.dask_scheduler) as client:
-        wait_versions(client, ["serving-0"], run, 2, timeout=300)
+        parked = client.submit(coserving_state, workers=["serving-0"], pure=False).result()
+        turn = TurnRequest("after/t0/a0", "after", [1, 2, 3, 4], 4, seed=0)
+        [returned] = client.submit(generate_turns_coserving, [turn], workers=["serving-0"],
+                                   pure=False).result()
+    assert parked["parked"] and not parked["rollout_up"] and not parked["admitting"], parked
+    assert parked["rollout_in_flight"] == 0 and parked["pages_given_back"] > 0, parked
+    assert returned.finished_reason == "returned" and returned.response_ids == []  # nothing ran
+    status = rose_cli(["status"], {**env, "COLUMNS": "250"})
+    assert "parked (gave back" in status.stdout, status.stdout
+    # borrowed again: the borrow path's sync of a fresh worker wakes it with the run's version
+    with Client(handle.dask_scheduler) as client:
+        assert _sync_fresh(client, cfg, ["serving-0"], 2) == {}
         state = client.submit(coserving_state, workers=["serving-0"], pure=False).result()
+        [again] = client.submit(generate_turns_coserving, [turn], workers=["serving-0"],
+                                pure=False).result()
         published = client.submit(lambda: tensors_digest(local_trainer(run).weights_bf16()),
                                   resources={"train_gpu": 1}, pure=False).result()
+    assert not state["parked"] and state["rollout_up"] and state["wake_s"] is not None, state
+    print(f"serving-0 woke in {state['wake_s']:.2f} s; its park gave back {state['pages_given_back']} "
+          f"pages, {state['bytes_given_back'] / 2**20:.1f} MiB")
     assert state["version"] == 2 and state["digest"] == published
     # the serving worker's rollout engine itself runs the trained weights, read from inside vLLM
     assert engine_mismatches(handle.dask_scheduler, run, "serving-0") == []
-    assert state["rollout_in_flight"] == 0  # the run ended: its rollout side detached
+    # and it generates again, on the run's version (serving is idle: admission starts the turn)
+    assert again.finished_reason in ("length", "stop") and again.response_ids, again
+    assert again.policy_version == 2
 
 
 def test_a_killed_serving_worker_comes_back_at_its_endpoint(serving_stack):

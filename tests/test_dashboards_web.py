@@ -58,7 +58,7 @@ def test_runs_page_overlays_runs_and_stacks_phases(recorded):
 
 
 def test_serving_page_draws_p99s_against_the_slo(recorded):
-    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 8)
+    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 10)
     ttft = drawn["TTFT P99 per step (dashed: the worker's SLO)"]
     sources = {r.glyph.y: r.data_source.data for r in ttft}
     assert sources["ttft_ms"]["ttft_ms"] == pytest.approx([80.0, 160.0, 240.0])
@@ -67,6 +67,11 @@ def test_serving_page_draws_p99s_against_the_slo(recorded):
     by_reason = {r.glyph.y: r.data_source.data[r.glyph.y] for r in denied}
     assert by_reason["rollout_denied_tpot"] == [5, 10, 15]
     assert by_reason["rollout_yielded_to_users"] == [0, 1, 2]
+    wake = drawn["Rollout engine's last wake: rebuilt + the run's weights loaded"][0].data_source.data
+    assert all(math.isnan(w) for w in wake["wake_s"][:2]) and wake["wake_s"][2] == 1.5
+    back = drawn["Memory given back to serving while the rollout engine is parked"][0].data_source.data
+    assert math.isnan(back["given_back_mib"][0]) and back["given_back_mib"][1] == 3.0  # parked in step 2
+    assert math.isnan(back["given_back_mib"][2])
 
 
 def test_routing_page_counts_turns_per_worker(recorded):
@@ -150,7 +155,7 @@ def test_transfer_page_encoding_mix_stages_and_lag(recorded):
 
 
 def test_serving_page_draws_kv_blocks_events_and_admission(recorded):
-    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 8)
+    drawn = assert_all_drawn(build(serving, recorded, ["r1"]), 10)
     kv = drawn["KV blocks, serving vs rollout: serving-0 (markers: memory events)"]
     by_y = {r.glyph.y: r for r in kv}  # (a plot's renderers come in no fixed order)
     samples = by_y["serving_blocks"].data_source.data

@@ -1,5 +1,6 @@
 """Serving page: per serving worker over the RL steps, TTFT and TPOT P99 against its SLO line,
-SLO attainment, its load (requests, failed) and the rollout turns it admitted and aborted; over
+SLO attainment, its load (requests, failed), the rollout turns it admitted and aborted, and its
+rollout engine's park and wake (last wake's seconds, memory given back while parked); over
 time, its KV blocks (serving vs rollout against the rollout budget, memory events marked) and
 the rollout steps its admission denied (the `kv_timeline` view)."""
 from __future__ import annotations
@@ -31,7 +32,8 @@ def data(frames: Frames) -> dict[tuple, Columns]:
             "slo_tpot_ms": scaled(c["slo_tpot_s"], 1e3), "slo_attainment": c["slo_attainment"],
             "requests": c["requests"], "failed": c["failed"],
             "rollout_admitted": c["rollout_admitted"], "rollout_aborted": c["rollout_aborted"],
-            **{k: c.get(k) or [None] * len(c["step"]) for k in DENIED}}
+            **{k: c.get(k) or [None] * len(c["step"]) for k in DENIED},
+            **park_columns(c)}
     for (run, worker), c in groups(frames.kv, "run", "worker").items():
         at = [t.timestamp() * 1e3 for t in c["sampled_at"]]  # Bokeh's datetime axis: epoch ms
         samples = [i for i, e in enumerate(c["event"]) if not isinstance(e, str)]
@@ -51,6 +53,16 @@ def data(frames: Frames) -> dict[tuple, Columns]:
                 ev["step"].append(c["step"][i])
                 ev["count"].append(c["event_count"][i])
     return out
+
+
+def park_columns(c: Columns) -> Columns:
+    """Park and wake (executors/coserving/parking.py): the last wake's seconds, and the MiB the
+    last park gave back, shown only for steps whose report found the engine parked."""
+    n = len(c["step"])
+    wake, parked = c.get("wake_s") or [None] * n, c.get("parked") or [None] * n
+    back = c.get("bytes_given_back") or [None] * n
+    return {"wake_s": wake, "parked": parked,
+            "given_back_mib": [b / 2**20 if p and b is not None else NAN for p, b in zip(parked, back)]}
 
 
 def per_second(cols: Columns, name: str) -> list:
@@ -99,7 +111,11 @@ def layout(sources: Sources):
     for i, (col, why) in enumerate(DENIED.items()):
         lines(denied, series, col, dash=("solid", "dashed", "dotted", "dotdash", "dashdot")[i],
               suffix=f" {why}")
-    figs = [ttft, tpot, attain, load, turns, denied]
+    wake = step_figure("Rollout engine's last wake: rebuilt + the run's weights loaded", "s")
+    lines(wake, series, "wake_s")
+    back = step_figure("Memory given back to serving while the rollout engine is parked", "MiB")
+    lines(back, series, "given_back_mib")
+    figs = [ttft, tpot, attain, load, turns, denied, wake, back]
     kv = {label(key, runs): src for key, src in pick(sources, "kv").items()}
     if kv:
         events = pick(sources, "kv_event")

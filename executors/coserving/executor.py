@@ -18,6 +18,7 @@ API:
     ex.kv_timeline() -> dict   # KV blocks and memory events since start_step (kv_timeline.py)
     ex.load_rollout_weights(version, tensors); ex.rollout_weight_matches(tensors) -> bool | None
     ex.reset_rollout_prefix_cache() -> bool  # leases dropped too (benches: cold cache per case)
+    ex.park() -> dict; ex.park_state() -> dict  # idle worker: rollout engine gone (parking.py)
     ex.close()
 The Dask side (CoServingPlugin, generate_turns_coserving, coserving_state) is in
 executors/coserving/plugin.py.
@@ -35,12 +36,12 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable
 
-
 from executors.coserving.config import CoServingConfig
 from executors.coserving.engines import open_engine, shutdown_rollout
 from executors.coserving.kv_timeline import KVTimeline
 from executors.coserving.memory import MemoryWatch
 from executors.coserving.metrics import snapshot
+from executors.coserving.parking import Parking, new_park_state
 from executors.coserving.rollout_side import RolloutSide
 from executors.coserving.rollout_turn import empty_result, new_counters
 from executors.coserving.rollout_weights import RolloutWeights
@@ -57,10 +58,11 @@ from executors.policies.turn_start import TurnStartGate
 from executors.turns import TurnRequest
 
 
-class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
+class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, Parking, EngineOwner):
     def __init__(self, cfg: CoServingConfig, worker: str = "serving-0") -> None:
         self.cfg, self.worker, self.wiring = cfg, worker, cfg.wiring
         self.version, self._weights = 0, None
+        self.parking = new_park_state()  # parked while no run holds the worker (parking.py)
         self.counters = {"serving_submitted": 0, "rollout_submitted": 0, "admitted": 0, "denied": {},
                   "decisions": 0, "iterations": 0, "loop_s": 0.0, "decide_s": 0.0, "start_steps": 0,
                   "step_sizes": {}, "yielded_to_users": 0}
@@ -200,7 +202,10 @@ class CoServingExecutor(StepGate, MemoryWatch, RolloutWeights, EngineOwner):
             elif kind == "rollout":
                 self.counters["rollout_submitted"] += 1
                 request, fut = item[1], item[2]
-                if self.rollout is None:  # serving_only, or evicted for a burst
+                if self.parking["parked"]:  # nothing ran: the scheduler places it elsewhere
+                    self.rollout_counters["returned_unstarted"] += 1
+                    fut.set_result(empty_result(request, self.worker, self.version, "returned"))
+                elif self.rollout is None:  # serving_only, or evicted for a burst
                     self.rollout_counters["aborted_evict" if self.wiring.rollout else "aborted_other"] += 1
                     fut.set_result(empty_result(request, self.worker, self.version, "abort"))
                 elif request.request_id not in self.rollout.live and not self.should_start(request, now):

@@ -4,7 +4,7 @@ A mixin of CoServingExecutor (executors/coserving/executor.py), run on its loop 
 samples serving's block usage (the next RL step's rollout budget comes from its recent peak),
 feeds the KV memory policy and carries out its emergency cuts and lease expiries, and, in the
 evict/reload baseline, drops or rebuilds the whole rollout engine (executors/policies/autoscale.py
-says when).
+says when); a parked engine is rebuilt the same way (parking.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class MemoryWatch:
             if actions:
                 self.rollout.apply(actions)
             self.rollout.expire_leases(now)
-        if self.wiring.evict_on_burst:
+        if self.wiring.evict_on_burst and not self.parking["parked"]:  # parked: no run to reload for
             self._autoscale(now)
         self.timeline.tick(self, now)  # events as they happen, samples every ~0.5 s
 
@@ -51,9 +51,13 @@ class MemoryWatch:
             self.rollout = None
         elif act == "reload":
             t0 = time.perf_counter()  # the real cost: engine build + warm-up + weights
-            engine, sched, _, _ = open_engine(self.cfg, "rollout")
-            self.rollout = self._rollout_side(engine, sched)
+            self._rebuild_rollout()
             if self._weights is not None:
                 self._load_weights(*self._weights)
             self.rollout.version = self.version
             self.autoscale.reload_s.append(time.perf_counter() - t0)
+
+    def _rebuild_rollout(self) -> None:
+        """A rollout engine again (evicted or parked): its profile is read from the cache."""
+        engine, sched, _, _ = open_engine(self.cfg, "rollout")
+        self.rollout = self._rollout_side(engine, sched)

@@ -38,6 +38,7 @@ def snapshot(ex) -> dict:
                     "denied": dict(c["denied"]), "step_sizes": dict(c["step_sizes"]),
                     "yielded_to_users": c["yielded_to_users"], "evictions": ex.autoscale.evictions,
                     "reload_s": list(ex.autoscale.reload_s)},
+        "park": dict(ex.parking),
         "kv": {"total_pages": ex.total, **(ex.policy.snapshot() if ex.policy is not None else {})},
         "loop": {"iterations": c["iterations"],
                  "mean_overhead_us": 1e6 * c["loop_s"] / max(1, c["iterations"]),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from distributed import WorkerPlugin, get_worker
 
@@ -40,6 +41,9 @@ class CoServingPlugin(WorkerPlugin):
         self.endpoint_url: str | None = None
         self.weights_digest = ""
         self.run: str | None = None  # the training run borrowing the rollout side, if any
+        # set by the worker's weight sync (executors/workers/weight_sync.py): drop what its
+        # agents hold, so the next borrower's sync loads in full (and so wakes a parked engine)
+        self.forget_weights: Callable[[], object] | None = None
         self.step_started_at = time.monotonic()
         self.admitted_at_step = self.aborted_at_step = 0
 
@@ -70,7 +74,7 @@ class CoServingPlugin(WorkerPlugin):
     def teardown(self, worker) -> None:
         if self.executor is None:
             return
-        self.detach()
+        self.detach(park=False)  # the executor closes next
         if self.endpoint_url is not None:
             from executors.coserving.endpoint.app import stop_endpoint
 
@@ -84,14 +88,30 @@ class CoServingPlugin(WorkerPlugin):
         if self.executor is not None:
             self.executor.abort_rollout(list(request_ids))
 
-    def detach(self) -> int:
+    def detach(self, park: bool = True) -> int:
         """The borrowing run is over (ended, failed, or the stack goes down): abort its rollout
-        turns still here (the scheduler reroutes them if it still runs); serving is untouched."""
+        turns still here (the scheduler reroutes them if it still runs), and park the rollout
+        engine where `park_when_idle` says so (parking.py); serving is untouched."""
         live = self.executor.rollout_in_flight() if self.executor is not None else []
         if live:
             self.executor.abort_rollout(live)
         self.run = None
+        if park:
+            self.park()
         return len(live)
+
+    def park(self) -> bool:
+        """No run holds this worker: give its rollout engine's memory back to serving, and drop
+        the weights its weight agent holds (the next borrower's sync pulls afresh and so wakes
+        the engine). False where `park_when_idle` is off or there is no rollout engine."""
+        if self.executor is None or not self.executor.cfg.park_when_idle:
+            return False
+        parked = self.executor.park()["parked"]
+        if parked and self.forget_weights is not None:
+            self.forget_weights()
+        if parked:
+            self.run, self.weights_digest = None, ""
+        return parked
 
     def start_step(self) -> None:
         """A new RL step: rollout KV budget from recent serving usage, freeze lifted, and the
@@ -115,6 +135,7 @@ class CoServingPlugin(WorkerPlugin):
                 "rollout_admitted": m["rollout"]["admitted"] - self.admitted_at_step,
                 "rollout_aborted": _aborted(m["rollout"]) - self.aborted_at_step,
                 **_step_counts(getattr(self, "rollout_at_step", {}), m["rollout"]),
+                **park_columns(m["park"]),
                 "kv_timeline": ex.kv_timeline()}
 
 
@@ -128,6 +149,13 @@ def _step_counts(before: dict, now: dict) -> dict:
     return {**{f"rollout_denied_{short}": n.get(k, 0) - b.get(k, 0) for k, short in DENIAL_REASONS.items()},
             **{f"rollout_{k}": now.get(k, 0) - before.get(k, 0)
                for k in ("returned_unstarted", "yielded_to_users")}}
+
+
+def park_columns(park: dict) -> dict:
+    """Park and wake, per worker (parking.py): parked now, the last wake's seconds, the serving
+    KV pages and bytes (KV pool plus weights) the last park gave back."""
+    return {"parked": park["parked"], "wake_s": park["wake_s"], "pages_given_back": park["pages_given_back"],
+            "bytes_given_back": park["kv_bytes_given_back"] + park["weight_bytes_given_back"]}
 
 
 def _aborted(rollout_metrics: dict) -> int:
@@ -178,7 +206,7 @@ def coserving_state() -> dict:
             "serving_in_flight": m["serving"]["in_flight"],
             "serving_queued": m["serving"]["queued_prefills"],
             "rollout_in_flight": m["rollout"]["in_flight"], "rollout_up": m["rollout"]["up"],
-            "endpoint": plugin.endpoint_url}
+            "endpoint": plugin.endpoint_url, **park_columns(m["park"])}
 
 
 def coserving_load() -> dict:
@@ -202,11 +230,15 @@ def serving_endpoint(dask_worker=None) -> str | None:
     return plugin.endpoint_url if plugin is not None else None
 
 
-def start_coserving_step() -> bool:
-    """Runs on a serving worker: open a new RL step. False where there is no executor."""
+def start_coserving_step(idle_for: str | None = None) -> bool:
+    """Runs on a serving worker: open a new RL step. False where there is no executor.
+    `idle_for`: run `idle_for` found this worker free and did not borrow it this step: park it,
+    unless another run has loaded its weights since (it borrowed the worker meanwhile)."""
     plugin = coserving_plugin()
     if plugin is None:
         return False
+    if idle_for is not None and plugin.run in (None, idle_for):
+        plugin.park()
     plugin.start_step()
     return True
 
@@ -233,6 +265,13 @@ def coserving_step_report() -> dict | None:
     """Runs on a serving worker: its step report (CoServingPlugin.step_report), else None."""
     plugin = coserving_plugin()
     return plugin.step_report() if plugin is not None else None
+
+
+def serving_park_state(dask_worker=None) -> dict | None:
+    """Runs on any worker (Client.run): its rollout engine's park state (park_columns), None
+    where it has no co-serving executor (`rose status`)."""
+    plugin = coserving_plugin(dask_worker)
+    return park_columns(plugin.executor.park_state()) if plugin is not None else None
 
 
 def detach_coserving(dask_worker=None) -> int:

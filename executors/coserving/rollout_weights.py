@@ -1,10 +1,13 @@
 """The co-serving executor's rollout weights: reload a published version into the rollout
-engine between turns, read back what the engine computes with, drop its prefix cache.
+engine between turns (waking a parked engine first, parking.py), read back what the engine
+computes with, drop its prefix cache.
 
 A mixin of CoServingExecutor (executor.py): every engine call runs on the executor's loop thread
 through `self._call`, since that thread alone owns the engines.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -48,6 +51,9 @@ class RolloutWeights:
     def _load_weights(self, version: int, tensors: dict[str, torch.Tensor]) -> None:
         from executors.engine.vllm_engine import reload_weights
 
+        woke_at = time.perf_counter() if self.parking["parked"] else None
+        if woke_at is not None:  # a run borrows the parked worker: its weights wake it (parking.py)
+            self._wake()
         if self.rollout is not None:
             # No turn may mix KV of two versions, and vLLM resets no prefix cache under running
             # requests: in-flight rollout turns are aborted (answered "abort"; the scheduler
@@ -62,3 +68,5 @@ class RolloutWeights:
             # while it pulls (storage/weights/apply_pipeline.py), and a rebuild may come
             # mid-pull (this baseline mode alone pays for the second copy)
             self._weights = (version, {n: t.clone() for n, t in tensors.items()})
+        if woke_at is not None:  # rebuild + the run's weights: what a borrower waits for
+            self.parking["wake_s"] = time.perf_counter() - woke_at

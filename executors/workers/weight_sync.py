@@ -167,6 +167,16 @@ def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
         return found
 
 
+def drop_agents(worker_id: str) -> int:
+    """Forget this worker's agents and the weights their receivers hold (its engine was parked:
+    the next borrower's sync pulls in full and so loads, waking the engine). Returns how many."""
+    with _lock:
+        gone = [k for k in _agents if k[0] == worker_id]
+        for key in gone:
+            del _agents[key]
+    return len(gone)
+
+
 def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
     """Loads weights into this worker's engine: the dedicated rollout engine, or the rollout
     model of a co-serving executor. RuntimeError if the worker has neither."""
@@ -177,6 +187,8 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
     worker = get_worker()
     coserving = coserving_plugin(worker)
     if coserving is not None:
+        coserving.forget_weights = lambda: drop_agents(worker.id)
+
         def load_coserving(version: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
             coserving.executor.load_rollout_weights(version, tensors)
             coserving.run, coserving.weights_digest = run, digest()

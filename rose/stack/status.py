@@ -17,14 +17,35 @@ def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0) -> list[dict]:
     """name, resources, threads, memory and tasks of each worker the scheduler knows."""
     with scheduler.client(timeout) as client:
         info = client.scheduler_info(n_workers=-1)["workers"]
+        parking = park_states(client)
     rows = []
     for addr, w in info.items():
         metrics = w.get("metrics", {})
         rows.append({"name": str(w.get("name")), "address": addr,
                      "resources": ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()),
                      "nthreads": w.get("nthreads"), "memory_mb": metrics.get("memory", 0) >> 20,
-                     "executing": metrics.get("executing", 0)})
+                     "executing": metrics.get("executing", 0), "rollout": rollout_cell(parking.get(addr))})
     return sorted(rows, key=lambda r: r["name"])
+
+
+def park_states(client) -> dict:
+    """Worker address -> its rollout engine's park state (None: no co-serving executor)."""
+    from executors.coserving.plugin import serving_park_state
+
+    try:
+        return client.run(serving_park_state, on_error="return")
+    except Exception:  # noqa: BLE001 - the table shows the rest without it
+        return {}
+
+
+def rollout_cell(park) -> str:
+    """A serving worker's rollout engine: parked (what it gave back) or up (its last wake)."""
+    if not isinstance(park, dict):
+        return "-"
+    back = f"gave back {park['pages_given_back']} pages, {park['bytes_given_back'] / 2**20:.0f} MiB"
+    if park["parked"]:
+        return f"[yellow]parked[/] ({back})"
+    return "up" + (f" (woke in {park['wake_s']:.1f} s)" if park["wake_s"] is not None else "")
 
 
 def state_cell(handle: StackHandle, name: str, rec) -> str:
@@ -81,8 +102,8 @@ def print_stack(handle: StackHandle, console: Console) -> None:
     console.print(services)
 
     workers = Table(title="Dask workers (each stands for one GPU)", title_justify="left")
-    for col in ("worker", "kind", "resources", "threads", "memory MB", "executing", "pid",
-                "restarts"):
+    for col in ("worker", "kind", "resources", "threads", "memory MB", "executing", "rollout engine",
+                "pid", "restarts"):
         workers.add_column(col, no_wrap=True)
     try:
         rows = {r["name"]: r for r in worker_rows(handle.scheduler())}
@@ -95,10 +116,10 @@ def print_stack(handle: StackHandle, console: Console) -> None:
             state = handle.state(f"worker-{name}")
             why = {"failed": "[bold red]FAILED[/]", "restarting": "[yellow]restarting[/]",
                    "starting": "[yellow]registering[/]"}.get(state, "[red]not registered[/]")
-            workers.add_row(name, handle.workers.get(name, "?"), "-", "-", "-", "-", why, restarts)
+            workers.add_row(name, handle.workers.get(name, "?"), "-", "-", "-", "-", "-", why, restarts)
             continue
         workers.add_row(name, handle.workers.get(name, "?"), r["resources"], str(r["nthreads"]),
-                        str(r["memory_mb"]), str(r["executing"]), str(rec.pid) if rec else "-",
+                        str(r["memory_mb"]), str(r["executing"]), r["rollout"], str(rec.pid) if rec else "-",
                         restarts)
     console.print(workers)
     print_restarts(handle, console)

@@ -35,6 +35,9 @@ SERVING_SCHEMA = pa.schema([
     ("rollout_denied_tpot", pa.int64()), ("rollout_denied_ttft", pa.int64()),
     ("rollout_denied_kv", pa.int64()), ("rollout_denied_yielded", pa.int64()),
     ("rollout_returned_unstarted", pa.int64()), ("rollout_yielded_to_users", pa.int64()),
+    # its rollout engine parked (no run held it), its last wake and what the last park gave back
+    ("parked", pa.bool_()), ("wake_s", pa.float64()), ("pages_given_back", pa.int64()),
+    ("bytes_given_back", pa.int64()),
 ], metadata=META)
 
 
