@@ -31,15 +31,11 @@ def _launch(policy, tmp_path, runs: list[tuple[str, TrainParallel, int, str, Pat
     as many ranks as the widest layout has; each run's ranks save under its out folder."""
     import torch.multiprocessing as mp
 
-    specs, ports = [], set()
+    specs = []
     for fn, par, steps, tag, data in runs:
         out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
-        out.mkdir()
-        port = free_port()
-        while port in ports:  # each run's group its own rendezvous
-            port = free_port()
-        ports.add(port)
-        specs.append((fn, _cfg(policy, par).model_dump_json(), port, str(out), steps, str(data)))
+        out.mkdir()  # free_port: never the same port twice in a process, a rendezvous per run
+        specs.append((fn, _cfg(policy, par).model_dump_json(), free_port(), str(out), steps, str(data)))
     mp.spawn(runs_rank, args=(specs,), nprocs=max(par.world for _, par, *_ in runs), join=True)
     return [Path(spec[3]) for spec in specs]
 
