@@ -80,6 +80,11 @@ def figures(args) -> dict:
     # 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines
     s2 = run(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128),
              spec, "32B fixed, §2 setting (256 trajectories, 8 + 8 GPUs)")
+    # 'the per-device rollout batch size to 16' read per engine instead of per GPU (the figures' reading)
+    per_engine = dict(cap_per_rollout_gpu=16, serving_max_turns=16)
+    c_fixed = run(config(args, config="fixed", **per_engine), spec, "32B fixed, 16 per engine", own_slo=True)
+    c_rose = run(config(args, config="rose", **per_engine, **slo_of(c_fixed)), spec, "32B ROSE, 16 per engine")
+    cap = [_cap_row(64, fixed, rows["rose"]), _cap_row(16, c_fixed, c_rose)]
     c = rows["rose"]
     return {"paper": PAPER_32B, "setting": {"rollout_engines": c["rollout_gpus"], "tp": 4,
                                             "serving_engines": c["serving_gpus"], "train_gpus": c["train_gpus"],
@@ -91,7 +96,13 @@ def figures(args) -> dict:
                      "s2_rollout_s": s2["rollout_s_mean"],
                      "turn_tokens_per_sequence_token": turn_tokens_per_sequence_token(spec),
                      "train_s": sum(x["train_s"] for x in fixed["per_step"]) / max(1, len(fixed["per_step"]))},
-            "fig7a": rows,
+            "fig7a": rows, "cap_sensitivity": cap,
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}
+
+
+def _cap_row(per_engine: int, fixed: dict, rose: dict) -> dict:
+    return {"per_engine": per_engine, "fixed_rollout_s": fixed["rollout_s_mean"],
+            "rose_rollout_s": rose["rollout_s_mean"], "rose_vs_fixed": speedup(rose, fixed),
+            "borrowed_share": rose["borrowed_share"], "slo_attainment": rose["slo_attainment"]}

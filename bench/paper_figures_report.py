@@ -165,6 +165,12 @@ def report_32b(doc: dict) -> list[str]:
     lines += [f"| ROSE serving P99 TTFT / TPOT ms | {r['ttft_p99_s'] * 1e3:.0f} / {r['tpot_p99_s'] * 1e3:.0f} | | | | "
               f"SLO {r['slo_ttft_s'] * 1e3:.0f} / {r['slo_tpot_s'] * 1e3:.0f} | {ttft:g} / {tpot:g} "
               "(SLO 1000 / 450) |", ""]
+    if d.get("cap_sensitivity"):
+        lines += ["| 32B trajectories at once per engine ('per-device ... 16', read per GPU or per engine) | "
+                  "fixed rollout s | ROSE rollout s | ROSE / fixed | borrowed | serving SLO met |", "| --- " * 6 + "|"]
+        lines += [f"| {c['per_engine']} | {c['fixed_rollout_s']:.0f} | {c['rose_rollout_s']:.0f} | "
+                  f"{_x(c['rose_vs_fixed'])} | {c['borrowed_share']:.0%} | {pct(c['slo_attainment'])} |"
+                  for c in d["cap_sensitivity"]] + [""]
     return lines + _findings_32b(d)
 
 

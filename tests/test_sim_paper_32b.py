@@ -106,11 +106,14 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
                                               trajectories_per_step=1024, steps=3),
          "fig1": dict(rollout_share=0.6, p75_share=0.7, prefill_share=0.86, turn_tokens_per_sequence_token=5.0,
                       train_s=990.0),
-         "fig7a": rows, "dapo": dict(valid_share=0.5, fixed=rows["fixed"], rose=rows["rose"], rose_vs_fixed=1.5)}
+         "fig7a": rows, "dapo": dict(valid_share=0.5, fixed=rows["fixed"], rose=rows["rose"], rose_vs_fixed=1.5),
+         "cap_sensitivity": [dict(per_engine=16, fixed_rollout_s=2500.0, rose_rollout_s=800.0, rose_vs_fixed=1.8,
+                                  borrowed_share=0.8, slo_attainment=1.0)]}
     assert report_32b({}) == []  # an 8B-only result has no 32B rows
     text = "\n".join(report_32b({"qwen3_32b": d}))
     assert "16 GPUs" in text and "64 GPUs" in text and "1,024 trajectories" in text
     assert "| rose | 150 | 1.50x | 900 | 50% | 100.0% | 1.46x over ROLL (GRPO) |" in text
     assert "3.31x" in text and "2.69x" in text and "960.1" in text
+    assert "| 16 | 2500 | 800 | 1.80x | 80% | 100.0% |" in text
     # the rollout share if each final sequence were trained once: 1500 / (1500 + 990 / 5 + 10)
     assert f"{1500 / (1500 + 198 + 10):.0%} of the step" in text
