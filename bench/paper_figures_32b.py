@@ -10,6 +10,8 @@ to ROSE's published 960.1 s rollout. The serving SLO is 2x the P99 of serving al
 """
 from __future__ import annotations
 
+from argparse import Namespace
+
 from bench.paper_figures import run, slo_of
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
@@ -38,11 +40,11 @@ PAPER_32B = {  # the ROSE paper: the sentence each comes from
 DAPO_VALID = 0.5  # chosen, as the 8B rows' middle share (the paper gives none)
 
 
-def config(args, **kw) -> SimConfig:
+def config(args: Namespace, **kw) -> SimConfig:
     return qwen3_32b_setting(**(dict(steps=args.steps, seed=args.seed) | kw))
 
 
-def rose_rollout_s(args, spec: WorkloadSpec) -> float:
+def rose_rollout_s(args: Namespace, spec: WorkloadSpec) -> float:
     """ROSE's mean rollout seconds on `spec` (one step), at 2x the P99 of serving alone."""
     fixed_sim = ClusterSim(config(args, config="fixed", steps=1), workload=spec)
     fixed = fixed_sim.run()
@@ -52,13 +54,13 @@ def rose_rollout_s(args, spec: WorkloadSpec) -> float:
     return rose["rollout_s_mean"]
 
 
-def fit(args) -> None:
+def fit(args: Namespace) -> None:
     w = fit_turns_median(QWEN3_32B_ALFWORLD, PAPER_32B["prefill_share"][0], PAPER_32B["rose_rollout_s"][0],
                          lambda spec: rose_rollout_s(args, spec), lo=2.0, hi=16.0)
     print(f"fitted 32B: turns median {w.turns_median}, response median {w.response_median} -> {w.write()}")
 
 
-def figures(args) -> dict:
+def figures(args: Namespace) -> dict:
     """Fig. 1's statistics and Fig. 7a-c's rows for Qwen3-32B on ALFWorld."""
     if getattr(args, "fit", False):
         fit(args)
