@@ -36,6 +36,28 @@ def parse_action(reply: str) -> int | None:
     return _LETTER.get(s) if len(s) == 1 else None
 
 
+def read_move(env: MultiTurnEnv, reply: str, board: str) -> tuple[int | None, dict, StepResult | None]:
+    """The opening of a grid env's step, shared with Sokoban: count the turn and parse the move;
+    (action, info, None), or (None, info, the invalid reply's result) showing `board` again."""
+    env._check_running()
+    env.turn += 1
+    action = parse_action(reply)
+    info: dict = {"action": None if action is None else NAMES[action]}
+    if action is None:
+        return None, info, env._invalid(INVALID + "\n" + board, info)
+    env._invalid_in_a_row = 0
+    info.update(valid_action=True, turn=env.turn)
+    return action, info, None
+
+
+def next_turn(env: MultiTurnEnv, info: dict, board: str, blocked: str | None) -> StepResult:
+    """The close of a grid env's step that ended nothing: out of turns, or the board again
+    (after `blocked`, the note for a move that changed nothing)."""
+    if env.turn >= env.max_turns:
+        return env._finish("Out of turns.", 0.0, "max_turns", info)
+    return StepResult((blocked + "\n" if blocked else "") + board + "\n" + ASK, 0.0, False, info)
+
+
 def goal_distances(desc: list[str]) -> dict[int, int]:
     """BFS distances (in moves) to the goal from every reachable ice cell, avoiding holes."""
     goal = next(r * SIZE + c for r, row in enumerate(desc) for c, ch in enumerate(row) if ch == "G")
@@ -83,16 +105,11 @@ class FrozenLakeEnv(MultiTurnEnv):
         return "\n".join(rows)
 
     def step(self, reply: str) -> StepResult:
-        self._check_running()
-        self.turn += 1
-        action = parse_action(reply)
-        info: dict = {"action": None if action is None else NAMES[action]}
-        if action is None:
-            return self._invalid(INVALID + "\n" + self.render(), info)
-        self._invalid_in_a_row = 0
+        action, info, invalid = read_move(self, reply, self.render())
+        if invalid is not None:
+            return invalid
         before = self.state
         self.state, _, terminated, _, _ = self._gym.step(action)
-        info.update(valid_action=True, turn=self.turn)
         cell = self.desc[self.state // SIZE][self.state % SIZE]
         if cell == "G":
             info["success"] = True
@@ -100,10 +117,7 @@ class FrozenLakeEnv(MultiTurnEnv):
         info["success"] = False
         if cell == "H":
             return self._finish("You fell into a hole.", 0.0, "hole", info)
-        if self.turn >= self.max_turns:
-            return self._finish("Out of turns.", 0.0, "max_turns", info)
-        prefix = "Wall.\n" if self.state == before else ""
-        return StepResult(prefix + self.render() + "\n" + ASK, 0.0, False, info)
+        return next_turn(self, info, self.render(), "Wall." if self.state == before else None)
 
     def expert_reply(self) -> str:
         """The first move of a shortest safe path (ties broken in Down, Right, Left, Up order)."""

@@ -193,7 +193,7 @@ def test_guess_binary_search_within_log2_turns():
 
 
 @settings(max_examples=150, deadline=None)
-@given(name=st.sampled_from(["frozenlake", "guess"]), seed=st.integers(0, 2**31 - 1),
+@given(name=st.sampled_from(["frozenlake", "guess", "sokoban"]), seed=st.integers(0, 2**31 - 1),
        replies=st.lists(st.text(max_size=40), min_size=1, max_size=10))
 def test_any_reply_is_handled(name, seed, replies):
     env: MultiTurnEnv = make_env(name)

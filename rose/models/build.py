@@ -17,12 +17,12 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from envs.registry import ENVS, make_env
+from envs.registry import make_env
 from rose.config import ModelsConfig
 from rose.models.chat import ChatTokens
 from rose.models.demos import corpus, demonstrations
@@ -31,6 +31,9 @@ from rose.models.warmup import WarmupSpec, warmup
 
 BUILD_VERSION = 2  # bump when the build recipe changes in a way the spec does not show
 MARKER = "rose_build.json"
+# Demonstrations of the environments only built when ModelsConfig.demo_envs names them (so the
+# default build keeps its time and digest): Sokoban's episodes are 10-50 turns long.
+OPT_IN_DEMOS = {"sokoban": 400}
 # One thread: float reductions (so the weights) are then the same on every machine, and on 2
 # busy cores a second OpenMP thread mostly spin-waits (measured 5-10x slower, not faster).
 BUILD_THREADS = 1
@@ -62,6 +65,7 @@ class BuildSpec:
     policy: Dims = Dims(hidden=128, layers=4, heads=4, kv_heads=2, head_dim=32, intermediate=384)
     serving: Dims = Dims(hidden=192, layers=3, heads=6, kv_heads=2, head_dim=32, intermediate=512, tied=False)
     max_positions: int = 2048
+    # per environment of ModelsConfig.demo_envs; an opt-in one missing here gets OPT_IN_DEMOS'
     demo_episodes: dict = field(default_factory=lambda: {"frozenlake": 2000, "guess": 800})
     noise: float = 0.1  # fraction of demonstration turns with a random move (0.1: ~30% success)
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
@@ -75,7 +79,7 @@ class BuildSpec:
     def digest(self, seed: int) -> str:
         """Hash of everything the output depends on, including what the envs show the model."""
         probe = {}
-        for name in sorted(ENVS):
+        for name in sorted(self.demo_episodes):
             env = make_env(name)
             probe[name] = [env.system_prompt, env.reset(0), env.expert_reply()]
         blob = json.dumps([BUILD_VERSION, BUILD_THREADS, seed, asdict(self), probe], sort_keys=True, default=str)
@@ -150,9 +154,18 @@ def _build_one(kind: str, spec: BuildSpec, seed: int, tokenizer, demos, dest: Pa
     return meta
 
 
+def for_envs(spec: BuildSpec, envs: list[str]) -> BuildSpec:
+    """`spec` with demonstrations of exactly `envs` (counts from the spec, else OPT_IN_DEMOS)."""
+    counts = {**OPT_IN_DEMOS, **spec.demo_episodes}
+    missing = sorted(set(envs) - set(counts))
+    if missing:
+        raise ValueError(f"no demonstration count for {missing}; known: {sorted(counts)}")
+    return replace(spec, demo_episodes={e: counts[e] for e in sorted(envs)})
+
+
 def build_models(cfg: ModelsConfig, force: bool = False, spec: BuildSpec | None = None) -> tuple[Path, Path]:
     """Build (or find already built) the policy and serving model directories."""
-    spec = spec or BuildSpec()
+    spec = for_envs(spec or BuildSpec(), cfg.demo_envs)
     policy, serving = cfg.policy_path(), cfg.serving_path()
     digest = spec.digest(cfg.seed)
     from transformers.utils import logging as hf_logging

@@ -24,9 +24,9 @@ class Demo:
 
 
 def _noisy_reply(env, rng: np.random.Generator) -> str:
-    if env.name == "frozenlake":
-        return NAMES[int(rng.integers(4))]
-    return str(int(rng.integers(env.lo, env.hi + 1)))  # a legal but non-halving guess
+    if env.name == "guess":
+        return str(int(rng.integers(env.lo, env.hi + 1)))  # a legal but non-halving guess
+    return NAMES[int(rng.integers(4))]  # frozenlake and sokoban share the four moves
 
 
 def demo_episode(env_name: str, seed: int, noise: float, rng: np.random.Generator) -> Demo:
