@@ -3,7 +3,7 @@
 A level starts solved (every box on a target) and the generator walks the player backwards,
 pulling boxes now and then; replaying the walk's moves reversed and inverted solves the level,
 so every level is solvable by construction. Levels whose shortest solution is under
-`min_steps` moves are drawn again, so an episode takes 10-50 turns (RollArt's long horizons).
+`min_steps` moves are drawn again, so an episode takes 10-40 turns (RollArt's long horizons).
 
 Cells, one token-friendly symbol each: `P` you, `p` you on a target, `B` box, `*` box on a
 target, `T` target, `#` wall, `.` floor. Outside the grid is wall.
@@ -130,7 +130,7 @@ def generate(seed: int, size: int = 5, boxes: int = 1, min_steps: int = 10, max_
 
 class SokobanEnv(MultiTurnEnv):
     name = "sokoban"
-    max_turns = 50
+    max_turns = 40  # the longest solutions are ~25 moves; more turns would overflow 2048 positions
 
     def __init__(self, max_turns: int | None = None, size: int = 5, boxes: int = 1, min_steps: int = 10,
                  max_walk: int = 40) -> None:
