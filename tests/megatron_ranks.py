@@ -1,9 +1,10 @@
 """Trainer ranks for the megatron tests, run in processes of their own (torch.multiprocessing):
 each joins a gloo group, trains, and saves what the test compares under `out`; `runs_rank` runs
-several such runs in turn in one process (one launch's imports instead of one per run)."""
+several such runs in turn in one process; `launch` starts ranks with their imports done once."""
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pyarrow as pa
 import torch
@@ -91,3 +92,22 @@ def runs_rank(rank: int, runs: list[tuple[str, str, int, str, int, str]]) -> Non
         if rank < RunConfig.model_validate_json(cfg_json).train.parallel.world:
             os.environ["ROSE_DATA_DIR"] = data_dir
             {"train": train_rank, "checkpoint": checkpoint_rank}[fn](rank, cfg_json, port, out, steps)
+
+
+# what every rank imports: the forkserver imports it once for the session
+_PRELOAD = ["torch", "torch.distributed", "transformers", "megatron.core", "megatron.core.tensor_parallel",
+            "executors.training.megatron_trainer"]
+
+
+def launch(fn: Callable[..., None], args: tuple, nprocs: int) -> None:
+    """torch.multiprocessing.spawn's ranks (fn(rank, *args), joined, a rank's error raised here),
+    forked from multiprocessing's forkserver with the ranks' imports done once in it: a spawned
+    rank pays them at every launch (~10 s on 2 cores), and a forked pytest process would carry
+    its threads' held locks into the ranks. The server keeps the environment it started with:
+    a rank takes what it needs from its arguments."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)  # before it starts
+    mp.start_processes(fn, args=args, nprocs=nprocs, join=True, start_method="forkserver")

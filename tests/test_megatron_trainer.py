@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron_ranks import runs_rank, step_turns, tiny_policy
+from megatron_ranks import launch, runs_rank, step_turns, tiny_policy
 from rose.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
 from rose.stack.ports import free_port
 
@@ -29,14 +29,12 @@ def _cfg(policy, par: TrainParallel) -> RunConfig:
 def _launch(policy, tmp_path, runs: list[tuple[str, TrainParallel, int, str, Path]]) -> list[Path]:
     """The runs (rank function, layout, steps, out tag, ROSE_DATA_DIR) in turn in one launch of
     as many ranks as the widest layout has; each run's ranks save under its out folder."""
-    import torch.multiprocessing as mp
-
     specs = []
     for fn, par, steps, tag, data in runs:
         out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
         out.mkdir()  # free_port: never the same port twice in a process, a rendezvous per run
         specs.append((fn, _cfg(policy, par).model_dump_json(), free_port(), str(out), steps, str(data)))
-    mp.spawn(runs_rank, args=(specs,), nprocs=max(par.world for _, par, *_ in runs), join=True)
+    launch(runs_rank, (specs,), nprocs=max(par.world for _, par, *_ in runs))
     return [Path(spec[3]) for spec in specs]
 
 

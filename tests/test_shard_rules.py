@@ -200,6 +200,6 @@ def _megatron_worker(rank: int, port: int) -> None:
 def test_megatron_tp2_layers_hold_the_inferred_slices() -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable (GPU extra)",
                         exc_type=ImportError)
-    import torch.multiprocessing as mp
+    from megatron_ranks import launch
 
-    mp.spawn(_megatron_worker, args=(free_port(),), nprocs=2, join=True)
+    launch(_megatron_worker, (free_port(),), nprocs=2)

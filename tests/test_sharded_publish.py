@@ -105,9 +105,9 @@ def _megatron_rank(rank: int, port: int, root: str, dims: dict = DIMS) -> None:
 def test_megatron_tp2_trainer_to_tp1_receiver_bit_exact(tmp_path) -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable (GPU extra)",
                         exc_type=ImportError)
-    import torch.multiprocessing as mp
+    from megatron_ranks import launch
 
-    mp.spawn(_megatron_rank, args=(free_port(), str(tmp_path / "relay")), nprocs=2, join=True)
+    launch(_megatron_rank, (free_port(), str(tmp_path / "relay")), nprocs=2)
     _, full = _tiny()
     receiver = ShardedReceiver(FilesystemRelay(tmp_path / "relay"), "tp2", ParallelLayout(1))
     first = receiver.pull(0)

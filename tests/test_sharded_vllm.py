@@ -30,7 +30,7 @@ VLLM_DIMS = {**DIMS, "num_attention_heads": 2, "num_key_value_heads": 2, "head_d
 def test_megatron_tp2_trainer_to_a_tp1_vllm_engine_bit_exact(tmp_path) -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable",
                         exc_type=ImportError)
-    import torch.multiprocessing as mp
+    from megatron_ranks import launch
 
     from executors.engine.vllm_engine import EngineLoop, EngineSpec, reload_weights
     from executors.engine.weights_view import HEAD, engine_weights
@@ -41,7 +41,7 @@ def test_megatron_tp2_trainer_to_a_tp1_vllm_engine_bit_exact(tmp_path) -> None:
     shutil.copytree(built, model_dir)  # its tokenizer; the model is the one the trainer shards
     hf, v0 = _tiny(VLLM_DIMS)
     hf.to(torch.bfloat16).save_pretrained(model_dir)
-    mp.spawn(_megatron_rank, args=(free_port(), str(tmp_path / "relay"), VLLM_DIMS), nprocs=2, join=True)
+    launch(_megatron_rank, (free_port(), str(tmp_path / "relay"), VLLM_DIMS), nprocs=2)
 
     receiver = ShardedReceiver(FilesystemRelay(tmp_path / "relay"), "tp2")
     assert receiver.pull(0).mode == "full"
