@@ -5,9 +5,10 @@ from envs.base import MultiTurnEnv
 from envs.frozenlake import FrozenLakeEnv
 from envs.guess import GuessEnv
 from envs.latency import DelayedEnv, StepLatency
-from envs.sokoban import SokobanEnv
+from envs.sokoban import EasySokobanEnv, SokobanEnv
 
-ENVS: dict[str, type[MultiTurnEnv]] = {"frozenlake": FrozenLakeEnv, "guess": GuessEnv, "sokoban": SokobanEnv}
+ENVS: dict[str, type[MultiTurnEnv]] = {"frozenlake": FrozenLakeEnv, "guess": GuessEnv, "sokoban": SokobanEnv,
+                                       "sokoban_easy": EasySokobanEnv}
 
 
 def make_env(name: str, step_latency: StepLatency | None = None, **kwargs) -> MultiTurnEnv:

@@ -36,7 +36,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-EnvName = Literal["frozenlake", "guess", "sokoban"]
+EnvName = Literal["frozenlake", "guess", "sokoban", "sokoban_easy"]
 
 
 class ModelsConfig(Strict):

@@ -5,7 +5,7 @@ import pytest
 
 from envs.frozenlake import NAMES
 from envs.registry import make_env
-from envs.sokoban import OPPOSITE, SokobanEnv, generate
+from envs.sokoban import OPPOSITE, EasySokobanEnv, SokobanEnv, generate
 
 
 @pytest.mark.parametrize("boxes", [1, 2])
@@ -19,6 +19,20 @@ def test_the_generators_solution_solves_every_level(boxes):
         assert level.solved(state), f"seed {seed}: the replayed solution leaves a box off target"
         shortest = level.shortest(level.start)
         assert 10 <= len(shortest) <= len(level.solution) <= 40
+
+
+def test_easy_levels_are_small_short_and_solvable():
+    env = make_env("sokoban_easy")
+    assert isinstance(env, EasySokobanEnv) and env.max_turns < SokobanEnv.max_turns
+    lengths = []
+    for seed in range(40):
+        env.reset(seed)
+        assert env.level.size == 4 and len(env.render().splitlines()) == 4
+        lengths.append(len(env.level.shortest(env.level.start)))
+        while not env.done:
+            r = env.step(env.expert_reply())
+        assert r.info["success"]
+    assert 2 <= min(lengths) and max(lengths) < 10 <= len(generate(0).shortest(generate(0).start))
 
 
 def test_levels_are_seeded():
@@ -91,8 +105,8 @@ def test_sokoban_demonstrations_are_opt_in():
 
     default = BuildSpec()
     assert for_envs(default, ["frozenlake", "guess"]) == default  # the default build is untouched
-    with_sokoban = for_envs(default, ["frozenlake", "guess", "sokoban"])
-    assert with_sokoban.demo_episodes["sokoban"] == OPT_IN_DEMOS["sokoban"]
+    with_sokoban = for_envs(default, ["frozenlake", "guess", "sokoban", "sokoban_easy"])
+    assert {e: with_sokoban.demo_episodes[e] for e in OPT_IN_DEMOS} == OPT_IN_DEMOS
     assert with_sokoban.digest(0) != default.digest(0)
 
 

@@ -33,7 +33,7 @@ BUILD_VERSION = 2  # bump when the build recipe changes in a way the spec does n
 MARKER = "rose_build.json"
 # Demonstrations of the environments only built when ModelsConfig.demo_envs names them (so the
 # default build keeps its time and digest): Sokoban's episodes are 10-50 turns long.
-OPT_IN_DEMOS = {"sokoban": 400}
+OPT_IN_DEMOS = {"sokoban": 400, "sokoban_easy": 400}
 # One thread: float reductions (so the weights) are then the same on every machine, and on 2
 # busy cores a second OpenMP thread mostly spin-waits (measured 5-10x slower, not faster).
 BUILD_THREADS = 1
