@@ -25,6 +25,9 @@ class MultiTurnEnv(ABC):
     max_turns: int = 8
     invalid_penalty: float = -0.1
     max_invalid_in_a_row: int = 2
+    # step() may block (a simulator, a tool, a container, a delay): the rollout scheduler runs
+    # it on a thread of its own so other trajectories go on; instant steps run inline
+    blocking: bool = False
 
     def __init__(self, max_turns: int | None = None) -> None:
         if max_turns is not None:

@@ -41,6 +41,8 @@ class StepLatency:
 class DelayedEnv(MultiTurnEnv):
     """`inner`, each step delayed by a draw from `latency`; everything else is the inner env's."""
 
+    blocking = True  # its steps sleep: stepped off the scheduler's thread
+
     def __init__(self, inner: MultiTurnEnv, latency: StepLatency, rng: np.random.Generator | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         # no super().__init__: the episode state (turn, done) is the inner env's

@@ -220,6 +220,12 @@ class SchedulerConfig(Strict):
     max_attempts_per_turn: int = Field(5, ge=1)  # a turn rerouted more often fails its trajectory
     turn_timeout_s: float = Field(120.0, gt=0)  # a worker silent this long on a batch is excluded
     stuck_after_s: float = Field(600.0, gt=0)  # no turn finished this long: RolloutStuck
+    # threads stepping blocking environments (MultiTurnEnv.blocking) at once, off the loop's
+    env_threads: int = Field(64, ge=1, le=1024)
+    # trajectory: each trajectory's next turn goes out when its own environment step is done;
+    # batched: when every trajectory's is (a turn-wide barrier: the baseline bench/env_async.py
+    # measures against, as RollArt does)
+    env_stepping: Literal["trajectory", "batched"] = "trajectory"
     # fetching a finished batch's results; a worker that died holding them makes Dask
     # recompute the batch on that dead address, i.e. wait forever: rerouted instead
     result_timeout_s: float = Field(30.0, gt=0)

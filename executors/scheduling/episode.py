@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from envs.base import MultiTurnEnv
+from envs.base import MultiTurnEnv, StepResult
 from executors.turns import TurnRequest, TurnResult
 from rose.models.chat import ChatTokens
 
@@ -48,11 +48,23 @@ class Episode:
 
     def apply(self, result: TurnResult) -> dict:
         """Record the generated reply, step the environment, extend the token list."""
-        prompt = list(self.tokens)
-        reply_text = self.chat.decode(result.response_ids)
+        reply_text = self.reply_text(result)
+        outcome, env_s = self.step_env(reply_text)
+        return self.record(result, reply_text, outcome, env_s)
+
+    def reply_text(self, result: TurnResult) -> str:
+        return self.chat.decode(result.response_ids)
+
+    def step_env(self, reply_text: str) -> tuple[StepResult, float]:
+        """The environment's step and its seconds: the one part that may run on a thread of its
+        own (executors/scheduling/env_steps.py); the tokenizer stays on the caller's."""
         t0 = time.perf_counter()
         outcome = self.env.step(reply_text)
-        env_s = time.perf_counter() - t0
+        return outcome, time.perf_counter() - t0
+
+    def record(self, result: TurnResult, reply_text: str, outcome: StepResult, env_s: float) -> dict:
+        """The turn's row, and the token list extended for the next turn (or the rewards summed)."""
+        prompt = list(self.tokens)
         self.turn += 1
         truncated = not outcome.done and self.turn >= self.max_turns
         self.done = outcome.done or truncated

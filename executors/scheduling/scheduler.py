@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from distributed import Client, wait
 
+from executors.scheduling.env_steps import POLL_S, EnvSteps
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.report import RolloutReport, RolloutStuck  # noqa: F401 (re-exported)
@@ -83,30 +84,12 @@ class RolloutScheduler:
         factor = self.config.handback_factor  # pinned trajectories never move: no hand-back
         self.handback = (TailHandback(HandbackConfig(factor=factor))
                          if factor and self.router.mode != "pinned" else None)
+        self.env_steps = EnvSteps(self.config.env_threads)
         self._start(launcher.launch())
-        progress = time.monotonic()
-        while self.active:
-            self._on_lost(self.pool.poll())
-            self._dispatch()
-            self._hand_back_tail()
-            if time.monotonic() - progress > self.config.stuck_after_s:
-                raise RolloutStuck(f"no turn finished for {self.config.stuck_after_s:.0f} s; "
-                                   f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
-            if not self.inflight:
-                if not self.pool.any_left():
-                    raise RolloutStuck(f"{len(self.ready)} turns ready but no worker is left")
-                time.sleep(self.pool.tick_s)  # waiting for admission, a rejoin, or a free slot
-                continue
-            try:
-                done, _ = wait(list(self.inflight), timeout=self.pool.tick_s,
-                               return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                self._exclude_unresponsive()
-                continue
-            for fut in done:
-                if fut in self.inflight and self._finish_batch(fut, launcher, on_turn):
-                    progress = time.monotonic()
-            self._exclude_unresponsive()
+        try:
+            self._loop(launcher, on_turn)
+        finally:
+            self.env_steps.close()
         for fut in self.inflight:  # only surplus turns are left, already aborted in the engines
             fut.cancel()
         self.pool.close()
@@ -118,6 +101,35 @@ class RolloutScheduler:
         self.report.seconds = time.perf_counter() - t0
         return self.report
 
+    def _loop(self, launcher: GroupLauncher, on_turn) -> None:
+        progress = time.monotonic()
+        while self.active:
+            self._finish_env_steps(launcher, on_turn)
+            self._on_lost(self.pool.poll())
+            self._dispatch()
+            self._hand_back_tail()
+            if time.monotonic() - progress > self.config.stuck_after_s:
+                raise RolloutStuck(f"no turn finished for {self.config.stuck_after_s:.0f} s; "
+                                   f"{len(self.ready)} ready, routable: {sorted(self.routable)}")
+            if not self.inflight:
+                if self.env_steps:  # only environments are stepping: wait for the first
+                    self._finish_env_steps(launcher, on_turn, self.pool.tick_s)
+                    continue
+                if not self.pool.any_left():
+                    raise RolloutStuck(f"{len(self.ready)} turns ready but no worker is left")
+                time.sleep(self.pool.tick_s)  # waiting for admission, a rejoin, or a free slot
+                continue
+            try:  # an environment step done meanwhile is picked up within POLL_S
+                done, _ = wait(list(self.inflight), timeout=POLL_S if self.env_steps else self.pool.tick_s,
+                               return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                self._exclude_unresponsive()
+                continue
+            for fut in done:
+                if fut in self.inflight and self._finish_batch(fut, launcher, on_turn):
+                    progress = time.monotonic()
+            self._exclude_unresponsive()
+
     def _start(self, episodes: list[Episode]) -> None:
         for ep in episodes:
             self.by_id[ep.trajectory_id] = ep
@@ -127,12 +139,17 @@ class RolloutScheduler:
     def _dispatch(self) -> None:
         batches: dict[str, list[str]] = {}
         self.ready = deque(t for t in self.ready if t not in self.abandoned)
+        held: deque[str] = deque()
+        if self.config.env_stepping == "batched":  # the baseline: turn k+1 waits for every turn k
+            floor = min(self.by_id[t].turn for t in self.active)
+            held = deque(t for t in self.ready if self.by_id[t].turn > floor)
+            self.ready = deque(t for t in self.ready if self.by_id[t].turn <= floor)
         if self.router.mode == "turnwise_affinity":
             # First the turns whose prefix KV sits on a worker with room: a slot that just freed
             # goes to the trajectory that left it, not to an older queued turn that would
             # re-prefill there anyway (the older one takes the next slot anywhere).
             self.ready = self._place(batches, affine_only=True)
-        self.ready = self._place(batches, affine_only=False)
+        self.ready = self._place(batches, affine_only=False) + held
         for worker, tids in batches.items():
             requests = [self.by_id[tid].request() for tid in tids]
             if self.config.serving_lag and self.kinds.get(worker) == "serving":
@@ -220,16 +237,10 @@ class RolloutScheduler:
                 self.handback.on_dedicated_turn(time.monotonic() - sent)
             self.last_worker[tid] = worker
             ep, progressed = self.by_id[tid], True
-            row = ep.apply(result)
-            if on_turn:
-                on_turn(row)
-            if not ep.done:
-                self.ready.append(tid)
+            if ep.env.blocking:  # steps on a thread of its own; the others go on meanwhile
+                self.env_steps.submit(tid, ep, result)
                 continue
-            self.router.forget(tid)
-            self.active.discard(tid)
-            self._abandon(launcher.on_trajectory_done(ep))
-            self._start(launcher.launch())
+            self._turn_done(tid, ep.apply(result), launcher, on_turn)
         self.failures.pop(worker, None)
         if stale:
             log.warning("%s answered stale (older policy than v%d): excluding it", worker,
@@ -237,6 +248,25 @@ class RolloutScheduler:
             self._remove(worker, dead=False)
             self.pool.try_rejoin(worker)
         return progressed
+
+    def _turn_done(self, tid: str, row: dict, launcher: GroupLauncher, on_turn) -> None:
+        """A turn and its environment step are done: its row out, its next turn ready (or the
+        trajectory done and the launcher told)."""
+        ep = self.by_id[tid]
+        if on_turn:
+            on_turn(row)
+        if not ep.done:
+            self.ready.append(tid)
+            return
+        self.router.forget(tid)
+        self.active.discard(tid)
+        self._abandon(launcher.on_trajectory_done(ep))
+        self._start(launcher.launch())
+
+    def _finish_env_steps(self, launcher: GroupLauncher, on_turn, timeout_s: float = 0.0) -> None:
+        for tid, result, reply, outcome, env_s in self.env_steps.finished(timeout_s):
+            if tid not in self.abandoned:  # a surplus trajectory's step is dropped with it
+                self._turn_done(tid, self.by_id[tid].record(result, reply, outcome, env_s), launcher, on_turn)
 
     def _fetch(self, fut, worker: str):
         """A finished batch's results. One whose worker died holding them (Dask reschedules
