@@ -117,6 +117,8 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "borrowed_share": rolled.get("by_kind", {}).get("serving", {}).get("share", 0.0),
         # the serving workers this run borrowed, those other runs held, and why not more ("note")
         "borrow": rolled.get("borrow", {}),
+        # environment workers: which hosted the step's environments, relaunches after a fault
+        "env_hosts": rolled.get("env_hosts", {}),
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
         "rollout_version": version, "stale_tokens": trained.get("stale_tokens", 0.0),
     }

@@ -149,6 +149,9 @@ class StackConfig(Strict):
     # for rollout.hw_affinity); empty: every rollout worker is the one class "standard"
     rollout_device_classes: list[str] = []
     serving_workers: int = Field(0, ge=0, le=8)
+    # CPU-only workers env-0..N-1 hosting the rollouts' environments (resource env_cpu); 0: the
+    # environments step in the rollout driver's process
+    env_workers: int = Field(0, ge=0, le=16)
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     # TLS to that scheduler (tls://...); the local stack on 127.0.0.1 stays plain TCP
     dask_tls: DaskTLS | None = None
@@ -265,6 +268,9 @@ class SchedulerConfig(Strict):
 class RolloutConfig(SchedulerConfig):
     env: EnvName = "frozenlake"
     env_step_latency: StepLatencyConfig | None = None  # None: environments step at their own speed
+    # an environment worker that has not answered a step this long is given up on: the
+    # trajectory's environment is rebuilt on another (executors/scheduling/remote_env.py)
+    env_step_timeout_s: float = Field(60.0, gt=0)
     groups: int = Field(16, ge=1)  # GRPO groups per step (16 maps: a less noisy step signal)
     group_size: int = Field(8, ge=2)  # trajectories per group, sharing the initial state
     max_turns: int = Field(8, ge=1)

@@ -14,6 +14,7 @@ from envs.registry import make_env
 from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
+from executors.scheduling.remote_env import EnvHosts
 from executors.scheduling.scheduler import RolloutScheduler
 from executors.coserving.plugin import start_coserving_step
 from executors.workers.pinned import running_workers
@@ -35,8 +36,10 @@ def env_seed(run_seed: int, step: int, group: int) -> int:
     return (run_seed * 1_000_003 + step * 1_009 + group) % (2**31)
 
 
-def group_factory(cfg: RunConfig, step: int, policy_version: int) -> Callable[[int], list[Episode]]:
-    """make_group(g): the group_size trajectories of group g (one tokenizer for all groups)."""
+def group_factory(cfg: RunConfig, step: int, policy_version: int,
+                  hosts: EnvHosts | None = None) -> Callable[[int], list[Episode]]:
+    """make_group(g): the group_size trajectories of group g (one tokenizer for all groups);
+    with `hosts`, each trajectory's environment lives on an environment worker."""
     from transformers import AutoTokenizer
 
     from rose.models.chat import ChatTokens
@@ -47,12 +50,23 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int) -> Callable[[i
 
     def make_group(g: int) -> list[Episode]:
         return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
-                        env=make_env(r.env, step_latency=latency, max_turns=r.max_turns),
+                        env=(hosts.env(r.env, r.max_turns) if hosts is not None
+                             else make_env(r.env, step_latency=latency, max_turns=r.max_turns)),
                         env_seed=env_seed(cfg.seed, step, g), chat=chat, max_turns=r.max_turns,
                         max_tokens=r.max_tokens_per_turn, temperature=r.temperature,
                         top_p=r.top_p, min_policy_version=policy_version)
                 for i in range(r.group_size)]
     return make_group
+
+
+def env_hosts(client, kinds: dict[str, str], r) -> EnvHosts | None:
+    """The stack's environment workers as the rollout's environment hosts (None: none, the
+    environments step in this process)."""
+    workers = sorted(n for n, k in kinds.items() if k == "env")
+    if not workers:
+        return None
+    latency = StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
+    return EnvHosts(client, workers, latency=latency, step_timeout_s=r.env_step_timeout_s)
 
 
 def make_episodes(cfg: RunConfig, step: int, policy_version: int) -> list[Episode]:
@@ -63,9 +77,10 @@ def make_episodes(cfg: RunConfig, step: int, policy_version: int) -> list[Episod
 SAMPLING_FILE = "dynamic_sampling.json"  # in the run dir: the next step's launch target
 
 
-def group_launcher(cfg: RunConfig, step: int, policy_version: int) -> GroupLauncher:
+def group_launcher(cfg: RunConfig, step: int, policy_version: int,
+                   hosts: EnvHosts | None = None) -> GroupLauncher:
     """All groups at once, or DAPO dynamic sampling sized from the previous step's keep rate."""
-    r, make_group = cfg.rollout, group_factory(cfg, step, policy_version)
+    r, make_group = cfg.rollout, group_factory(cfg, step, policy_version, hosts)
     if not r.dynamic_sampling:
         return GroupLauncher(make_group, r.groups)
     max_launch = math.ceil(r.groups * r.dynamic_sampling_max_launch)
@@ -163,7 +178,12 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         scheduler = RolloutScheduler(client, workers, config=r,
                                      resync=resync_from_relay(client, cfg, policy_version),
                                      classes=device_classes(client) if r.hw_affinity else None)
-        report = scheduler.run(group_launcher(cfg, step, policy_version))
+        hosts = env_hosts(client, kinds, r)
+        try:
+            report = scheduler.run(group_launcher(cfg, step, policy_version, hosts))
+        finally:
+            if hosts is not None:
+                hosts.close()
         # a serving worker gone or still starting opens no window: never block the step on it
         live = running_workers(client)
         for name, started in zip(serving, step_starts):
@@ -178,4 +198,5 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
     return {**summarize(report, policy_version), "path": str(path),
+            "env_hosts": hosts.summary() if hosts is not None else {},
             "borrow": grant.as_dict() if grant is not None else {}}

@@ -348,7 +348,7 @@ def test_dynamic_sampling_config_and_the_persisted_launch_target(tmp_path, monke
         RolloutConfig(dynamic_sampling_oversample=3.0, dynamic_sampling_max_launch=2.0)
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(rollout_task, "group_factory",
-                        lambda cfg, step, version: lambda g: [episode(g, i, step) for i in range(2)])
+                        lambda cfg, step, version, hosts=None: lambda g: [episode(g, i, step) for i in range(2)])
     cfg = RunConfig(run_id="ds", rollout=RolloutConfig(
         groups=4, group_size=2, dynamic_sampling=True, dynamic_sampling_oversample=1.5,
         dynamic_sampling_max_launch=2.0))

@@ -20,7 +20,7 @@ from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
 from rose.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE, KIND_RESOURCE
 
-WorkerKind = Literal["trainer", "rollout", "serving"]
+WorkerKind = Literal["trainer", "rollout", "serving", "env"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTER_TIMEOUT_S = 120.0
 
@@ -52,13 +52,15 @@ class WorkerSpec:
         return f"{self.resource}=1{extra}"
 
 
-def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
+def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *, env: int = 0,
                  trainer_threads: int = 1, rollout_threads: int = 2, serving_threads: int = 2,
+                 env_threads: int = 8,
                  ncores: int | None = None, device: str = "cpu",
                  rollout_classes: list[str] | None = None) -> list[WorkerSpec]:
-    """trainer-i, rollout-i, serving-i; engine workers spread round-robin over the cores
-    (on cuda they bind no core: each engine worker has a GPU); rollout-i of rollout_classes[i]."""
-    if trainers < 0 or rollout < 0 or serving < 0:
+    """trainer-i, rollout-i, serving-i, env-i; engine workers spread round-robin over the cores
+    (on cuda they bind no core: each engine worker has a GPU); rollout-i of rollout_classes[i];
+    environment workers (CPU only) run `env_threads` environment steps at once."""
+    if trainers < 0 or rollout < 0 or serving < 0 or env < 0:
         raise StackError("worker counts must be >= 0")
     if rollout_classes and len(rollout_classes) != rollout:
         raise StackError(f"{len(rollout_classes)} device classes for {rollout} rollout workers")
@@ -71,6 +73,7 @@ def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *,
     specs += [WorkerSpec(n, k, t, core=j % ncores if device == "cpu" else None, device=device,
                          device_class=classes.get(n))
               for j, (n, k, t) in enumerate(engines)]
+    specs += [WorkerSpec(f"env-{i}", "env", env_threads) for i in range(env)]
     return specs
 
 

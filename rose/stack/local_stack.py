@@ -152,7 +152,7 @@ def start_services(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
             scheduler = cfg.dask_scheduler
             workers = check_workers(DaskScheduler(cfg.dask_scheduler, cfg.dask_tls))
         else:
-            specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers,
+            specs = worker_specs(cfg.trainers, cfg.rollout_workers, cfg.serving_workers, env=cfg.env_workers,
                                  device=cfg.device, rollout_classes=cfg.rollout_device_classes)
             cluster = start_dask(run_dir, specs, base_env, scheduler_port)
             started.append(cluster)
