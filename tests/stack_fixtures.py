@@ -115,10 +115,10 @@ def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None,
 
 
 class SharedStack:
-    """One local stack (a trainer, a rollout worker, the Mooncake relay) for the end-to-end
-    modules that only run flows on it, each its own run: started by the first test that asks,
-    stopped after the last (tests/conftest.py counts them), then `after_stop` checks run with
-    what stop_stack stopped."""
+    """One local stack (a trainer, a rollout worker, an environment worker, the Mooncake relay)
+    for the end-to-end modules that only run flows on it, each its own run: started by the first
+    test that asks, stopped after the last (tests/conftest.py counts them), then `after_stop`
+    checks run with what stop_stack stopped."""
 
     def __init__(self, tmp_path_factory) -> None:
         self._factory, self._exit = tmp_path_factory, None
@@ -133,7 +133,8 @@ class SharedStack:
             self._exit = ExitStack()
             self.handle = self._exit.enter_context(in_process_stack(
                 self._factory, "rose-shared", self.stopped,
-                config=StackConfig(rollout_workers=1, relay="mooncake")))
+                # an environment worker: these runs' environments step there (RemoteEnv)
+                config=StackConfig(rollout_workers=1, relay="mooncake", env_workers=1)))
         return self.handle
 
     def after_stop(self, check) -> None:

@@ -39,6 +39,8 @@ def test_one_rl_step_end_to_end(stack):
     [summary] = train(cfg)
     assert summary["step"] == 1 and summary["policy_version"] == 1
     assert summary["trajectories"] == 8 and summary["turns"] >= 8
+    # the shared stack has an environment worker: every environment stepped there, none lost
+    assert summary["env_hosts"] == {"workers": ["env-0"], "relaunches": 0, "failed_on": {}}
 
     table = TrajectoryStore(cfg.trajectories_dir()).read_step(run, 1)
     assert table.schema.remove_metadata().equals(TURN_SCHEMA.remove_metadata())
