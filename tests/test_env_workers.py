@@ -111,3 +111,38 @@ def test_the_stack_starts_environment_workers_with_their_resource():
     assert StackConfig(env_workers=3).env_workers == 3
     with pytest.raises(ValueError, match="env_workers"):
         StackConfig(env_workers=-1)
+
+
+@pytest.mark.slow
+def test_an_environment_worker_killed_mid_trajectory_loses_nothing(tmp_path):
+    """Two environment worker processes as the stack starts them (`dask worker --nanny`, env_cpu):
+    the one holding a trajectory's environment is SIGKILLed mid-trajectory (its nanny restarts
+    it, empty); the trajectory goes on with what an in-process environment gives."""
+    import contextlib
+    import os
+    import signal
+
+    import psutil
+
+    from rose.stack.dask_cluster import start_dask, worker_specs
+
+    cluster = start_dask(tmp_path, worker_specs(0, 0, 0, env=2), {})
+    try:
+        with Client(cluster.scheduler_address) as client:
+            hosts = EnvHosts(client, ["env-0", "env-1"], step_timeout_s=20.0, backoff_s=0.1)
+            local, remote = make_env("sokoban_easy"), hosts.env("sokoban_easy")
+            assert remote.reset(0) == local.reset(0)
+            replies = ["Left", "Right"] * 4  # valid moves that neither solve nor end seed 0
+            assert remote.step(replies[0]) == local.step(replies[0])
+            victim = remote.worker
+            pids = client.run(os.getpid)
+            [pid] = [p for addr, p in pids.items()
+                     if client.scheduler_info()["workers"][addr]["name"] == victim]
+            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).wait(timeout=10)  # gone before the next step is sent
+            for reply in replies[1:]:
+                assert remote.step(reply) == local.step(reply)
+            assert hosts.relaunches == 1 and hosts.failed_on == {victim: 1}
+    finally:
+        cluster.stop()
