@@ -7,8 +7,10 @@ rollout worker with its vLLM engine, the product's RolloutScheduler). Two ways t
               (executors/scheduling/env_steps.py: what `rose train` does)
   batched     turn k+1 of any trajectory waits for every trajectory's turn k and its step (a
               turn-wide barrier, as batch-synchronous rollouts have: `rollout.env_stepping`)
-Same episodes (same environment seeds), both from a cold prefix cache, repetitions interleaved
-(the machine is shared), medians shown; the ratio is batched / trajectory rollout seconds.
+Same episodes (same environment seeds, near-greedy sampling at --temperature so both ways play
+the same turns: the tiny policy's sampled replies would end trajectories at different turns),
+both from a cold prefix cache, repetitions interleaved (the machine is shared), medians shown;
+the ratio is batched / trajectory rollout seconds.
 RollArt reports 1.23-2.27x under N(10 s, 1-10 s) per turn; mu here is scaled to this machine's
 turn time (--mean-s, default 0.2 s: a turn of the tiny policy takes ~0.1-0.5 s on 2 cores).
 
@@ -34,10 +36,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mean-s", type=float, default=0.2, help="mu: mean environment step (s)")
     ap.add_argument("--cvs", default="0.1,0.25,0.5,1", help="sigma/mu points, comma-separated")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=4)
-    ap.add_argument("--max-turns", type=int, default=6)
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.01, help="sampling (near-greedy: same turns)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "env_async.json")
     args = ap.parse_args(argv)
     try:
@@ -69,6 +72,7 @@ def main(argv=None) -> None:
         latency = StepLatencyConfig(mean_s=args.mean_s, std_s=cv * args.mean_s)
         return RunConfig(run_id="env-async", rollout=RolloutConfig(
             groups=args.groups, group_size=args.group_size, max_turns=args.max_turns,
+            temperature=args.temperature,
             max_concurrency_per_worker=args.groups * args.group_size, env_step_latency=latency))
 
     def reset_prefix_cache() -> bool:  # nested: pickled by value (workers cannot import bench/)
