@@ -36,6 +36,11 @@ def env_seed(run_seed: int, step: int, group: int) -> int:
     return (run_seed * 1_000_003 + step * 1_009 + group) % (2**31)
 
 
+def step_latency(r) -> StepLatency | None:
+    """The run's environment step latency (rollout.env_step_latency) as envs/latency.py takes it."""
+    return StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
+
+
 def group_factory(cfg: RunConfig, step: int, policy_version: int,
                   hosts: EnvHosts | None = None) -> Callable[[int], list[Episode]]:
     """make_group(g): the group_size trajectories of group g (one tokenizer for all groups);
@@ -46,7 +51,7 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int,
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(cfg.models.policy_path()))
     r = cfg.rollout
-    latency = StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
+    latency = step_latency(r)
 
     def make_group(g: int) -> list[Episode]:
         return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
@@ -65,7 +70,7 @@ def env_hosts(client, kinds: dict[str, str], r) -> EnvHosts | None:
     workers = sorted(n for n, k in kinds.items() if k == "env")
     if not workers:
         return None
-    latency = StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
+    latency = step_latency(r)
     return EnvHosts(client, workers, latency=latency, step_timeout_s=r.env_step_timeout_s)
 
 

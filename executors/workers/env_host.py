@@ -10,7 +10,7 @@ rebuilds the trajectory's environment on another worker by replaying its replies
 from __future__ import annotations
 
 from envs.base import MultiTurnEnv, StepResult
-from envs.latency import StepLatency
+from envs.latency import DelayedEnv, StepLatency
 from envs.registry import make_env
 
 _ENVS: dict[str, MultiTurnEnv] = {}  # trajectory id -> its environment, in this process
@@ -25,7 +25,6 @@ def env_reset(trajectory_id: str, name: str, seed: int, latency: StepLatency | N
     for reply in replay:
         observation = env.step(reply).observation
     if latency is not None:  # the steps to come are delayed as configured
-        from envs.latency import DelayedEnv
         env = DelayedEnv(env, latency)
     _ENVS[trajectory_id] = env
     return observation
