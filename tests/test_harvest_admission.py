@@ -156,3 +156,12 @@ def test_turn_start_gate_hands_back_while_serving_leaves_no_slack_and_recovers()
     assert g.should_start(t, 0.5)
     with pytest.raises(ValueError):
         TurnStartGate(0.0)
+
+
+def test_turn_start_gate_forgets_the_time_its_engine_was_down():
+    g = TurnStartGate(stall_timeout_s=2.0)
+    g.observe(0.0, False)  # serving was busy when the engine was parked ...
+    assert not g.should_start(60.0, 0.1)  # ... so, remembered, the park reads as a 60 s closed run
+    g.forget()  # woken: a new engine, no history
+    assert g.open_share(60.0) is None and g.longest_closed_s(60.0) == 0.0
+    assert g.should_start(60.0, 0.1)

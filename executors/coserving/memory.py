@@ -61,3 +61,4 @@ class MemoryWatch:
         """A rollout engine again (evicted or parked): its profile is read from the cache."""
         engine, sched, _, _ = open_engine(self.cfg, "rollout")
         self.rollout = self._rollout_side(engine, sched)
+        self.turn_gate.forget()

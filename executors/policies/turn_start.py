@@ -38,6 +38,13 @@ class TurnStartGate:
         while self._spans and self._spans[0][1] < now - self.window_s:
             self._spans.popleft()
 
+    def forget(self) -> None:
+        """Drop the history: the rollout engine was down (parked or evicted), and that time says
+        nothing about the slack serving leaves it now (a closed span before it went down would
+        otherwise look as long as the whole time it was down)."""
+        self._spans.clear()
+        self._last = None
+
     def open_share(self, now: float) -> float | None:
         """The share of the window's recorded time a step could run (None: nothing recorded)."""
         lo = now - self.window_s
