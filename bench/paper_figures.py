@@ -35,14 +35,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from executors.policies.prediction_margin import nearest_rank  # noqa: E402
-from executors.policies.slo_admission import SLOConfig  # noqa: E402
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
@@ -50,7 +51,8 @@ from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_m
                                  prefill_share)
 from bench.paper_figures_report import pct, report, report_32b  # noqa: E402
 from bench.result_file import write_result  # noqa: E402
-from sim.report import judged_at, speedup  # noqa: E402
+from sim.report import speedup  # noqa: E402
+from sim.timed_run import simulate  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
@@ -78,35 +80,63 @@ PAPER = {  # the ROSE paper: the sentence each comes from
 ALLOCATIONS_S = (30.0, 60.0, 120.0)  # chosen: an elastic instance's start + weight load per step (not published)
 
 
+class Job(NamedTuple):
+    cfg: SimConfig
+    spec: WorkloadSpec | None
+    label: str
+    own_slo: bool
+
+
 def base_config(args, **kw) -> SimConfig:
     """The paper's 8B setting (the module's docstring), with `kw` changed."""
     base = SimConfig(gpus=16, steps=args.steps, seed=args.seed, workload=args.workload, serving_ratio=2.0,
                      traj_per_rollout_gpu=32, cap_per_rollout_gpu=16, serving_max_turns=16,
-                     **sweep_settings(args.fleet, None))
+                     # as the 8B rows in bench/results/paper_figures.json were run; the paper's
+                     # reading (sim.paper_workloads.PAPER_TRAIN_TOKENS) is what the 32B rows use
+                     train_tokens="every_turn", **sweep_settings(args.fleet, None))
     return replace(base, **kw)
 
 
-def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "", own_slo: bool = False) -> dict:
-    """One simulation; with own_slo (a fixed configuration), judged at the SLO it sets: 2x its
-    serving P99s (sim.report.judged_at: its serving GPUs never read the SLO)."""
-    sim = ClusterSim(cfg, workload=spec)
-    route, took = sim.router.route, []
+def job(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "", own_slo: bool = False) -> Job:
+    """One simulation to run: with own_slo (a fixed configuration), judged at the SLO it sets
+    (sim/timed_run.py)."""
+    return Job(cfg, spec, label, own_slo)
 
-    def timed(*a, **k):
-        t = time.perf_counter()
-        out = route(*a, **k)
-        took.append(time.perf_counter() - t)
-        return out
-    sim.router.route = timed
-    r = sim.run()
-    if own_slo:
-        r = judged_at(sim, r, SLOConfig(2 * r["ttft_p99_s"], 2 * r["tpot_p99_s"]))
-    r["route_p99_ms"] = 1e3 * nearest_rank(sorted(took), 0.99) if took else None
-    r["route_calls"] = len(took)
-    tps = "unfinished" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f} tok/s"
-    print(f"  {label or cfg.config:<34} {tps:>16}  rollout {r['rollout_s_mean']:6.0f} s  "
-          f"borrowed {r['borrowed_share']:4.0%}  SLO {pct(r['slo_attainment'])}  ({r['wall_s']:.1f} s)", flush=True)
-    return r
+
+def runs(jobs: dict[str, Job]) -> dict[str, dict]:
+    """Simulations that do not depend on each other, by name: here one after another, or all at
+    once where a runner is set (flows/paper_figures.py: one Prefect task each on Dask workers)."""
+    out = (_runner or _one_by_one)(jobs)
+    for name, j in jobs.items():
+        r = out[name]
+        tps = "unfinished" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f} tok/s"
+        print(f"  {j.label or j.cfg.config:<34} {tps:>16}  rollout {r['rollout_s_mean']:6.0f} s  "
+              f"borrowed {r['borrowed_share']:4.0%}  SLO {pct(r['slo_attainment'])}  ({r['wall_s']:.1f} s)",
+              flush=True)
+    return out
+
+
+def run(cfg: SimConfig, spec: WorkloadSpec | None = None, label: str = "", own_slo: bool = False) -> dict:
+    """One simulation (runs() of one job)."""
+    return runs({"run": job(cfg, spec, label, own_slo)})["run"]
+
+
+def _one_by_one(jobs: dict[str, Job]) -> dict[str, dict]:
+    return {name: simulate(j.cfg, j.spec, j.own_slo) for name, j in jobs.items()}
+
+
+_runner: Callable[[dict[str, Job]], dict[str, dict]] | None = None
+
+
+@contextmanager
+def runner(fn: Callable[[dict[str, Job]], dict[str, dict]]) -> Iterator[None]:
+    """Run every batch of simulations through `fn` (jobs by name -> results by name) meanwhile."""
+    global _runner
+    before, _runner = _runner, fn
+    try:
+        yield
+    finally:
+        _runner = before
 
 
 def slo_of(fixed: dict) -> dict:
@@ -116,9 +146,10 @@ def slo_of(fixed: dict) -> dict:
 
 def characterization(args) -> dict:
     spec = WorkloadSpec.load(PROFILE_DIR / f"{args.workload}.json")
-    r8 = run(base_config(args, config="fixed", serving_ratio=0.0), label="fixed, 8 rollout GPUs")
-    r16 = run(base_config(args, config="fixed", serving_ratio=0.0, gpus=32, traj_per_rollout_gpu=16),
-              label="fixed, 16 rollout GPUs")
+    r = runs({"8": job(base_config(args, config="fixed", serving_ratio=0.0), label="fixed, 8 rollout GPUs"),
+              "16": job(base_config(args, config="fixed", serving_ratio=0.0, gpus=32, traj_per_rollout_gpu=16),
+                        label="fixed, 16 rollout GPUs")})
+    r8, r16 = r["8"], r["16"]
     return {"rollout_share": r8["rollout_share"], "p75_share": r8["trajectory_p75_share"],
             "prefill_share": prefill_share(spec), "rollout_s_8": r8["rollout_s_mean"],
             "rollout_s_16": r16["rollout_s_mean"], "preempted": r8["preempted"]}
@@ -127,36 +158,38 @@ def characterization(args) -> dict:
 def end_to_end(args) -> tuple[dict, dict]:
     fixed = run(base_config(args, config="fixed"), label="resource-fixed, turn-wise routing", own_slo=True)
     slo = slo_of(fixed)  # serving alone sets the SLO
-    rows = {"fixed": fixed,
-            "fixed_pinned": run(base_config(args, config="fixed", mode="pinned", **slo),
-                                label="resource-fixed, pinned trajectories"),
-            "rose": run(base_config(args, config="rose", **slo), label="ROSE"),
-            "slo_unaware": run(base_config(args, config="slo_unaware", **slo), label="SLO-unaware co-location"),
-            "static": run(base_config(args, config="static", **slo), label="static partition"),
-            # AReaL-style: the same fixed GPUs, generation asynchronous to training with staleness 1
-            # (the next step's rollout overlaps this step's train and publish: SimConfig.off_policy)
-            "areal_style": run(base_config(args, config="fixed", off_policy=1, **slo),
-                               label="AReaL-style asynchronous (staleness 1)"),
-            "rose_off_policy": run(base_config(args, config="rose", off_policy=1, **slo),
-                                   label="ROSE, one-step off-policy"),
-            # the most 16 more GPUs could add: external, dedicated, there from the step's start
-            "elastic_free": run(base_config(args, config="elastic", elastic_alloc_s=0.0, **slo),
-                                label="16 external GPUs, no allocation")}
-    for alloc in ALLOCATIONS_S:
-        rows[f"elastic_{alloc:g}s"] = run(base_config(args, config="elastic", elastic_alloc_s=alloc, **slo),
-                                          label=f"resource-elastic, {alloc:g} s allocation")
     # tail batching's long round comes every 1 / tail_share rounds: 4 steps hold 3 short and 1 long
     long_steps = max(4, args.steps)
-    rows["fixed_4_steps"] = run(base_config(args, config="fixed", steps=long_steps, **slo), label="fixed, 4 steps")
-    rows["rollpacker"] = run(base_config(args, config="fixed", tail_batching=True, steps=long_steps, **slo),
-                             label="RollPacker tail batching (4 steps)")
-    rows["rollpacker_rose"] = run(base_config(args, config="rose", tail_batching=True, steps=long_steps, **slo),
-                                  label="RollPacker + ROSE (4 steps)")
+    jobs = {"fixed_pinned": job(base_config(args, config="fixed", mode="pinned", **slo),
+                                label="resource-fixed, pinned trajectories"),
+            "rose": job(base_config(args, config="rose", **slo), label="ROSE"),
+            "slo_unaware": job(base_config(args, config="slo_unaware", **slo), label="SLO-unaware co-location"),
+            "static": job(base_config(args, config="static", **slo), label="static partition"),
+            # AReaL-style: the same fixed GPUs, generation asynchronous to training with staleness 1
+            # (the next step's rollout overlaps this step's train and publish: SimConfig.off_policy)
+            "areal_style": job(base_config(args, config="fixed", off_policy=1, **slo),
+                               label="AReaL-style asynchronous (staleness 1)"),
+            "rose_off_policy": job(base_config(args, config="rose", off_policy=1, **slo),
+                                   label="ROSE, one-step off-policy"),
+            # the most 16 more GPUs could add: external, dedicated, there from the step's start
+            "elastic_free": job(base_config(args, config="elastic", elastic_alloc_s=0.0, **slo),
+                                label="16 external GPUs, no allocation")}
+    for alloc in ALLOCATIONS_S:
+        jobs[f"elastic_{alloc:g}s"] = job(base_config(args, config="elastic", elastic_alloc_s=alloc, **slo),
+                                          label=f"resource-elastic, {alloc:g} s allocation")
+    jobs |= {"fixed_4_steps": job(base_config(args, config="fixed", steps=long_steps, **slo), label="fixed, 4 steps"),
+             "rollpacker": job(base_config(args, config="fixed", tail_batching=True, steps=long_steps, **slo),
+                               label="RollPacker tail batching (4 steps)"),
+             "rollpacker_rose": job(base_config(args, config="rose", tail_batching=True, steps=long_steps, **slo),
+                                    label="RollPacker + ROSE (4 steps)")}
+    jobs |= {f"table3_{mode}": job(base_config(args, config="rose", mode=mode, **slo), label=f"ROSE, {mode}")
+             for mode in ("pinned", "turnwise")}
+    done = runs(jobs)
+    rows = {"fixed": fixed} | {k: v for k, v in done.items() if not k.startswith("table3_")}
     for name, r in rows.items():
         r["vs_fixed"] = speedup(r, rows["fixed_4_steps"] if name.startswith("rollpacker") else fixed)
         r["vs_fixed_pinned"] = speedup(r, rows["fixed_pinned"])
-    table3 = {mode: run(base_config(args, config="rose", mode=mode, **slo), label=f"ROSE, {mode}")
-              for mode in ("pinned", "turnwise")}
+    table3 = {mode: done[f"table3_{mode}"] for mode in ("pinned", "turnwise")}
     table3["turnwise_affinity"] = rows["rose"]
     return rows, table3
 
@@ -164,48 +197,57 @@ def end_to_end(args) -> tuple[dict, dict]:
 def dapo(args) -> list[dict]:
     """Fig. 7 under DAPO: the resource-fixed system and ROSE at a few valid-group shares (the
     paper gives none), each with its own SLO from serving alone."""
+    shares = (0.3, 0.5, 0.8)
+    kw = {share: dict(algorithm="dapo", dapo_valid_rate=share) for share in shares}
+    fixed = runs({str(share): job(base_config(args, config="fixed", **kw[share]),
+                                  label=f"DAPO {share:.0%} valid: fixed", own_slo=True) for share in shares})
+    rose = runs({str(share): job(base_config(args, config="rose", **kw[share], **slo_of(fixed[str(share)])),
+                                 label=f"DAPO {share:.0%} valid: ROSE") for share in shares})
     rows = []
-    for share in (0.3, 0.5, 0.8):
-        kw = dict(algorithm="dapo", dapo_valid_rate=share)
-        fixed = run(base_config(args, config="fixed", **kw), label=f"DAPO {share:.0%} valid: fixed", own_slo=True)
-        rose = run(base_config(args, config="rose", **kw, **slo_of(fixed)), label=f"DAPO {share:.0%} valid: ROSE")
-        rows.append({"valid_share": share, "fixed": fixed, "rose": rose, "rose_vs_fixed": speedup(rose, fixed),
-                     "launched_per_step": fixed["trajectories_started"] / max(1, fixed["steps"])})
+    for share in shares:
+        f, r = fixed[str(share)], rose[str(share)]
+        rows.append({"valid_share": share, "fixed": f, "rose": r, "rose_vs_fixed": speedup(r, f),
+                     "launched_per_step": f["trajectories_started"] / max(1, f["steps"])})
     return rows
 
 
 def quota(args, slo: dict) -> dict:
-    out = {}
-    for n in (4, 8, 16):
-        out[n] = run(base_config(args, config="rose", serving_ratio=n / 8, **slo), label=f"ROSE, {n} serving GPUs")
-    return out
+    out = runs({str(n): job(base_config(args, config="rose", serving_ratio=n / 8, **slo),
+                            label=f"ROSE, {n} serving GPUs") for n in (4, 8, 16)})
+    return {int(n): r for n, r in out.items()}
 
 
 def sensitivity(args) -> list[dict]:
     """The fitted workload with one unpublished parameter changed at a time (the others fitted)."""
-    fitted, rows = PaperWorkload.load(args.workload.removeprefix("workload_paper_")), []
-    for sigma in (0.8, 1.6, 2.4):
-        for env_s in (0.2, 2.0):
-            spec = replace(fitted, trajectory_sigma=sigma, env_s=env_s).spec()
-            fixed = run(base_config(args, config="fixed"), spec, f"fixed, sigma {sigma}, env {env_s} s", own_slo=True)
-            rose = run(base_config(args, config="rose", **slo_of(fixed)), spec, f"ROSE, sigma {sigma}, env {env_s} s")
-            rows.append({"trajectory_sigma": sigma, "env_s": env_s, "fixed_rollout_s": fixed["rollout_s_mean"],
-                         "rose_rollout_s": rose["rollout_s_mean"], "rose_vs_fixed": speedup(rose, fixed),
-                         "borrowed_share": rose["borrowed_share"], "slo_attainment": rose["slo_attainment"]})
+    fitted = PaperWorkload.load(args.workload.removeprefix("workload_paper_"))
+    points = [(sigma, env_s) for sigma in (0.8, 1.6, 2.4) for env_s in (0.2, 2.0)]
+    specs = {p: replace(fitted, trajectory_sigma=p[0], env_s=p[1]).spec() for p in points}
+    fixed = runs({str(p): job(base_config(args, config="fixed"), specs[p], f"fixed, sigma {p[0]}, env {p[1]} s",
+                              own_slo=True) for p in points})
+    rose = runs({str(p): job(base_config(args, config="rose", **slo_of(fixed[str(p)])), specs[p],
+                             f"ROSE, sigma {p[0]}, env {p[1]} s") for p in points})
+    rows = []
+    for (sigma, env_s) in points:
+        f, r = fixed[str((sigma, env_s))], rose[str((sigma, env_s))]
+        rows.append({"trajectory_sigma": sigma, "env_s": env_s, "fixed_rollout_s": f["rollout_s_mean"],
+                     "rose_rollout_s": r["rollout_s_mean"], "rose_vs_fixed": speedup(r, f),
+                     "borrowed_share": r["borrowed_share"], "slo_attainment": r["slo_attainment"]})
     return rows
 
 
 def concurrency(args, e2e: dict, slo: dict) -> list[dict]:
     """ROSE / fixed against the trajectories each GPU runs at once (router cap, also the serving GPUs'
     turn cap): the paper does not say how many ROLL runs; 16 is the figures' setting."""
-    rows = []
-    for cap in (8, 16, 32):
+    jobs = {}
+    for cap in (8, 32):
         kw = dict(cap_per_rollout_gpu=cap, serving_max_turns=cap, **slo)
-        r = {"fixed": e2e["fixed"], "rose": e2e["rose"], "elastic_free": e2e["elastic_free"]} if cap == 16 else {
-            "fixed": run(base_config(args, config="fixed", **kw), label=f"fixed, {cap} at once"),
-            "rose": run(base_config(args, config="rose", **kw), label=f"ROSE, {cap} at once"),
-            "elastic_free": run(base_config(args, config="elastic", elastic_alloc_s=0.0, **kw),
-                                label=f"16 external GPUs, {cap} at once")}
+        jobs |= {f"fixed_{cap}": job(base_config(args, config="fixed", **kw), label=f"fixed, {cap} at once"),
+                 f"rose_{cap}": job(base_config(args, config="rose", **kw), label=f"ROSE, {cap} at once"),
+                 f"elastic_free_{cap}": job(base_config(args, config="elastic", elastic_alloc_s=0.0, **kw),
+                                            label=f"16 external GPUs, {cap} at once")}
+    done, rows = runs(jobs), []
+    for cap in (8, 16, 32):
+        r = {k: e2e[k] if cap == 16 else done[f"{k}_{cap}"] for k in ("fixed", "rose", "elastic_free")}
         rows.append({"cap": cap, **{f"{k}_tokens_per_s": v["tokens_per_s"] for k, v in r.items()},
                      "rose_vs_fixed": speedup(r["rose"], r["fixed"]),
                      "elastic_free_vs_fixed": speedup(r["elastic_free"], r["fixed"]),
@@ -219,17 +261,12 @@ def scale(args, slo: dict) -> dict:
     """The event-jumping engine against the per-iteration one at 16 GPUs (one step of ROSE), and
     ROSE at 1,024 GPUs x 5 steps: wall and CPU seconds (the machine is shared: CPU is what the
     simulator costs, wall what this run took)."""
-    out = {}
-    for jump in (False, True):
-        cpu = time.process_time()
-        r = run(base_config(args, config="rose", steps=1, event_jump=jump, **slo),
-                label=f"ROSE 16 GPUs, {'event jumping' if jump else 'per-iteration engine'}")
-        out["jump" if jump else "per_iteration"] = r | {"cpu_s": time.process_time() - cpu}
-    cpu = time.process_time()
-    r = run(base_config(args, config="rose", gpus=args.scale_gpus, steps=5, **slo),
-            label=f"ROSE {args.scale_gpus} GPUs x 5 steps")
-    out["large"] = r | {"cpu_s": time.process_time() - cpu}
-    return out
+    return runs({"per_iteration": job(base_config(args, config="rose", steps=1, event_jump=False, **slo),
+                                      label="ROSE 16 GPUs, per-iteration engine"),
+                 "jump": job(base_config(args, config="rose", steps=1, event_jump=True, **slo),
+                             label="ROSE 16 GPUs, event jumping"),
+                 "large": job(base_config(args, config="rose", gpus=args.scale_gpus, steps=5, **slo),
+                              label=f"ROSE {args.scale_gpus} GPUs x 5 steps")})
 
 
 def fit(args) -> None:

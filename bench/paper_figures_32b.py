@@ -4,19 +4,21 @@
 Setting (sim/paper_workloads.py qwen3_32b_setting, paper §6): rollout TP 4, so one simulated device
 per 4-GPU engine on the TP-sharded H100 profile (sim/tp_profile.py); (rollout, train) = (16, 32)
 GPUs; 1,024 trajectories a step; 16 at once per GPU; borrowed serving GPUs capped at 64 (16
-engines). Workload: sim/profiles/workload_paper_qwen3_32b_alfworld.json (every parameter cited or
-marked chosen); `--fit` refits its response median to the 86% prefill share and its turn median
-to ROSE's published 960.1 s rollout. The serving SLO is 2x the P99 of serving alone, as for 8B.
+engines); the trainer charged for each trajectory's final sequence (PAPER_TRAIN_TOKENS), with
+every turn's whole context beside it in Fig. 1's table. Workload:
+sim/profiles/workload_paper_qwen3_32b_alfworld.json (every parameter cited or marked chosen);
+`--fit` refits its response median to the 86% prefill share and its turn median to ROSE's
+published 960.1 s rollout. The serving SLO is 2x the P99 of serving alone, as for 8B.
 """
 from __future__ import annotations
 
 from argparse import Namespace
 
-from bench.paper_figures import run, slo_of
+from bench.paper_figures import job, runs, slo_of
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
-from sim.paper_workloads import (QWEN3_32B_ALFWORLD, fit_turns_median, prefill_share, qwen3_32b_setting,
-                                 turn_tokens_per_sequence_token)
+from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_32B_ALFWORLD, fit_turns_median, prefill_share,
+                                 qwen3_32b_setting, turn_tokens_per_sequence_token)
 from sim.profiles import PROFILE_DIR
 from sim.report import speedup
 from sim.workload import WorkloadSpec
@@ -61,47 +63,74 @@ def fit(args: Namespace) -> None:
 
 
 def figures(args: Namespace) -> dict:
-    """Fig. 1's statistics and Fig. 7a-c's rows for Qwen3-32B on ALFWorld."""
+    """Fig. 1's statistics and Fig. 7a-c's rows for Qwen3-32B on ALFWorld: the configurations that
+    set an SLO (fixed ones, serving alone) at once, then those judged at it at once."""
     if getattr(args, "fit", False):
         fit(args)
     spec = WorkloadSpec.load(PROFILE_DIR / f"workload_paper_{QWEN3_32B_ALFWORLD.name}.json")
-    fixed = run(config(args, config="fixed"), spec, "32B resource-fixed, turn-wise routing", own_slo=True)
-    slo = slo_of(fixed)
-    rows = {"fixed": fixed,
-            "rose": run(config(args, config="rose", **slo), spec, "32B ROSE (64 serving GPUs)"),
-            "areal_style": run(config(args, config="fixed", off_policy=1, **slo), spec,
-                               "32B AReaL-style asynchronous (staleness 1)"),
-            "rose_off_policy": run(config(args, config="rose", off_policy=1, **slo), spec,
-                                   "32B ROSE, one-step off-policy")}
-    for r in rows.values():
-        r["vs_fixed"] = speedup(r, fixed)
     dapo = dict(algorithm="dapo", dapo_valid_rate=DAPO_VALID)
-    d_fixed = run(config(args, config="fixed", **dapo), spec, f"32B DAPO {DAPO_VALID:.0%} valid: fixed", own_slo=True)
-    d_rose = run(config(args, config="rose", **dapo, **slo_of(d_fixed)), spec, f"32B DAPO {DAPO_VALID:.0%} valid: ROSE")
-    # §2's characterization setting: 'a batch size of 256 ... on 16 H800 GPUs', split (8, 8) as for
-    # 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines
-    s2 = run(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128),
-             spec, "32B fixed, §2 setting (256 trajectories, 8 + 8 GPUs)")
     # 'the per-device rollout batch size to 16' read per engine instead of per GPU (the figures' reading)
     per_engine = dict(cap_per_rollout_gpu=16, serving_max_turns=16)
-    c_fixed = run(config(args, config="fixed", **per_engine), spec, "32B fixed, 16 per engine", own_slo=True)
-    c_rose = run(config(args, config="rose", **per_engine, **slo_of(c_fixed)), spec, "32B ROSE, 16 per engine")
-    cap = [_cap_row(64, fixed, rows["rose"]), _cap_row(16, c_fixed, c_rose)]
-    c = rows["rose"]
+    every_turn = dict(train_tokens="every_turn")  # the trainer charged every turn's whole context
+    fixed = runs({
+        "fixed": job(config(args, config="fixed"), spec, "32B resource-fixed, turn-wise routing", own_slo=True),
+        "every_turn": job(config(args, config="fixed", **every_turn), spec,
+                          "32B fixed, every turn trained", own_slo=True),
+        "dapo": job(config(args, config="fixed", **dapo), spec, f"32B DAPO {DAPO_VALID:.0%} valid: fixed",
+                    own_slo=True),
+        "per_engine": job(config(args, config="fixed", **per_engine), spec, "32B fixed, 16 per engine",
+                          own_slo=True),
+        # §2's characterization setting: 'a batch size of 256 ... on 16 H800 GPUs', split (8, 8) as
+        # for 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines
+        "s2": job(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128),
+                  spec, "32B fixed, §2 setting (256 trajectories, 8 + 8 GPUs)")})
+    slo = slo_of(fixed["fixed"])
+    rose = runs({
+        "rose": job(config(args, config="rose", **slo), spec, "32B ROSE (64 serving GPUs)"),
+        "areal_style": job(config(args, config="fixed", off_policy=1, **slo), spec,
+                           "32B AReaL-style asynchronous (staleness 1)"),
+        "rose_off_policy": job(config(args, config="rose", off_policy=1, **slo), spec, "32B ROSE, one-step off-policy"),
+        "every_turn": job(config(args, config="rose", **every_turn, **slo_of(fixed["every_turn"])), spec,
+                          "32B ROSE, every turn trained"),
+        "dapo": job(config(args, config="rose", **dapo, **slo_of(fixed["dapo"])), spec,
+                    f"32B DAPO {DAPO_VALID:.0%} valid: ROSE"),
+        "per_engine": job(config(args, config="rose", **per_engine, **slo_of(fixed["per_engine"])), spec,
+                          "32B ROSE, 16 per engine")})
+    rows = {"fixed": fixed["fixed"], "rose": rose["rose"], "areal_style": rose["areal_style"],
+            "rose_off_policy": rose["rose_off_policy"]}
+    for r in rows.values():
+        r["vs_fixed"] = speedup(r, rows["fixed"])
+    d_fixed, d_rose, s2 = fixed["dapo"], rose["dapo"], fixed["s2"]
+    cap = [_cap_row(64, rows["fixed"], rows["rose"]), _cap_row(16, fixed["per_engine"], rose["per_engine"])]
+    c, f = rows["rose"], rows["fixed"]
     return {"paper": PAPER_32B, "setting": {"rollout_engines": c["rollout_gpus"], "tp": 4,
                                             "serving_engines": c["serving_gpus"], "train_gpus": c["train_gpus"],
                                             "trajectories_per_step": c["trajectories_per_step"],
-                                            "steps": args.steps},
-            "fig1": {"rollout_share": fixed["rollout_share"], "p75_share": fixed["trajectory_p75_share"],
-                     "prefill_share": prefill_share(spec), "preempted": fixed["preempted"],
+                                            "steps": args.steps, "train_tokens": PAPER_TRAIN_TOKENS},
+            "fig1": {"rollout_share": f["rollout_share"], "p75_share": f["trajectory_p75_share"],
+                     "prefill_share": prefill_share(spec), "preempted": f["preempted"],
                      "s2_rollout_share": s2["rollout_share"], "s2_p75_share": s2["trajectory_p75_share"],
                      "s2_rollout_s": s2["rollout_s_mean"],
                      "turn_tokens_per_sequence_token": turn_tokens_per_sequence_token(spec),
-                     "train_s": sum(x["train_s"] for x in fixed["per_step"]) / max(1, len(fixed["per_step"]))},
+                     "train_s": _train_s(f),
+                     "train_tokens": {k: _train_row(a, b) for k, a, b in (
+                         (PAPER_TRAIN_TOKENS, f, rows["rose"]),
+                         ("every_turn", fixed["every_turn"], rose["every_turn"]))}},
             "fig7a": rows, "cap_sensitivity": cap,
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}
+
+
+def _train_s(r: dict) -> float:
+    return sum(x["train_s"] for x in r["per_step"]) / max(1, len(r["per_step"]))
+
+
+def _train_row(fixed: dict, rose: dict) -> dict:
+    """Fig. 1's statistics and ROSE / fixed under one SimConfig.train_tokens setting."""
+    return {"rollout_share": fixed["rollout_share"], "p75_share": fixed["trajectory_p75_share"],
+            "train_s": _train_s(fixed), "fixed_tokens_per_s": fixed["tokens_per_s"],
+            "rose_vs_fixed": speedup(rose, fixed)}
 
 
 def _cap_row(per_engine: int, fixed: dict, rose: dict) -> dict:

@@ -146,7 +146,7 @@ def report_32b(doc: dict) -> list[str]:
              f"<= {P['p75_share_max'][0]:.0%} |",
              f"| prefill tokens / all tokens | {pct(f1['prefill_share'])} (fitted) | | {P['prefill_share'][0]:.0%} |",
              f"| ROSE rollout s | {e['rose']['rollout_s_mean']:.0f} (fitted, one step) | | "
-             f"{P['rose_rollout_s'][0]:g} |", "",
+             f"{P['rose_rollout_s'][0]:g} |", "", *_train_tokens_table(d),
              "| Fig. 7a-c (32B) | tokens/s | vs fixed | rollout s | borrowed | serving SLO met | paper |",
              "| --- " * 7 + "|"]
     paper = {"rose": f"{P['grpo_vs_roll'][0]:.2f}x over ROLL (GRPO)"}
@@ -174,21 +174,40 @@ def report_32b(doc: dict) -> list[str]:
     return lines + _findings_32b(d)
 
 
-def _findings_32b(d: dict) -> list[str]:
-    """Why the 32B statistics miss where they do, from this run's numbers."""
-    f1, fixed = d["fig1"], d["fig7a"]["fixed"]
-    ratio, train = f1.get("turn_tokens_per_sequence_token"), f1.get("train_s")
-    if not ratio or train is None:
+TRAIN_TOKENS_TEXT = {"final_sequence": "each trajectory's final sequence once (the paper's reading)",
+                    "every_turn": "every turn's whole context"}
+
+
+def _train_tokens_table(d: dict) -> list[str]:
+    """Fig. 1's 32B statistics and ROSE / fixed with the trainer charged each way (SimConfig.train_tokens)."""
+    rows, P = d["fig1"].get("train_tokens"), d["paper"]
+    if not rows:
         return []
-    roll = fixed["rollout_s_mean"]
-    once = roll / (roll + train / ratio + fixed["step_s_mean"] - roll - train)
-    return [f"Why the 32B rollout share misses ({pct(f1['rollout_share'])} against > 70%): the simulator's trainer "
-            f"spends {train:.0f} s a step (32 GPUs) on every turn's whole context, the tokens the throughput counts; "
-            f"on this workload that is {ratio:.1f}x the tokens of the trajectories' final sequences. A trainer that "
-            f"sees each final sequence once would leave rollout {once:.0%} of the step; which one the paper's ROLL "
-            "runs is not in its text. The P75 trajectory's share is measured from the step's launch: 1,024 "
-            "trajectories on 4 engines at 64 each run in waves, so it counts the wait for a slot; ROSE, which "
-            f"places the waiting ones on serving engines, has {pct(d['fig7a']['rose']['trajectory_p75_share'])}.", ""]
+    lines = ["| 32B trainer charged for (§6 setting) | train s a step | rollout share | P75 trajectory / rollout | "
+             "ROSE / fixed |", "| --- " * 5 + "|"]
+    lines += [f"| {TRAIN_TOKENS_TEXT.get(k, k)} | {r['train_s']:.0f} | {pct(r['rollout_share'])} | "
+              f"{pct(r['p75_share'])} | {_x(r['rose_vs_fixed'])} |" for k, r in rows.items()]
+    return lines + [f"| paper | | > {P['rollout_share_min'][0]:.0%} | <= {P['p75_share_max'][0]:.0%} | "
+                    f"{P['grpo_vs_roll'][0]:.2f}x over ROLL (GRPO) |", ""]
+
+
+def _findings_32b(d: dict) -> list[str]:
+    """What decides the 32B rollout share and the P75 share, from this run's numbers."""
+    f1 = d["fig1"]
+    ratio, rows = f1.get("turn_tokens_per_sequence_token"), f1.get("train_tokens")
+    if not ratio or not rows or not {"final_sequence", "every_turn"} <= set(rows):
+        return []
+    once, every = rows["final_sequence"], rows["every_turn"]
+    return [f"The trainer's token model decides the 32B rollout share: on this workload every turn's whole context "
+            f"is {ratio:.1f}x the tokens of the trajectories' final sequences, so a trainer charged for it spends "
+            f"{every['train_s']:.0f} s a step (32 GPUs) and leaves rollout {pct(every['rollout_share'])} of the "
+            f"step, against {once['train_s']:.0f} s and {pct(once['rollout_share'])} when each final sequence is "
+            "trained once. The paper does not say which its ROLL does; it describes a trajectory as one sequence "
+            "of actions and feedback that training consumes, and trains 32B with context parallelism, so the "
+            "figures use the final sequence (sim/paper_workloads.py PAPER_TRAIN_TOKENS). The P75 trajectory's "
+            "share is measured from the step's launch: 1,024 trajectories on 4 engines at 64 each run in waves, "
+            "so it counts the wait for a slot; ROSE, which places the waiting ones on serving engines, has "
+            f"{pct(d['fig7a']['rose']['trajectory_p75_share'])}.", ""]
 
 
 def _num(x) -> str:

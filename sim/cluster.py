@@ -66,6 +66,7 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
                            tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0, dropped=0)
         self.steps: list[dict] = []
         self._step_started, self._step_tokens, self._left = 0.0, 0, 0
+        self._train_tokens = 0  # what the step's trainer is charged for (SimConfig.train_tokens)
         self._trainer_free, self._published_at = 0.0, {0: 0.0}  # the trainer's and publishes' timeline
         self.handback = TailHandback()
         self._sent: dict[str, tuple[str, float]] = {}  # tid -> (device, sent at) of turns out now
@@ -141,7 +142,7 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
 
     def _start_step(self, step: int) -> None:
         now = self.loop.now
-        self._step, self._step_started, self._step_tokens = step, now, 0
+        self._step, self._step_started, self._step_tokens, self._train_tokens = step, now, 0, 0
         self._traj_s: list[float] = []  # this step's trajectory times, launch to last turn
         self._borrowed0 = self.counts["borrowed_tokens"]
         # a serving GPU's turns lag the trainer at most max_staleness in all, and at least the
@@ -163,13 +164,14 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         now, sm, step = self.loop.now, self.step_model, self._step
         rollout_s = now - self._step_started
         self._release_elastic()
-        train_s = sm.train_s(self._step_tokens, self.cfg.train_gpus)
+        train_s = sm.train_s(self._train_tokens, self.cfg.train_gpus)
         self._trainer_free = max(now, self._trainer_free) + train_s
         published = max(self._trainer_free, self._published_at.get(step - 1, 0.0)) + sm.publish_s
         self._published_at[step] = published
         self.steps.append(dict(step=step, rollout_s=rollout_s, train_s=train_s, publish_s=sm.publish_s,
                                step_s=published - self._step_started, end_s=published,
-                               tokens=self._step_tokens, trajectory_s=_quantiles(self._traj_s),
+                               tokens=self._step_tokens, train_tokens=self._train_tokens,
+                               trajectory_s=_quantiles(self._traj_s),
                                borrowed_tokens=self.counts["borrowed_tokens"] - self._borrowed0))
         for name in self.version:  # serving GPUs pull the new version in the background
             self.loop.at(published + self.cfg.pull_s, self._pulled, (name, step))
@@ -229,6 +231,8 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
             c["borrowed_tokens"] += tokens
         state = self.trajs[turn.tid]
         traj, k = state[0], state[1]
+        if self.cfg.train_tokens == "every_turn" or k + 1 == traj.turns:  # else: the final sequence only
+            self._train_tokens += tokens
         if k + 1 < traj.turns:
             state[1], state[2] = k + 1, turn.context + turn.response + traj.obs[k]
             self.loop.at(self.loop.now + traj.env_s[k] + traj.dispatch_s[k], self._ready, turn.tid)

@@ -7,6 +7,7 @@ from rose.modes import ROUTING_MODES
 
 CONFIGS = ("fixed", "rose", "slo_unaware", "static", "elastic")
 ALGORITHMS = ("grpo", "dapo")
+TRAIN_TOKENS = ("every_turn", "final_sequence")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,12 @@ class SimConfig:
     # the RL step's train and publish model; None: fitted from the local stack's measured steps
     train_s_per_token: float | None = None
     publish_s: float | None = None
+    # what the trainer is charged for: "every_turn", each turn a sample of its whole context and
+    # response (the product's trainer: tasks/train.py trains the step's turns, and the default
+    # step model was fitted per such token); "final_sequence", each finished trajectory once as
+    # its last turn's context + response (one sequence of actions and feedback, the paper's
+    # reading: sim.paper_workloads.PAPER_TRAIN_TOKENS). Throughput counts every turn's tokens either way.
+    train_tokens: str = "every_turn"
     # what long contexts add to rollout steps (sim/engine_cost.py; a fleet derives them, 0: none)
     rollout_kv_s_per_token: float = 0.0
     rollout_attn_s_per_pair: float = 0.0
@@ -94,6 +101,8 @@ class SimConfig:
             raise ValueError("train_s_per_token and publish_s must be >= 0")
         if self.rollout_kv_s_per_token < 0 or self.rollout_attn_s_per_pair < 0:
             raise ValueError("rollout context cost terms must be >= 0")
+        if self.train_tokens not in TRAIN_TOKENS:
+            raise ValueError(f"train_tokens must be one of {TRAIN_TOKENS}, got {self.train_tokens!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.group_size < 1 or not 0 < self.dapo_valid_rate <= 1:

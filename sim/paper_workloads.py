@@ -123,6 +123,14 @@ QWEN3_32B_ALFWORLD = PaperWorkload("qwen3_32b_alfworld", turns_median=10.0, resp
                                    first_prompt=1200.0, obs_tokens=250.0, env_s=0.5)
 
 
+# What the paper's trainer is charged for (SimConfig.train_tokens); the paper never says how a
+# multi-turn trajectory becomes training samples, and everything it says reads as one sequence
+# per trajectory: 'The resulting sequence of actions and feedback forms a trajectory. In the
+# training stage, the agent LLM updates its weights on the collected trajectories' (§1), 'the
+# generated trajectories are fed into the training stage' (§3), and it trains 32B with context
+# parallelism ('(TP, PP, CP) is ... (8, 1, 2)', §6), which splits one long sequence over GPUs.
+# So each finished trajectory's final sequence, once (not each turn's whole context again).
+PAPER_TRAIN_TOKENS = "final_sequence"
 QWEN3_32B_FLEET = "h100_qwen3_32b"  # TP-4 engines (sim/profiles/fleet_h100_qwen3_32b.json)
 QWEN3_32B_TP = 4  # §6: 'Rollout TP is 1 (8B) and 4 (32B)'
 
@@ -131,11 +139,13 @@ def qwen3_32b_setting(**kw) -> SimConfig:
     """The paper's 32B setting (§6), one simulated device per TP-4 engine: (Rollout, Training) =
     (16, 32) GPUs, so 4 rollout engines and 32 trainers; 1,024 trajectories a step (256 per
     engine); 'the per-device rollout batch size' 16 read per GPU, 64 per engine (on serving
-    engines too); borrowed serving GPUs capped at 64, 16 engines. `kw` changes any field."""
+    engines too); borrowed serving GPUs capped at 64, 16 engines; the trainer charged for each
+    trajectory's final sequence (PAPER_TRAIN_TOKENS). `kw` changes any field."""
     engines = 16 // QWEN3_32B_TP
     base = dict(gpus=engines + 32, trainers=32, traj_per_rollout_gpu=1024 // engines,
                 cap_per_rollout_gpu=16 * QWEN3_32B_TP, serving_max_turns=16 * QWEN3_32B_TP,
-                serving_ratio=64 / QWEN3_32B_TP / engines, workload=f"workload_paper_{QWEN3_32B_ALFWORLD.name}")
+                serving_ratio=64 / QWEN3_32B_TP / engines, workload=f"workload_paper_{QWEN3_32B_ALFWORLD.name}",
+                train_tokens=PAPER_TRAIN_TOKENS)
     return SimConfig(**(base | sweep_settings(QWEN3_32B_FLEET, None) | kw))
 
 

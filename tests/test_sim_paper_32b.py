@@ -104,8 +104,11 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
         r["vs_fixed"] = r["tokens_per_s"] / 100.0
     d = {"paper": PAPER_32B, "setting": dict(rollout_engines=4, tp=4, serving_engines=16, train_gpus=32,
                                               trajectories_per_step=1024, steps=3),
-         "fig1": dict(rollout_share=0.6, p75_share=0.7, prefill_share=0.86, turn_tokens_per_sequence_token=5.0,
-                      train_s=990.0),
+         "fig1": dict(rollout_share=0.88, p75_share=0.7, prefill_share=0.86, turn_tokens_per_sequence_token=5.0,
+                      train_s=198.0, train_tokens={
+                          "final_sequence": dict(train_s=198.0, rollout_share=0.88, p75_share=0.7, rose_vs_fixed=1.5),
+                          "every_turn": dict(train_s=990.0, rollout_share=0.6, p75_share=0.71,
+                                             rose_vs_fixed=1.2)}),
          "fig7a": rows, "dapo": dict(valid_share=0.5, fixed=rows["fixed"], rose=rows["rose"], rose_vs_fixed=1.5),
          "cap_sensitivity": [dict(per_engine=16, fixed_rollout_s=2500.0, rose_rollout_s=800.0, rose_vs_fixed=1.8,
                                   borrowed_share=0.8, slo_attainment=1.0)]}
@@ -115,5 +118,8 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
     assert "| rose | 150 | 1.50x | 900 | 50% | 100.0% | 1.46x over ROLL (GRPO) |" in text
     assert "3.31x" in text and "2.69x" in text and "960.1" in text
     assert "| 16 | 2500 | 800 | 1.80x | 80% | 100.0% |" in text
-    # the rollout share if each final sequence were trained once: 1500 / (1500 + 990 / 5 + 10)
-    assert f"{1500 / (1500 + 198 + 10):.0%} of the step" in text
+    # Fig. 1 and ROSE / fixed with the trainer charged each way, beside the paper's
+    assert "| each trajectory's final sequence once (the paper's reading) | 198 | 88.0% | 70.0% | 1.50x |" in text
+    assert "| every turn's whole context | 990 | 60.0% | 71.0% | 1.20x |" in text
+    assert "| paper | | > 70% | <= 30% | 1.46x over ROLL (GRPO) |" in text
+    assert "5.0x the tokens" in text and "990 s a step" in text
