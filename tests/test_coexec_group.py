@@ -185,3 +185,13 @@ def test_admitted_groups_always_keep_every_run_within_its_slo(runs, switch_s):
             assert group.parked_bytes(pool) <= limits.host_bytes(pool)
             # a pool serves each run once a round: no run's step beats the pool's round of work
             assert min(times.values()) >= sum(p.phase_s(pool) for p in group.runs) * (1 - 1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(profiles, min_size=2, max_size=5))
+def test_the_quick_floor_rejects_only_what_the_round_robin_would(runs):
+    runs = [RunProfile(f"r{i}", p.rollout_s, p.train_s, slo_factor=p.slo_factor) for i, p in enumerate(runs)]
+    verdict = check_admission(CoexecGroup("g", tuple(runs[:-1])), runs[-1], ROOMY)
+    times = co_step_times(runs)
+    within = all(times[p.run] <= p.slo_factor * p.solo_s * (1 + 1e-9) for p in runs)
+    assert verdict.admitted == within

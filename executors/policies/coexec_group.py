@@ -260,6 +260,15 @@ def check_admission(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> 
     if why := _residency(group, run, limits):
         return Admission(run.run, group.name, False, why)
     joined = group.with_run(run)
+    # a round holds the slowest run's whole step and every run's phase on each pool: a lower bound
+    # on every T_co that rejects a saturated group without playing the round robin
+    floor = max(max(p.solo_s for p in joined.runs), *(sum(p.phase_s(pool) for p in joined.runs) for pool in POOLS))
+    if tight := [p for p in joined.runs if floor > p.slo_factor * p.solo_s * (1 + 1e-9)]:
+        worst = min(tight, key=lambda p: p.slo_factor * p.solo_s)
+        return Admission(run.run, group.name, False,
+                         f"run {run.run} in group {group.name} would slow run {worst.run} to at least {floor:.1f} s "
+                         f"a step, {floor / worst.solo_s:.2f}x its solo {worst.solo_s:.1f} s "
+                         f"(SLO {worst.slo_factor:g}x)")
     times = joined.step_times(limits)
     late = [p for p in joined.runs if times[p.run] > p.slo_factor * p.solo_s * (1 + 1e-9)]
     if late:
