@@ -58,7 +58,8 @@ def _publish_round_trip(cfg, trainer, root: Path) -> bool:
     from storage.relay.filesystem import FilesystemRelay
     from storage.shards.grain import PublishLayout
     from storage.shards.layout import ParallelLayout
-    from storage.weights.sharded import ShardedPublisher, commit_sharded
+    from storage.weights.sharded_publisher import ShardedPublisher
+    from storage.weights.sharded_versions import commit_sharded
     from storage.weights.sharded_receiver import ShardedReceiver
 
     relay, specs, layout = FilesystemRelay(root), policy_full_specs(cfg), PublishLayout(ParallelLayout(1))

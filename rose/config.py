@@ -152,6 +152,12 @@ class StackConfig(Strict):
     # CPU-only workers env-0..N-1 hosting the rollouts' environments (resource env_cpu); 0: the
     # environments step in the rollout driver's process
     env_workers: int = Field(0, ge=0, le=16)
+    # the elastic reward pool (rose/stack/reward_pool.py): reward workers reward-i (reward_cpu),
+    # started as the reward queue grows, between reward_workers_min (0: none while idle) and
+    # this cap; 0: no pool, rewards come from the rollout's own environments
+    reward_workers: int = Field(0, ge=0, le=64)
+    reward_workers_min: int = Field(0, ge=0, le=64)
+    reward_threads: int = Field(4, ge=1, le=256)  # trajectories one reward worker scores at once
     dask_scheduler: str | None = None  # e.g. tcp://10.0.0.1:8786; None = start locally
     # TLS to that scheduler (tls://...); the local stack on 127.0.0.1 stays plain TCP
     dask_tls: DaskTLS | None = None
@@ -182,6 +188,13 @@ class StackConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_reward_pool(self) -> "StackConfig":
+        if self.reward_workers_min > self.reward_workers:
+            raise ValueError(f"stack.reward_workers_min ({self.reward_workers_min}) exceeds the pool's cap "
+                             f"stack.reward_workers ({self.reward_workers})")
+        return self
+
+    @model_validator(mode="after")
     def _check_device_classes(self) -> "StackConfig":
         classes = self.rollout_device_classes
         if classes and len(classes) != self.rollout_workers:
@@ -208,6 +221,20 @@ class StepLatencyConfig(Strict):
     dist: Literal["normal"] = "normal"
     mean_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     std_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+class RewardConfig(Strict):
+    """Where trajectory rewards are scored. env: the rollout's environments' rewards, summed as
+    each trajectory ends (no pool); elastic: each trajectory scored on the stack's reward pool
+    as soon as it ends, while the rollout goes on (RollArt's serverless reward; needs `rose up
+    --reward-workers N`); batch: every trajectory scored on the pool after the rollout (the
+    baseline elastic is measured against)."""
+
+    service: Literal["env", "elastic", "batch"] = "env"
+    # seconds a reward model would take per trajectory, drawn per trajectory (benchmarks: the
+    # environments' verifiers take microseconds); None: the verifier's own time
+    cost: StepLatencyConfig | None = None
+    timeout_s: float = Field(300.0, gt=0, allow_inf_nan=False)  # the last reward's wait
 
 
 class SchedulerConfig(Strict):
@@ -351,7 +378,7 @@ class PublishConfig(Strict):
     # (storage/delta/host_speed.py)
     measure_cpu: bool = True
     # The trainer's publish layout. None (default): one unsharded version. N: sharded
-    # (storage/weights/sharded.py): the trainer, one process (layout TP=1), pushes each
+    # (storage/weights/sharded_publisher.py): the trainer, one process (layout TP=1), pushes each
     # tensor-parallel tensor as N slices in parts of their own, so an engine rank of TP up to N
     # pulls only its slices (engines here are TP=1: they pull every part)
     shard_split: int | None = Field(None, ge=1, le=64)
@@ -419,6 +446,7 @@ class RunConfig(Strict):
     stack: StackConfig = StackConfig()
     rollout: RolloutConfig = RolloutConfig()
     borrow: BorrowConfig = BorrowConfig()
+    reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     publish: PublishConfig = PublishConfig()
     fault_injection: dict[str, int] = Field(default_factory=dict)  # tests only: {"train": step}
@@ -439,7 +467,7 @@ class RunConfig(Strict):
 
     @property
     def publishes_sharded(self) -> bool:
-        """Versions go out as shards (storage/weights/sharded.py): asked for with
+        """Versions go out as shards (storage/weights/sharded_publisher.py): asked for with
         publish.shard_split, or a megatron trainer, whose every rank pushes its own shard."""
         return self.publish.shard_split is not None or self.train.backend == "megatron"
 

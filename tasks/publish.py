@@ -47,7 +47,7 @@ from rose.config import RunConfig
 from storage.weights.transfer_metrics import worker_reasons, write_transfer_metrics
 from storage.relay.pool import shared_relay
 from storage.shards.plan import assemble
-from storage.weights.sharded import commit_sharded
+from storage.weights.sharded_versions import commit_sharded
 from storage.weights.digest import tensors_digest
 from storage.weights.transfer_metrics import PublishReport
 from tasks.borrow import stack_leases

@@ -159,7 +159,8 @@ def test_a_sharded_publishers_parts_share_one_measured_link(tmp_path):
     from storage.shards.layout import ParallelLayout
     from storage.shards.plan import param_specs
     from storage.shards.rules import infer_model_rules
-    from storage.weights.sharded import ShardedPublisher, commit_sharded
+    from storage.weights.sharded_publisher import ShardedPublisher
+    from storage.weights.sharded_versions import commit_sharded
     from storage.weights.sharded_receiver import ShardedReceiver
     from storage.weights.transfer_metrics import PublishReport
     from test_sharded_publish import _step, _tiny

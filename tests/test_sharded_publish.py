@@ -15,7 +15,8 @@ from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, assemble, param_specs, split_full
 from storage.shards.rules import ShardRule, infer_model_rules, infer_rule, megatron_attrs
 from storage.weights.versions import latest_version
-from storage.weights.sharded import ShardedPublisher, commit_sharded
+from storage.weights.sharded_publisher import ShardedPublisher
+from storage.weights.sharded_versions import commit_sharded
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 
 from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)

@@ -15,7 +15,7 @@ from storage.shards.layout import ParallelLayout
 from storage.shards.plan import param_specs, split_full
 from storage.shards.rules import infer_model_rules
 from storage.weights.versions import bucket_key, latest_version, read_manifest
-from storage.weights.sharded import ShardedPublisher
+from storage.weights.sharded_publisher import ShardedPublisher
 from storage.weights.sharded_receiver import NeedsFullSnapshot, ShardedReceiver
 
 from test_sharded_publish import _same, _step, _tiny

@@ -3,7 +3,7 @@
 Unsharded (the default): one storage.weights.sparse_publisher.SparsePublisher per run; its bf16
 copy of the last version is the next delta's base, and its thread serves full snapshots on
 request. Sharded (`publish.shard_split`, or a megatron trainer group): a
-storage.weights.sharded.ShardedPublisher per trainer rank for the trainer's layout (one Hugging
+storage.weights.sharded_publisher.ShardedPublisher per trainer rank for the trainer's layout (one Hugging
 Face process: TP=1; a megatron group: its tp x pp x dp, each rank pushing its own slices; each
 tensor-parallel slice split `shard_split` ways), one SparsePublisher per part, each serving its
 part's snapshots; `publish_sharded` pushes every part of a one-process trainer and commits the
@@ -27,7 +27,7 @@ from storage.shards.layout import ParallelLayout
 from storage.shards.plan import ParamSpec, param_specs
 from storage.shards.rules import infer_rule
 from storage.weights.coder_processes import shared_coders
-from storage.weights.sharded import ShardedPublisher
+from storage.weights.sharded_publisher import ShardedPublisher
 from storage.weights.link_rate import LinkRate
 from storage.weights.digest import tensors_digest
 from storage.weights.sparse_publisher import SparsePublisher

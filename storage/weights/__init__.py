@@ -3,7 +3,8 @@
 sharded_receiver.py, with the one full-snapshot wait both receivers share in snapshot_wait.py;
 stream_pull.py applies a delta's buckets while it is still being published; first_read.py
 reads a small version's manifest and buckets in one round trip),
-a run's versions in the relay: their keys, manifests and commit (versions.py),
+a run's versions in the relay: their keys, manifests and commit (versions.py); a version
+published as shards by each trainer rank (sharded_publisher.py), its commit (sharded_versions.py),
 the weights digest both sides check (digest.py), and per-step transfer metrics. May import the
 other storage packages (relay, delta, shards); nothing imports it from inside storage.
 """

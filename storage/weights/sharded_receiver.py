@@ -1,6 +1,6 @@
 """The receiving side of sharded publishing: one rank of a serving layout pulls only its slices.
 
-`ShardedReceiver.pull(v)` reads v's committed manifest (storage/weights/sharded.py), computes
+`ShardedReceiver.pull(v)` reads v's committed manifest (storage/weights/sharded_versions.py), computes
 from the trainer's layout and its own (storage/shards/grain.receiver_pieces) which published
 objects overlap its slices, fetches only the parts holding them (pull_weights: every bucket
 verified, deltas decoded onto the objects it holds), checks each part against the digest the
@@ -32,7 +32,7 @@ from storage.shards.rules import ShardRule
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.cores import available_cores
 from storage.weights.publisher import pull_weights
-from storage.weights.sharded import read_sharded
+from storage.weights.sharded_versions import read_sharded
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.digest import tensors_digest
 from storage.weights.versions import full_part, latest_version, read_manifest, request_key

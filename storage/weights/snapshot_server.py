@@ -10,7 +10,7 @@ that lost its objects) ask for a full snapshot; the design chosen here is republ
     (Mooncake master restart, eviction) it republishes that version in full, under its own key.
 Only the held (newest) version can be served: a receiver further behind takes the newest.
 No full snapshot is pushed unless someone needs it, so steady-state pushes stay sparse.
-A publisher of one `part` of a version (storage/weights/sharded.py) serves the same protocol
+A publisher of one `part` of a version (storage/weights/sharded_publisher.py) serves the same protocol
 under the part's prefix: `<part>/full-request`, answered under `<part>/full/`; it never
 republishes a lost part on its own (its version's commit names the stamp it had).
 

@@ -71,10 +71,10 @@ class SparsePublisher:
                  raw_samples: RawSamples | None = None, coder_processes: int = 0) -> None:
         """`link_gbps`: choose each tensor's form by predicted time over that link (None: by
         bytes alone), or by what `link_rate` measures once it has (it may be shared: the
-        parts of a sharded version, storage/weights/sharded.py);
+        parts of a sharded version, storage/weights/sharded_publisher.py);
         `workers`: encoding threads (None: every core this process may use);
         `part`: publish under that sub-prefix of each version, leaving `latest` alone (one
-        part of a version another commits: storage/weights/sharded.py); `stream`: announce
+        part of a version another commits: storage/weights/sharded_publisher.py); `stream`: announce
         coded deltas so receivers apply them bucket by bucket (storage/weights/stream_pull.py);
         `measure_cpu`: cost coding at this host's probed speed, not COSTS as fitted;
         `raw_samples`: the judge's samples that found raw so far (it may be shared: the

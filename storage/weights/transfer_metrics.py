@@ -123,7 +123,7 @@ class PublishReport:
     @classmethod
     def combine(cls, version: int, parts: list["PublishReport"], digest: str,
                 seconds: float) -> "PublishReport":
-        """One report for a version pushed as parts (storage/weights/sharded.py): kind "mixed"
+        """One report for a version pushed as parts (storage/weights/sharded_publisher.py): kind "mixed"
         when its parts differ, sizes and encode/push times summed, change counts still deferred."""
         kinds = sorted({r.kind for r in parts})
         bases = {r.base_version for r in parts}

@@ -15,7 +15,7 @@ Keys of a run (versions never share a key, so a reader never mixes two):
   rose/<run>/versions                versions held, the one being pushed included (a failed
                                      push's leftovers are pruned in turn); those older than
                                      version-2 are removed before it (at most 3 held at once)
-A part of a version (storage/weights/sharded.py) has the same keys under its own prefix
+A part of a version (storage/weights/sharded_versions.py) has the same keys under its own prefix
 (`part`), its full snapshot and request under `<part>/full/` and `<part>/full-request`.
 """
 from __future__ import annotations
@@ -86,7 +86,7 @@ def hold_versions(relay: Relay, run: str, version: int,
 
 def commit_version(relay: Relay, run: str, version: int, manifest: Manifest) -> None:
     """Make `version` visible with `manifest` when its payloads went out as parts pushed by
-    others (storage/weights/sharded.py): prune and list the versions held, this one
+    others (storage/weights/sharded_versions.py): prune and list the versions held, this one
     included, as publish_weights does, then the manifest, then `latest`, in the order a
     reader relies on."""
     hold_versions(relay, run, version)
