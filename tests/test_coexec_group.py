@@ -20,6 +20,7 @@ from executors.policies.coexec_group import (
     RunProfile,
     check_admission,
     co_step_times,
+    fits,
     join_group,
 )
 
@@ -195,3 +196,12 @@ def test_the_quick_floor_rejects_only_what_the_round_robin_would(runs):
     times = co_step_times(runs)
     within = all(times[p.run] <= p.slo_factor * p.solo_s * (1 + 1e-9) for p in runs)
     assert verdict.admitted == within
+
+
+def test_fits_checks_room_only_and_a_rejoining_run_is_not_counted_twice():
+    limits = PoolLimits(100 * GIB, 100 * GIB, max_runs=2)
+    a = RunProfile("a", 10, 10, 60 * GIB, 0)
+    group = CoexecGroup("g", (a, RunProfile("b", 500, 500)))  # b would break a's SLO: fits ignores that
+    assert fits(group, RunProfile("a", 12, 12, 70 * GIB, 0), limits) == ""  # a re-measured, in place of itself
+    assert "at most 2" in fits(group, RunProfile("c", 1, 1), limits)
+    assert "rollout pool host memory" in fits(CoexecGroup("h", (a,)), RunProfile("c", 1, 1, 50 * GIB), limits)

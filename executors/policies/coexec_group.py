@@ -12,6 +12,7 @@ API (stable; the product's `rose train --group` and the simulator call these):
     CoexecGroup(name, runs=())                 .with_run(p) .without(run) .names .step_times(limits)
     co_step_times(runs, switch_s=0.0) -> {run: T_co}
     check_admission(group, run, limits) -> Admission(run, group, admitted, reason, step_times)
+    fits(group, run, limits) -> str            room alone (size cap, host memory): why not, or ""
     join_group(groups, name, run, limits) -> Placement(run, group, new_group, reason, step_times)
         into the group `name` if admitted, else a new group of its own named after the run,
         with the reason; raises CoexecGroupError when the run cannot fit even alone.
@@ -250,14 +251,19 @@ def _residency(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> str:
     return ""
 
 
+def fits(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> str:
+    """Room for `run` in `group` (its size cap, each pool's host memory), the SLO aside: why not,
+    or ""."""
+    others = group.without(run.run)
+    if limits.max_runs is not None and len(others.runs) + 1 > limits.max_runs:
+        return f"group {group.name} has {len(others.runs)} runs, at most {limits.max_runs}"
+    return _residency(others, run, limits)
+
+
 def check_admission(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> Admission:
-    """May `run` join `group`? Residency first (cheap), then the SLO rule for every member."""
-    if run.run in group.names:
-        group = group.without(run.run)  # re-admission with fresh measurements
-    if limits.max_runs is not None and len(group.runs) + 1 > limits.max_runs:
-        return Admission(run.run, group.name, False,
-                         f"group {group.name} has {len(group.runs)} runs, at most {limits.max_runs}")
-    if why := _residency(group, run, limits):
+    """May `run` join `group`? Room first (cheap), then the SLO rule for every member."""
+    group = group.without(run.run)  # re-admission with fresh measurements
+    if why := fits(group, run, limits):
         return Admission(run.run, group.name, False, why)
     joined = group.with_run(run)
     # a round holds the slowest run's whole step and every run's phase on each pool: a lower bound
