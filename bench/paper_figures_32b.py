@@ -17,8 +17,9 @@ from argparse import Namespace
 from bench.paper_figures import job, runs, slo_of
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
-from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_32B_ALFWORLD, fit_turns_median, prefill_share,
-                                 qwen3_32b_setting, turn_tokens_per_sequence_token)
+from sim.fleet import load_fleet, train_parallelism
+from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_32B_ALFWORLD, QWEN3_32B_FLEET, fit_turns_median,
+                                 prefill_share, qwen3_32b_setting, turn_tokens_per_sequence_token)
 from sim.profiles import PROFILE_DIR
 from sim.report import speedup
 from sim.workload import WorkloadSpec
@@ -72,6 +73,8 @@ def figures(args: Namespace) -> dict:
     # 'the per-device rollout batch size to 16' read per engine instead of per GPU (the figures' reading)
     per_engine = dict(cap_per_rollout_gpu=16, serving_max_turns=16)
     every_turn = dict(train_tokens="every_turn")  # the trainer charged every turn's whole context
+    par = train_parallelism(load_fleet(QWEN3_32B_FLEET))  # the trainer's (8, 1, 2) (sim/train_parallel.py)
+    train_s_per_token = config(args).train_s_per_token  # compute + that communication
     fixed = runs({
         "fixed": job(config(args, config="fixed"), spec, "32B resource-fixed, turn-wise routing", own_slo=True),
         "every_turn": job(config(args, config="fixed", **every_turn), spec,
@@ -81,8 +84,10 @@ def figures(args: Namespace) -> dict:
         "per_engine": job(config(args, config="fixed", **per_engine), spec, "32B fixed, 16 per engine",
                           own_slo=True),
         # §2's characterization setting: 'a batch size of 256 ... on 16 H800 GPUs', split (8, 8) as
-        # for 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines
-        "s2": job(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128),
+        # for 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines; 8 trainers
+        # hold one TP-8 replica, without (8, 1, 2)'s CP ring
+        "s2": job(config(args, config="fixed", serving_ratio=0.0, gpus=2 + 8, trainers=8, traj_per_rollout_gpu=128,
+                         train_s_per_token=train_s_per_token - par.cp_s_per_token()),
                   spec, "32B fixed, §2 setting (256 trajectories, 8 + 8 GPUs)")})
     slo = slo_of(fixed["fixed"])
     rose = runs({
@@ -106,7 +111,9 @@ def figures(args: Namespace) -> dict:
     return {"paper": PAPER_32B, "setting": {"rollout_engines": c["rollout_gpus"], "tp": 4,
                                             "serving_engines": c["serving_gpus"], "train_gpus": c["train_gpus"],
                                             "trajectories_per_step": c["trajectories_per_step"],
-                                            "steps": args.steps, "train_tokens": PAPER_TRAIN_TOKENS},
+                                            "steps": args.steps, "train_tokens": PAPER_TRAIN_TOKENS,
+                                            "train_parallelism": [par.tp, par.pp, par.cp],
+                                            "train_comm_share": par.comm_s_per_token() / train_s_per_token},
             "fig1": {"rollout_share": f["rollout_share"], "p75_share": f["trajectory_p75_share"],
                      "prefill_share": prefill_share(spec), "preempted": f["preempted"],
                      "s2_rollout_share": s2["rollout_share"], "s2_p75_share": s2["trajectory_p75_share"],

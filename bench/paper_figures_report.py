@@ -198,12 +198,16 @@ def _findings_32b(d: dict) -> list[str]:
     if not ratio or not rows or not {"final_sequence", "every_turn"} <= set(rows):
         return []
     once, every = rows["final_sequence"], rows["every_turn"]
+    s = d["setting"]
+    comm = (f"The trainer's seconds include (TP, PP, CP) = ({', '.join(map(str, s['train_parallelism']))})'s "
+            f"communication, {s['train_comm_share']:.0%} of them (TP all-reduces over NVLink, the CP ring over "
+            "InfiniBand, not overlapped: sim/train_parallel.py). ") if s.get("train_parallelism") else ""
     return [f"The trainer's token model decides the 32B rollout share: on this workload every turn's whole context "
             f"is {ratio:.1f}x the tokens of the trajectories' final sequences, so a trainer charged for it spends "
             f"{every['train_s']:.0f} s a step (32 GPUs) and leaves rollout {pct(every['rollout_share'])} of the "
             f"step, against {once['train_s']:.0f} s and {pct(once['rollout_share'])} when each final sequence is "
-            "trained once. The paper does not say which its ROLL does; it describes a trajectory as one sequence "
-            "of actions and feedback that training consumes, and trains 32B with context parallelism, so the "
+            f"trained once. {comm}The paper does not say which its ROLL does; it describes a trajectory as one "
+            "sequence of actions and feedback that training consumes, and trains 32B with context parallelism, so the "
             "figures use the final sequence (sim/paper_workloads.py PAPER_TRAIN_TOKENS). The P75 trajectory's "
             "share is measured from the step's launch: 1,024 trajectories on 4 engines at 64 each run in waves, "
             "so it counts the wait for a slot; ROSE, which places the waiting ones on serving engines, has "

@@ -29,6 +29,7 @@ from functools import lru_cache
 from sim.engine_cost import ContextCost
 from sim.profiles import PROFILE_DIR, load_profile
 from sim.serving import BLOCK
+from sim.train_parallel import TrainParallelism
 from sim.workload import trace_requests
 
 SHAPES = PROFILE_DIR / "shapes"
@@ -51,6 +52,9 @@ class FleetSpec:
     bandwidth_source: str = ""
     tp: int = 1  # GPUs per engine; gpu_memory_gb and memory_bandwidth_tb_s stay one GPU's
     train_profile: str | None = None  # <name>_train.json's name (None: the rollout profile's)
+    # the trainer's (TP, PP, CP) and links: {"tp", "pp", "cp", "nvlink_gb_s", "ib_gb_s", "source"}
+    # (sim/train_parallel.py); None: data parallel only, no communication charged
+    train_parallelism: dict | None = None
 
     def __post_init__(self) -> None:
         for shape in (self.rollout_shape, self.serving_shape):
@@ -64,6 +68,20 @@ class FleetSpec:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
         if self.memory_bandwidth_tb_s is not None and not self.memory_bandwidth_tb_s > 0:
             raise ValueError(f"memory_bandwidth_tb_s must be > 0, got {self.memory_bandwidth_tb_s}")
+        if self.train_parallelism is not None:
+            train_parallelism(self)  # its own checks, with the shape's layers
+
+
+def train_parallelism(spec: FleetSpec) -> TrainParallelism | None:
+    """The fleet's trainer parallelism on its trained (rollout) model's shape, if it names one."""
+    if spec.train_parallelism is None:
+        return None
+    p = {k: v for k, v in spec.train_parallelism.items() if k != "source"}
+    unknown = set(p) - {"tp", "pp", "cp", "nvlink_gb_s", "ib_gb_s", "gpus_per_node"}
+    if unknown:
+        raise ValueError(f"train_parallelism has unknown keys {sorted(unknown)}")
+    c = _config(spec.rollout_shape)
+    return TrainParallelism(**p, layers=c["num_hidden_layers"], hidden=c["hidden_size"], kv_width=_widths(c)[1])
 
 
 def load_fleet(name: str) -> FleetSpec:
@@ -135,6 +153,12 @@ def fleet_settings(spec: FleetSpec) -> tuple[dict, dict]:
         longest = rollout.monolithic.xs[-1]
         train_s_per_token = 3 * rollout.prefill(int(longest)) / longest
         train_how = f"3 x P({int(longest)}) / {int(longest)} = {train_s_per_token:.3g} s"
+    par = train_parallelism(spec)
+    if par is not None:  # the splits' communication, per token and trainer GPU as the compute
+        train_s_per_token += par.comm_s_per_token()
+        train_how += (f" compute + (TP, PP, CP) = ({par.tp}, {par.pp}, {par.cp}) communication: TP all-reduces "
+                      f"{par.tp_s_per_token():.3g} s + CP ring {par.cp_s_per_token():.3g} s = "
+                      f"{train_s_per_token:.3g} s ({spec.train_parallelism.get('source', '')})")
     publish_s = BYTES * r_params / (spec.link_gbps * 1e9 / 8)
     prompts, outputs, span_s = trace_requests(spec.serving_max_len)
     busy = statistics.fmean(serving.prefill(p) + o * serving.decode_step(1) for p, o in zip(prompts, outputs))

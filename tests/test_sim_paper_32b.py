@@ -103,7 +103,8 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
     for r in rows.values():
         r["vs_fixed"] = r["tokens_per_s"] / 100.0
     d = {"paper": PAPER_32B, "setting": dict(rollout_engines=4, tp=4, serving_engines=16, train_gpus=32,
-                                              trajectories_per_step=1024, steps=3),
+                                              trajectories_per_step=1024, steps=3, train_parallelism=[8, 1, 2],
+                                              train_comm_share=0.26),
          "fig1": dict(rollout_share=0.88, p75_share=0.7, prefill_share=0.86, turn_tokens_per_sequence_token=5.0,
                       train_s=198.0, train_tokens={
                           "final_sequence": dict(train_s=198.0, rollout_share=0.88, p75_share=0.7, rose_vs_fixed=1.5),
@@ -122,4 +123,4 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
     assert "| each trajectory's final sequence once (the paper's reading) | 198 | 88.0% | 70.0% | 1.50x |" in text
     assert "| every turn's whole context | 990 | 60.0% | 71.0% | 1.20x |" in text
     assert "| paper | | > 70% | <= 30% | 1.46x over ROLL (GRPO) |" in text
-    assert "5.0x the tokens" in text and "990 s a step" in text
+    assert "5.0x the tokens" in text and "990 s a step" in text and "(8, 1, 2)'s communication, 26%" in text
