@@ -148,8 +148,8 @@ def paper_findings(doc: dict) -> list[str]:
     rose, free = e["rose"], e["elastic_free"]
     packed = speedup(e["rollpacker_rose"], e["fixed_4_steps"])
     return [
-        f"Why ROSE stays near the resource-fixed system here ({rose['vs_fixed']:.2f}x; the paper 1.31-1.46x "
-        "over ROLL): the simulated rollout is bound by its slowest trajectories. Doubling the rollout GPUs "
+        f"Why ROSE stays near the resource-fixed system on the 8B workload ({rose['vs_fixed']:.2f}x; the paper "
+        "1.31-1.46x over ROLL): the simulated rollout is bound by its slowest trajectories. Doubling the rollout GPUs "
         f"shortens it {f1['rollout_s_8'] / f1['rollout_s_16']:.2f}x (the paper's Fig. 1c: 607 -> 435 s, "
         "1.40x), and 16 external GPUs there from the step's start with no allocation (`elastic_free`: "
         f"dedicated, at least as good as any 16 borrowed ones) give {free['vs_fixed']:.2f}x with "
@@ -192,7 +192,9 @@ def paper_findings(doc: dict) -> list[str]:
         "GPU). AReaL-style is the fixed GPUs with generation one step ahead of training (staleness 1). "
         "Elastic allocation times and DAPO's valid-group share are not published: several are shown. "
         "RollPacker is modelled with an oracle for the long tail (its cut-off work is not charged): its "
-        "best case. Not simulated: the 32B ALFWorld workload and its TP-4 profile."]
+        "best case. The 8B rows charge the trainer every turn's whole context (SimConfig.train_tokens "
+        "every_turn), the 32B rows (above, TP-4 engines) each trajectory's final sequence once, the paper's "
+        "reading (sim/paper_workloads.py PAPER_TRAIN_TOKENS)."]
 
 
 def _concurrency_finding(doc: dict) -> list[str]:
