@@ -41,6 +41,16 @@ def test_a_saturated_pool_sets_the_pace():
     assert all(t > 200 for t in with_switches.values())
 
 
+def test_rollout_pools_of_their_own_share_one_trainer():
+    # RollMux's rollout scaling: three rollout-heavy runs, each its own rollout pool, one trainer pool
+    runs = [RunProfile(r, 100, 30, rollout_pool=f"rollout/{r}") for r in "abc"]
+    assert co_step_times(runs) == {r: pytest.approx(130) for r in "abc"}  # 3 x 30 s of training fit in 100 s
+    shared = [RunProfile(r, 100, 30) for r in "abc"]
+    assert co_step_times(shared) == {r: pytest.approx(300) for r in "abc"}  # one rollout pool: 3 rollouts a round
+    group = CoexecGroup("g", tuple(runs[:2]))
+    assert group.pools == ("rollout/a", "rollout/b", "train") and group.runs_on("rollout/a") == ("a",)
+
+
 def test_a_run_alone_takes_its_solo_time():
     assert co_step_times([RunProfile("a", 7, 5)]) == {"a": 12}
     with pytest.raises(ValueError, match="listed twice"):
@@ -144,6 +154,7 @@ def test_a_group_capped_in_runs_admits_no_more():
     (lambda: RunProfile("a", 1, 1, slo_factor=0.9), "slo_factor"),
     (lambda: RunProfile("a", 1, 1, train_parked_bytes=-1), "parked bytes"),
     (lambda: RunProfile("", 1, 1), "run name"),
+    (lambda: RunProfile("a", 1, 1, rollout_pool="gpu0"), "rollout_pool"),
     (lambda: PoolLimits(-1, 0), "host memory"),
     (lambda: PoolLimits(0, 0, switch_s=-1), "switch_s"),
     (lambda: PoolLimits(0, 0, max_runs=0), "max_runs"),
@@ -163,6 +174,7 @@ profiles = st.builds(
     rollout_parked_bytes=st.integers(0, 60 * GIB),
     train_parked_bytes=st.integers(0, 120 * GIB),
     slo_factor=st.floats(1, 2),
+    rollout_pool=st.sampled_from(["rollout", "rollout/x", "rollout/y"]),
 )
 
 
@@ -173,7 +185,7 @@ def test_admitted_groups_always_keep_every_run_within_its_slo(runs, switch_s):
     groups: list[CoexecGroup] = []
     for i, run in enumerate(runs):
         run = RunProfile(f"r{i}", run.rollout_s, run.train_s, run.rollout_parked_bytes,
-                         run.train_parked_bytes, run.slo_factor)
+                         run.train_parked_bytes, run.slo_factor, run.rollout_pool)
         target = groups[i % len(groups)].name if groups else "g0"  # ask each group in turn
         placed = join_group(groups, target, run, limits)
         home = next((g for g in groups if g.name == placed.group), CoexecGroup(placed.group))
@@ -182,16 +194,17 @@ def test_admitted_groups_always_keep_every_run_within_its_slo(runs, switch_s):
         times = group.step_times(limits)
         for p in group.runs:
             assert p.solo_s * (1 - 1e-9) <= times[p.run] <= p.slo_factor * p.solo_s * (1 + 1e-9)
-        for pool in (ROLLOUT, TRAIN):
+        for pool in group.pools:
             assert group.parked_bytes(pool) <= limits.host_bytes(pool)
-            # a pool serves each run once a round: no run's step beats the pool's round of work
-            assert min(times.values()) >= sum(p.phase_s(pool) for p in group.runs) * (1 - 1e-9)
+            # a pool serves each of its runs once a round: no run's step beats the pool's round of work
+            assert min(times.values()) >= sum(p.phase_s(pool) for p in group.runs if p.uses(pool)) * (1 - 1e-9)
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(profiles, min_size=2, max_size=5))
 def test_the_quick_floor_rejects_only_what_the_round_robin_would(runs):
-    runs = [RunProfile(f"r{i}", p.rollout_s, p.train_s, slo_factor=p.slo_factor) for i, p in enumerate(runs)]
+    runs = [RunProfile(f"r{i}", p.rollout_s, p.train_s, slo_factor=p.slo_factor, rollout_pool=p.rollout_pool)
+            for i, p in enumerate(runs)]
     verdict = check_admission(CoexecGroup("g", tuple(runs[:-1])), runs[-1], ROOMY)
     times = co_step_times(runs)
     within = all(times[p.run] <= p.slo_factor * p.solo_s * (1 + 1e-9) for p in runs)

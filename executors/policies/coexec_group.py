@@ -3,9 +3,13 @@ run's rollout filling another's training phase, each run kept within its SLO fac
 
 API (stable; the product's `rose train --group` and the simulator call these):
 
-    RunProfile(run, rollout_s, train_s, rollout_parked_bytes=0, train_parked_bytes=0, slo_factor=2.0)
+    RunProfile(run, rollout_s, train_s, rollout_parked_bytes=0, train_parked_bytes=0, slo_factor=2.0,
+               rollout_pool=ROLLOUT)
         a run's measured solo phase times (seconds per step) and the host memory its parked state
         takes on each pool; T_solo = rollout_s + train_s (its own pools, nothing shared).
+        `rollout_pool`: which of the group's rollout pools it rolls out on; one ("rollout") unless
+        the group's rollout side is scaled out (RollMux's rollout scaling: "rollout/<name>" pools,
+        each with its own round robin, one trainer pool for all).
     PoolLimits(rollout_host_bytes, train_host_bytes, switch_s=0.0, max_runs=None)
         host memory on each pool for the group's parked states; `switch_s` a warm start's cost
         each time a pool passes from one run to another; `max_runs` an optional cap.
@@ -18,7 +22,7 @@ API (stable; the product's `rose train --group` and the simulator call these):
         with the reason; raises CoexecGroupError when the run cannot fit even alone.
     PhaseTurns(order=(), served={})            .join(run) .leave(run) .whose_turn(pool)
         .next(pool, waiting) .served_by(pool, run) .to_dict() / PhaseTurns.from_dict(d)
-    ROLLOUT, TRAIN: the two pool names.
+    ROLLOUT, TRAIN: the pool names (PhaseTurns takes these two).
 
 Admission checks (a) residency: the parked states of all the group's runs fit each pool's host
 memory, so every switch is a warm start from host memory; (b) the SLO rule: for every run in the
@@ -58,10 +62,14 @@ class RunProfile:
     rollout_parked_bytes: int = 0  # host memory its parked rollout state takes on the rollout pool
     train_parked_bytes: int = 0  # weights + optimizer state parked on the trainer pool's hosts
     slo_factor: float = 2.0  # T_co may be at most this times T_solo
+    rollout_pool: str = ROLLOUT
 
     def __post_init__(self) -> None:
         if not self.run:
             raise ValueError("run profile needs a run name")
+        if not (self.rollout_pool == ROLLOUT or self.rollout_pool.startswith(ROLLOUT + "/")):
+            raise ValueError(f"run {self.run}: rollout_pool must be {ROLLOUT!r} or '{ROLLOUT}/<name>', "
+                             f"got {self.rollout_pool!r}")
         if not (self.rollout_s > 0 and self.train_s > 0):
             raise ValueError(f"run {self.run}: phase times must be > 0 s, got rollout {self.rollout_s}, "
                              f"train {self.train_s}")
@@ -74,11 +82,14 @@ class RunProfile:
     def solo_s(self) -> float:
         return self.rollout_s + self.train_s
 
+    def uses(self, pool: str) -> bool:
+        return pool in (TRAIN, self.rollout_pool)
+
     def phase_s(self, pool: str) -> float:
-        return self.rollout_s if pool == ROLLOUT else self.train_s
+        return self.train_s if pool == TRAIN else self.rollout_s
 
     def parked_bytes(self, pool: str) -> int:
-        return self.rollout_parked_bytes if pool == ROLLOUT else self.train_parked_bytes
+        return self.train_parked_bytes if pool == TRAIN else self.rollout_parked_bytes
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class PoolLimits:
             raise ValueError(f"max_runs must be >= 1 or None, got {self.max_runs}")
 
     def host_bytes(self, pool: str) -> int:
-        return self.rollout_host_bytes if pool == ROLLOUT else self.train_host_bytes
+        return self.train_host_bytes if pool == TRAIN else self.rollout_host_bytes
 
 
 @dataclass(frozen=True)
@@ -179,29 +190,36 @@ def co_step_times(runs: Sequence[RunProfile], switch_s: float = 0.0, rounds: int
     if rounds <= warmup:
         raise ValueError(f"co_step_times: rounds must be > {warmup} (the warm-up), got {rounds}")
     by_name = {p.run: p for p in runs}
-    turns = PhaseTurns(tuple(names))
-    free = dict.fromkeys(POOLS, 0.0)
-    last: dict[str, str | None] = dict.fromkeys(POOLS)
+    pools = _pools(runs)
+    # a round robin per pool over the runs using it (PhaseTurns' ROLLOUT turns for each rollout pool)
+    turns = {pool: PhaseTurns(tuple(r for r in names if by_name[r].uses(pool))) for pool in pools}
+    free = dict.fromkeys(pools, 0.0)
+    last: dict[str, str | None] = dict.fromkeys(pools)
     ready = dict.fromkeys(names, 0.0)  # when the run's previous phase ended
-    wants = dict.fromkeys(names, ROLLOUT)
+    wants = {r: by_name[r].rollout_pool for r in names}
     step_ends: dict[str, list[float]] = {r: [0.0] for r in names}
     while min(len(ends) for ends in step_ends.values()) <= rounds:
         moved = False
-        for pool in POOLS:
-            run = turns.next(pool, [r for r in names if wants[r] == pool])
+        for pool in pools:
+            kind = TRAIN if pool == TRAIN else ROLLOUT
+            run = turns[pool].next(kind, [r for r in names if wants[r] == pool])
             if run is None:
                 continue
             start = max(free[pool], ready[run]) + (switch_s if last[pool] not in (None, run) else 0.0)
             end = start + by_name[run].phase_s(pool)
             free[pool], last[pool], ready[run] = end, run, end
-            wants[run] = TRAIN if pool == ROLLOUT else ROLLOUT
-            turns = turns.served_by(pool, run)
+            wants[run] = TRAIN if pool != TRAIN else by_name[run].rollout_pool
+            turns[pool] = turns[pool].served_by(kind, run)
             if pool == TRAIN:
                 step_ends[run].append(end)
             moved = True
         if not moved:  # unreachable while runs alternate phases (module docstring)
             raise RuntimeError("phase turns stalled")
     return {r: max(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:])) for r, ends in step_ends.items()}
+
+
+def _pools(runs: Iterable[RunProfile]) -> tuple[str, ...]:
+    return (*sorted({p.rollout_pool for p in runs}), TRAIN)
 
 
 @dataclass(frozen=True)
@@ -225,8 +243,15 @@ class CoexecGroup:
     def without(self, run: str) -> "CoexecGroup":
         return replace(self, runs=tuple(p for p in self.runs if p.run != run))
 
+    @property
+    def pools(self) -> tuple[str, ...]:
+        return _pools(self.runs)
+
     def parked_bytes(self, pool: str) -> int:
-        return sum(p.parked_bytes(pool) for p in self.runs)
+        return sum(p.parked_bytes(pool) for p in self.runs if p.uses(pool))
+
+    def runs_on(self, pool: str) -> tuple[str, ...]:
+        return tuple(p.run for p in self.runs if p.uses(pool))
 
     def step_times(self, limits: PoolLimits) -> dict[str, float]:
         return co_step_times(self.runs, limits.switch_s)
@@ -242,10 +267,10 @@ class Admission:
 
 
 def _residency(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> str:
-    for pool in POOLS:
+    for pool in (run.rollout_pool, TRAIN):
         have, others, mine = limits.host_bytes(pool), group.parked_bytes(pool), run.parked_bytes(pool)
         if others + mine > have:
-            held = f"{_gib(others)} parked by {', '.join(group.names)} + " if group.runs else ""
+            held = f"{_gib(others)} parked by {', '.join(group.runs_on(pool))} + " if group.runs_on(pool) else ""
             return (f"run {run.run} does not fit group {group.name}: {pool} pool host memory {_gib(have)} "
                     f"< {held}{_gib(mine)} parked by {run.run}")
     return ""
@@ -268,7 +293,8 @@ def check_admission(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> 
     joined = group.with_run(run)
     # a round holds the slowest run's whole step and every run's phase on each pool: a lower bound
     # on every T_co that rejects a saturated group without playing the round robin
-    floor = max(max(p.solo_s for p in joined.runs), *(sum(p.phase_s(pool) for p in joined.runs) for pool in POOLS))
+    floor = max(max(p.solo_s for p in joined.runs),
+                *(sum(p.phase_s(pool) for p in joined.runs if p.uses(pool)) for pool in joined.pools))
     if tight := [p for p in joined.runs if floor > p.slo_factor * p.solo_s * (1 + 1e-9)]:
         worst = min(tight, key=lambda p: p.slo_factor * p.solo_s)
         return Admission(run.run, group.name, False,
