@@ -4,7 +4,7 @@ The demo policy (1.7 MB, one bucket) is published as `rose train` publishes it a
 link (a delta all sent raw: pulled once complete), through the relay as `rose up` opens it
 (store client, tests' and bench/transfer.py's start_relay). One receiver pulls each version
 with its manifest and buckets read together (storage/weights/first_read.py), another with
-the guess off (manifest, then buckets), and the dense path (publisher.pull_weights) beside
+the guess off (manifest, then buckets), and the dense path (apply_pipeline.pull_weights) beside
 them, alternating version by version so all three see the same machine. Median of
 `--repeat` pulls each; prints a table and writes JSON.
 
@@ -29,7 +29,8 @@ from bench.transfer_e2e import start_relay  # noqa: E402
 from bench.transfer_workloads import demo_policy_model  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 from storage.weights import first_read  # noqa: E402
-from storage.weights.publisher import publish_weights, pull_weights  # noqa: E402
+from storage.weights.apply_pipeline import pull_weights  # noqa: E402
+from storage.weights.publisher import publish_weights  # noqa: E402
 from storage.weights.receiver import WeightReceiver  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
 

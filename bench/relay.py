@@ -36,7 +36,7 @@ def _reader(conn, master: str, metadata: str, client_addr: str | None = None) ->
     """Second process: answers ("plain"|"single"|"batch"|"pull", keys/run) with seconds taken;
     a dummy client of the store client at `client_addr` when given."""
     from storage.relay.mooncake import MooncakeRelay
-    from storage.weights.publisher import pull_weights
+    from storage.weights.apply_pipeline import pull_weights
 
     relay = MooncakeRelay(master, metadata, segment_bytes=0, local_buffer_bytes=128 << 20,
                           client_addr=client_addr)

@@ -116,7 +116,7 @@ def _reader(conn, master: str, metadata: str, batch_bytes: int,
     torch.set_num_threads(1)
     from storage.relay.mooncake import MooncakeRelay
     from storage.weights.digest import tensors_digest
-    from storage.weights.publisher import pull_weights
+    from storage.weights.apply_pipeline import pull_weights
     from storage.weights.receiver import WeightReceiver
 
     kernels.warm_up()  # a long-lived receiver has its codec kernels compiled

@@ -14,7 +14,7 @@ from rose.config import PublishConfig
 from storage.delta import time_model as tm
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.parallel import ordered_map
-from storage.weights.publisher import pull_weights
+from storage.weights.apply_pipeline import pull_weights
 from storage.weights.versions import read_manifest
 from storage.weights.receiver import WeightReceiver
 from storage.weights.sparse_publisher import SparsePublisher

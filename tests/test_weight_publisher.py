@@ -11,7 +11,8 @@ from storage.weights.buckets import CorruptBucket, Manifest
 from storage.relay.base import RelayKeyMissing
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.payloads import register_decoder
-from storage.weights.publisher import publish_weights, pull_weights
+from storage.weights.apply_pipeline import pull_weights
+from storage.weights.publisher import publish_weights
 from storage.weights.versions import bucket_key, latest_key, latest_version, manifest_key
 
 from mooncake_fixtures import mooncake, mooncake_pair, mooncake_shared_pair, ns, relays  # noqa: F401 (fixtures)

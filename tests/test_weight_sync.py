@@ -14,7 +14,7 @@ from storage.delta import DeltaBaseMismatch
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sparse_publisher import SparsePublisher
 from storage.weights.transfer_metrics import changed_count
-from storage.weights.publisher import pull_weights
+from storage.weights.apply_pipeline import pull_weights
 from storage.weights.versions import bucket_key, manifest_key, read_manifest, request_key
 from storage.weights.receiver import SnapshotUnavailable, WeightReceiver
 

@@ -1,6 +1,7 @@
 """Publishing and pulling policy weights over a relay: buckets, full snapshots and sparse deltas
 (publisher.py, sparse_publisher.py with its per-tensor choice in tensor_form.py, receiver.py,
 sharded_receiver.py, with the one full-snapshot wait both receivers share in snapshot_wait.py;
+the receiver's pipeline in apply_pipeline.py, fed by bucket_fetch.py;
 stream_pull.py applies a delta's buckets while it is still being published; first_read.py
 reads a small version's manifest and buckets in one round trip),
 a run's versions in the relay: their keys, manifests and commit (versions.py); a version

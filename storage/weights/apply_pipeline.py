@@ -22,24 +22,21 @@ are no longer the version it held (storage/weights/receiver.py then takes a full
 """
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from storage.delta import read_header
 from storage.relay.base import Relay, RelayKeyMissing
-from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
+from storage.weights.bucket_fetch import BucketFetcher
+from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, batches, verify_bucket
 from storage.weights.digest import tensor_hash
 from storage.weights.link_rate import TransferClock
 from storage.weights.parallel import ordered_map
-from storage.weights.versions import bucket_key
+from storage.weights.payloads import shape_bytes
 from storage.weights.spans import SpanHashes, SpanTargets, decode_entry, entry_bytes
-
-_POLL_S = 0.05  # how often a blocked fetcher looks whether the pull was abandoned
+from storage.weights.versions import bucket_key, latest_version, read_manifest
 
 
 def fits(manifest: Manifest, tensors: dict[str, torch.Tensor] | None) -> bool:
@@ -51,83 +48,6 @@ def fits(manifest: Manifest, tensors: dict[str, torch.Tensor] | None) -> bool:
     return want.keys() == tensors.keys() and all(
         list(tensors[n].shape) == list(m.get("shape", [])) and
         str(tensors[n].dtype).removeprefix("torch.") == m.get("dtype") for n, m in want.items())
-
-
-class _Fetcher:
-    """Fetcher threads: bucket indices in, (index, verified view | error) out; at most `depth`
-    buckets taken and not yet released by the consumer; `gets` times the relay gets alone."""
-
-    def __init__(self, relay: Relay, keys: list[str], infos: list[BucketInfo], threads: int,
-                 depth: int, retries: int, gets: TransferClock,
-                 read: dict[int, memoryview] | None = None) -> None:
-        self.relay, self.keys, self.infos, self.retries = relay, keys, infos, retries
-        self.gets = gets
-        self.read = dict(read or {})  # bucket index -> a copy read already (first_read.py)
-        self.out: queue.Queue = queue.Queue()
-        self.tokens = threading.Semaphore(depth)
-        self.stop = threading.Event()
-        self._next = iter(range(len(keys)))
-        self._lock = threading.Lock()
-        self.fetch_s, self.rejected, self.rejected_bytes = 0.0, 0, 0
-        # one bucket (a small model): fetched inline, nothing to overlap and no thread to start
-        self.inline = len(keys) == 1
-        self.threads = [] if self.inline else [
-            threading.Thread(target=self._run, daemon=True, name="rose-fetch")
-            for _ in range(max(1, min(threads, len(keys))))]
-        for t in self.threads:
-            t.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            while not self.tokens.acquire(timeout=_POLL_S):
-                if self.stop.is_set():
-                    return
-            with self._lock:
-                i = next(self._next, None)
-            if i is None or self.stop.is_set():
-                self.tokens.release()
-                return
-            self.out.put(self._fetch(i))
-
-    def _fetch(self, i: int) -> tuple[int, Any]:
-        t = time.perf_counter()
-        try:
-            for attempt in range(self.retries + 1):
-                start = time.perf_counter()
-                with self._lock:
-                    blob = self.read.pop(self.infos[i].index, None)
-                if blob is None:
-                    blob = self.relay.get_many([self.keys[i]])[0]
-                    self.gets.add(memoryview(blob).nbytes, start, time.perf_counter())
-                try:
-                    return i, verify_bucket(self.infos[i], blob, self.keys[i])
-                except CorruptBucket as e:  # rejected whole; fetched again (a torn read heals)
-                    with self._lock:
-                        self.rejected += 1
-                        self.rejected_bytes += memoryview(blob).nbytes
-                    if attempt == self.retries:
-                        return i, CorruptBucket(f"{e} (rejected {self.retries + 1} times)")
-        except RelayKeyMissing as e:
-            return i, RelayKeyMissing(f"incomplete: {e}")
-        except Exception as e:  # a relay error: the consumer raises it
-            return i, e
-        finally:
-            with self._lock:
-                self.fetch_s += time.perf_counter() - t
-        raise AssertionError("unreachable")
-
-    def arrivals(self) -> Iterator[tuple[int, memoryview]]:
-        for _ in self.keys:
-            i, got = self._fetch(0) if self.inline else self.out.get()
-            if isinstance(got, BaseException):
-                raise got
-            yield i, got
-            self.tokens.release()  # the bucket is applied: room for the next fetch
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 class BucketApplier:
@@ -207,7 +127,7 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
     st["bytes"] += sum(b.nbytes for b in rest)
     st["buckets"] += len(rest)
     keys = [bucket_key(run, version, b.index, part) for b in rest]
-    fetcher = _Fetcher(relay, keys, rest, fetchers, depth, retries,
+    fetcher = BucketFetcher(relay, keys, rest, fetchers, depth, retries,
                        st.setdefault("gets", TransferClock()), read)
     try:
         t = time.perf_counter()
@@ -222,3 +142,60 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest,
         st["bytes"] += fetcher.rejected_bytes
     st["hashes"].update(applier.spans.tensors())  # every span is in: each tensor's hash
     return applier.out
+
+
+def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes: int = 1 << 30,
+                 base: dict[str, torch.Tensor] | None = None, base_version: int | None = None,
+                 stats: dict[str, float] | None = None, part: str = "",
+                 manifest: Manifest | None = None,
+                 workers: int = 1) -> tuple[int, dict[str, torch.Tensor]]:
+    """Fetch `version` of `run` (None: the latest) and return (version, tensors).
+
+    Buckets are fetched `batch_bytes` at a time and each is verified on arrival; tensors are
+    built only once every bucket checked out (CorruptBucket otherwise, nothing returned).
+    Raw tensors are views over the fetched buffers (no extra copy). `base`/`base_version` are
+    what the receiver holds, for delta encodings (a payload whose base differs raises
+    storage.delta.DeltaError). `stats`, if given, receives timings, and under "gets" a
+    TransferClock of the relay gets (storage/weights/link_rate.py). `part` reads a snapshot
+    pushed under the version's sub-prefix; `manifest` saves re-reading one already read;
+    `workers` threads decode (raw payloads are views: they cost nothing to decode).
+    """
+    t0 = time.perf_counter()
+    if version is None:
+        version = latest_version(relay, run)
+        if version is None:
+            raise RelayKeyMissing(f"no weights of run {run!r} in the {relay.name} relay")
+    if manifest is None:
+        manifest = read_manifest(relay, run, version, part)
+    views: list[memoryview] = []
+    gets = TransferClock() if stats is None else stats.setdefault("gets", TransferClock())
+    for batch in batches(manifest, batch_bytes):
+        keys = [bucket_key(run, version, i, part) for i in batch]
+        t = time.perf_counter()
+        try:
+            blobs = relay.get_many(keys)
+        except RelayKeyMissing as e:
+            raise RelayKeyMissing(f"weights v{version} of run {run!r} incomplete: {e}") from None
+        gets.add(sum(memoryview(b).nbytes for b in blobs), t, time.perf_counter())
+        views += [verify_bucket(manifest.buckets[i], blob, key)
+                  for i, blob, key in zip(batch, blobs, keys)]
+    t1 = time.perf_counter()
+    if stats is not None:  # before decoding: a payload refused there was still fetched
+        stats.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=t1 - t0)
+    targets = SpanTargets(None, in_place=False)
+
+    def decode(item: tuple[Any, Any]) -> torch.Tensor:
+        bucket, entry = item
+        payload = views[bucket.index][entry.offset:entry.offset + entry.length]
+        return decode_entry(entry.name, payload, entry.meta, base, base_version, targets)
+
+    def cost(item: tuple[Any, Any]) -> int:
+        meta = item[1].meta
+        return 0 if meta.get("encoding") == "raw" else shape_bytes(meta)
+
+    entries = list(manifest.entries())
+    out = {entry.name: t for (_, entry), t in zip(entries, ordered_map(decode, entries, workers,
+                                                                     cost))}
+    if stats is not None:
+        stats["decode_s"] = time.perf_counter() - t1
+    return version, out

@@ -3,8 +3,8 @@
 Each payload carries its `encoding` in the manifest entry's metadata, with dtype and shape:
 "raw" (the tensor's bytes as they are in memory) or "rsdt" (a storage.delta payload: dense
 snapshot or sparse delta, with its own base/target versions and result checksum); others are
-added with register_decoder. storage/weights/publisher.py (whole versions) and
-storage/weights/apply_pipeline.py (bucket by bucket) decode through `decode_payload`.
+added with register_decoder. The receiver's pipeline (storage/weights/apply_pipeline.py)
+decodes through `decode_payload`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Publish policy weights through a relay, and pull them back bit-exactly.
+"""Publish policy weights through a relay (pulled back bit-exactly by
+storage/weights/apply_pipeline.py).
 
 The relay keys a version is written under, and reading its manifest back:
 storage/weights/versions.py (the manifest is written last: a version is complete once it
@@ -17,16 +18,14 @@ from typing import Any
 import torch
 
 from storage.weights.buckets import (DEFAULT_BUCKET_BYTES, BucketInfo, Manifest,
-                                     batches, pack_buckets, verify_bucket)
-from storage.weights.link_rate import TransferClock
+                                     pack_buckets)
 from storage.weights.parallel import ordered_map
-from storage.weights.payloads import Encoder, raw_encoder, shape_bytes
+from storage.weights.payloads import Encoder, raw_encoder
 from storage.weights.push_pipeline import BucketPusher
-from storage.weights.spans import Piece, SpanTargets, decode_entry, piece_bytes, pieces
-from storage.relay.base import Buffer, Relay, RelayKeyMissing
+from storage.weights.spans import Piece, piece_bytes, pieces
+from storage.relay.base import Buffer, Relay
 from storage.weights.versions import (announce_key, bucket_info_key, bucket_key, hold_versions,
-                                      latest_key, latest_version, manifest_key, read_manifest,
-                                      version_prefix)
+                                      latest_key, manifest_key, version_prefix)
 
 
 @dataclass(frozen=True)
@@ -140,61 +139,3 @@ def publish_weights(relay: Relay, run: str, version: int, tensors: dict[str, tor
     puts = (pusher.puts.bytes, pusher.puts.seconds) if pusher else (0, 0.0)
     return PublishStats(version, len(tensors), total, len(infos), serialize_s, push_s, *puts,
                         held_versions=None if part else frozenset(held))
-
-
-def pull_weights(relay: Relay, run: str, version: int | None = None, batch_bytes: int = 1 << 30,
-                 base: dict[str, torch.Tensor] | None = None, base_version: int | None = None,
-                 stats: dict[str, float] | None = None, part: str = "",
-                 manifest: Manifest | None = None,
-                 workers: int = 1) -> tuple[int, dict[str, torch.Tensor]]:
-    """Fetch `version` of `run` (None: the latest) and return (version, tensors).
-
-    Buckets are fetched `batch_bytes` at a time and each is verified on arrival; tensors are
-    built only once every bucket checked out (CorruptBucket otherwise, nothing returned).
-    Raw tensors are views over the fetched buffers (no extra copy). `base`/`base_version` are
-    what the receiver holds, for delta encodings (a payload whose base differs raises
-    storage.delta.DeltaError). `stats`, if given, receives timings, and under "gets" a
-    TransferClock of the relay gets (storage/weights/link_rate.py). `part` reads a snapshot
-    pushed under the version's sub-prefix; `manifest` saves re-reading one already read;
-    `workers` threads decode (raw payloads are views: they cost nothing to decode).
-    """
-    t0 = time.perf_counter()
-    if version is None:
-        version = latest_version(relay, run)
-        if version is None:
-            raise RelayKeyMissing(f"no weights of run {run!r} in the {relay.name} relay")
-    if manifest is None:
-        manifest = read_manifest(relay, run, version, part)
-    views: list[memoryview] = []
-    gets = TransferClock() if stats is None else stats.setdefault("gets", TransferClock())
-    for batch in batches(manifest, batch_bytes):
-        keys = [bucket_key(run, version, i, part) for i in batch]
-        t = time.perf_counter()
-        try:
-            blobs = relay.get_many(keys)
-        except RelayKeyMissing as e:
-            raise RelayKeyMissing(f"weights v{version} of run {run!r} incomplete: {e}") from None
-        gets.add(sum(memoryview(b).nbytes for b in blobs), t, time.perf_counter())
-        views += [verify_bucket(manifest.buckets[i], blob, key)
-                  for i, blob, key in zip(batch, blobs, keys)]
-    t1 = time.perf_counter()
-    if stats is not None:  # before decoding: a payload refused there was still fetched
-        stats.update(bytes=manifest.nbytes, buckets=len(manifest.buckets), fetch_s=t1 - t0)
-    targets = SpanTargets(None, in_place=False)
-
-    def decode(item: tuple[Any, Any]) -> torch.Tensor:
-        bucket, entry = item
-        payload = views[bucket.index][entry.offset:entry.offset + entry.length]
-        return decode_entry(entry.name, payload, entry.meta, base, base_version, targets)
-
-    def cost(item: tuple[Any, Any]) -> int:
-        meta = item[1].meta
-        return 0 if meta.get("encoding") == "raw" else shape_bytes(meta)
-
-    entries = list(manifest.entries())
-    out = {entry.name: t for (_, entry), t in zip(entries, ordered_map(decode, entries, workers,
-                                                                     cost))}
-    if stats is not None:
-        stats["decode_s"] = time.perf_counter() - t1
-    return version, out
-

@@ -31,14 +31,13 @@ from typing import Any
 import torch
 
 from storage.delta import kernels
-from storage.weights.apply_pipeline import fits, pull_into
+from storage.weights.apply_pipeline import fits, pull_into, pull_weights
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.first_read import Layout, read_first
 from storage.cores import available_cores
 from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.digest import tensors_digest
-from storage.weights.publisher import pull_weights
 from storage.weights.versions import latest_version, read_manifest, request_key
 from storage.weights.stream_pull import await_published, stream_into
 

@@ -31,7 +31,7 @@ from storage.shards.plan import apply_pull
 from storage.shards.rules import ShardRule
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.cores import available_cores
-from storage.weights.publisher import pull_weights
+from storage.weights.apply_pipeline import pull_weights
 from storage.weights.sharded_versions import read_sharded
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.digest import tensors_digest
