@@ -22,6 +22,7 @@ from executors.policies.coexec_group import (
     co_step_times,
     fits,
     join_group,
+    play_round_robin,
 )
 
 GIB = 2**30
@@ -218,3 +219,26 @@ def test_fits_checks_room_only_and_a_rejoining_run_is_not_counted_twice():
     assert fits(group, RunProfile("a", 12, 12, 70 * GIB, 0), limits) == ""  # a re-measured, in place of itself
     assert "at most 2" in fits(group, RunProfile("c", 1, 1), limits)
     assert "rollout pool host memory" in fits(CoexecGroup("h", (a,)), RunProfile("c", 1, 1, 50 * GIB), limits)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(profiles, min_size=2, max_size=5), st.floats(0, 5))
+def test_the_estimate_is_the_round_robin_played_long_enough(runs, switch_s):
+    runs = [RunProfile(f"r{i}", p.rollout_s, p.train_s, rollout_pool=p.rollout_pool) for i, p in enumerate(runs)]
+    t_co = co_step_times(runs, switch_s)
+    played = play_round_robin(runs, switch_s, rounds=400)
+    for r, ends in played.items():
+        # each run's average step over the last 200 rounds: the steady state, the start-up ramp worn off
+        # (a ramp lasts long only when a second cycle is nearly as long as the longest)
+        assert (ends[-1] - ends[-201]) / 200 == pytest.approx(t_co[r], rel=0.01)
+
+
+def test_a_run_leaving_never_slows_the_others():
+    rng = random.Random(11)
+    for _ in range(200):
+        runs = [RunProfile(f"r{i}", rng.uniform(25, 600), rng.uniform(25, 600),
+                           rollout_pool=rng.choice(["rollout", "rollout/x"])) for i in range(rng.randint(2, 5))]
+        before = co_step_times(runs, 5.9)
+        gone = rng.randrange(len(runs))
+        after = co_step_times(runs[:gone] + runs[gone + 1:], 5.9)
+        assert all(after[r] <= before[r] * (1 + 1e-9) for r in after)

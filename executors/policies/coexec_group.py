@@ -14,7 +14,8 @@ API (stable; the product's `rose train --group` and the simulator call these):
         host memory on each pool for the group's parked states; `switch_s` a warm start's cost
         each time a pool passes from one run to another; `max_runs` an optional cap.
     CoexecGroup(name, runs=())                 .with_run(p) .without(run) .names .step_times(limits)
-    co_step_times(runs, switch_s=0.0) -> {run: T_co}
+    co_step_times(runs, switch_s=0.0) -> {run: T_co}    (the round robin's steady state)
+    play_round_robin(runs, switch_s=0.0, rounds=20) -> {run: [step end times]}   (the same, played)
     check_admission(group, run, limits) -> Admission(run, group, admitted, reason, step_times)
     fits(group, run, limits) -> str            room alone (size cap, host memory): why not, or ""
     join_group(groups, name, run, limits) -> Placement(run, group, new_group, reason, step_times)
@@ -26,8 +27,9 @@ API (stable; the product's `rose train --group` and the simulator call these):
 
 Admission checks (a) residency: the parked states of all the group's runs fit each pool's host
 memory, so every switch is a warm start from host memory; (b) the SLO rule: for every run in the
-group, T_co <= slo_factor x T_solo, T_co estimated by playing the group's phase-level round robin
-(PhaseTurns, the very permit order the product runs) on the runs' measured phase times.
+group, T_co <= slo_factor x T_solo, T_co the step time in the steady state of the group's
+phase-level round robin (PhaseTurns, the very permit order the product runs) on the runs' measured
+phase times: exact for fixed phase times, and no run's T_co grows when another leaves the group.
 
 The round robin is strict, as RollMux's meta-iteration: on each pool the turn is the member's
 with the fewest phases served there (ties: group order), and the pool waits for it rather than
@@ -175,20 +177,10 @@ def _check_pool(pool: str) -> None:
         raise ValueError(f"unknown pool {pool!r}: one of {', '.join(POOLS)}")
 
 
-def co_step_times(runs: Sequence[RunProfile], switch_s: float = 0.0, rounds: int | None = None) -> dict[str, float]:
-    """Each run's step time when the runs share one rollout and one trainer pool under PhaseTurns:
-    the round robin played on the measured phase times, every run starting at rollout. A run's
-    T_co is its longest step after a warm-up of one round per run (the start-up ramp), so the
-    estimate errs on the slow side when the steady state is periodic."""
-    names = [p.run for p in runs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"co_step_times: a run listed twice in {names}")
-    if len(runs) <= 1:
-        return {p.run: p.solo_s for p in runs}
-    warmup = len(runs)
-    rounds = rounds if rounds is not None else warmup + 6
-    if rounds <= warmup:
-        raise ValueError(f"co_step_times: rounds must be > {warmup} (the warm-up), got {rounds}")
+def play_round_robin(runs: Sequence[RunProfile], switch_s: float = 0.0, rounds: int = 20) -> dict[str, list[float]]:
+    """The group's round robin played on the phase times, every run starting at rollout: when each
+    run's steps end (0.0 first), `rounds` steps each. PhaseTurns decides every pool's next run."""
+    names = _distinct(runs)
     by_name = {p.run: p for p in runs}
     pools = _pools(runs)
     # a round robin per pool over the runs using it (PhaseTurns' ROLLOUT turns for each rollout pool)
@@ -198,7 +190,7 @@ def co_step_times(runs: Sequence[RunProfile], switch_s: float = 0.0, rounds: int
     ready = dict.fromkeys(names, 0.0)  # when the run's previous phase ended
     wants = {r: by_name[r].rollout_pool for r in names}
     step_ends: dict[str, list[float]] = {r: [0.0] for r in names}
-    while min(len(ends) for ends in step_ends.values()) <= rounds:
+    while names and min(len(ends) for ends in step_ends.values()) <= rounds:
         moved = False
         for pool in pools:
             kind = TRAIN if pool == TRAIN else ROLLOUT
@@ -215,7 +207,66 @@ def co_step_times(runs: Sequence[RunProfile], switch_s: float = 0.0, rounds: int
             moved = True
         if not moved:  # unreachable while runs alternate phases (module docstring)
             raise RuntimeError("phase turns stalled")
-    return {r: max(b - a for a, b in zip(ends[warmup:], ends[warmup + 1:])) for r, ends in step_ends.items()}
+    return step_ends
+
+
+def co_step_times(runs: Sequence[RunProfile], switch_s: float = 0.0) -> dict[str, float]:
+    """Each run's step time T_co in the steady state of the group's round robin (what
+    play_round_robin converges to): every run takes one step a round, so all share the round's
+    length, computed exactly as the largest cycle mean of the round robin's precedence graph
+    (Karp's algorithm) rather than read off a played start, whose ramp can hide for many rounds
+    a pool that is just saturated. Removing a run never lengthens the round."""
+    names = _distinct(runs)
+    if len(runs) <= 1:
+        return {p.run: p.solo_s for p in runs}
+    return dict.fromkeys(names, _round_length(runs, switch_s))
+
+
+def _distinct(runs: Sequence[RunProfile]) -> list[str]:
+    names = [p.run for p in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"co-execution: a run listed twice in {names}")
+    return names
+
+
+def _round_length(runs: Sequence[RunProfile], switch_s: float) -> float:
+    """The round robin as a timed event graph: node 2i is run i's rollout start, 2i+1 its train
+    start; an arc u -> v (delay d, tokens m) says v in round k+m starts >= d after u in round k.
+    A phase start pays the warm start when its pool serves more than one run."""
+    n = 2 * len(runs)
+    neg = float("-inf")
+    arcs = [[[neg] * n for _ in range(n)] for _ in range(2)]  # arcs[m][u][v], m = 0 or 1 token
+
+    def arc(u: int, v: int, delay: float, tokens: int) -> None:
+        arcs[tokens][u][v] = max(arcs[tokens][u][v], delay)
+
+    pools = _pools(runs)
+    members = {pool: [i for i, p in enumerate(runs) if p.uses(pool)] for pool in pools}
+    warm = {pool: switch_s if len(members[pool]) > 1 else 0.0 for pool in pools}
+    for i, p in enumerate(runs):
+        arc(2 * i, 2 * i + 1, p.rollout_s + warm[TRAIN], 0)
+        arc(2 * i + 1, 2 * i, p.train_s + warm[p.rollout_pool], 1)
+    for pool, order in members.items():
+        node = 1 if pool == TRAIN else 0
+        for a, b in zip(order, order[1:] + order[:1]):  # each pool serves its runs in group order, round by round
+            arc(2 * a + node, 2 * b + node, runs[a].phase_s(pool) + warm[pool], 0 if b > a else 1)
+    # within a round (0 tokens) the graph is acyclic: longest paths close it, x(k) = closure (x) arcs1 (x) x(k-1)
+    close = [[0.0 if u == v else arcs[0][u][v] for v in range(n)] for u in range(n)]
+    for w in range(n):
+        for u in range(n):
+            if close[u][w] == neg:
+                continue
+            for v in range(n):
+                if close[w][v] != neg and close[u][w] + close[w][v] > close[u][v]:
+                    close[u][v] = close[u][w] + close[w][v]
+    step = [[max(arcs[1][u][w] + close[w][v] for w in range(n)) for v in range(n)] for u in range(n)]
+    # Karp: the largest mean over cycles of `step`, each cycle one round per arc
+    walks = [[0.0] * n]
+    for _ in range(n):
+        prev = walks[-1]
+        walks.append([max(prev[u] + step[u][v] for u in range(n)) for v in range(n)])
+    return max(min((walks[n][v] - walks[k][v]) / (n - k) for k in range(n) if walks[k][v] != neg)
+               for v in range(n) if walks[n][v] != neg)
 
 
 def _pools(runs: Iterable[RunProfile]) -> tuple[str, ...]:
