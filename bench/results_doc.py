@@ -7,8 +7,9 @@ Sections: the co-serving sweep (bench/results/coserving_sweep.json: per load, se
 busy, the SLO derived in that run, ROSE's attainment, harvest and turns, the SLO-unaware bound
 beside it, and the issue's goals checked on those numbers) and `make demo` from fresh clones
 (bench/results/demo_fresh.json), the paper's figures simulated at its scale
-(bench/results/paper_figures.json) and the trainer backends side by side
-(bench/results/train_backends.json). A section whose file is missing says so.
+(bench/results/paper_figures.json), the trainer backends side by side
+(bench/results/train_backends.json) and co-execution groups at cluster scale
+(bench/results/coexec_sim.json). A section whose file is missing says so.
 """
 from __future__ import annotations
 
@@ -234,11 +235,67 @@ def train_section(doc: dict, name: str) -> list[str]:
             "", *rows]
 
 
+def coexec_sim_section(doc: dict, name: str) -> list[str]:
+    a = doc.get("args", {})
+    by = {(r["mix"], r["cluster_gpus"], r["placement"]): r for r in doc["rows"]}
+    keys = list(dict.fromkeys((r["mix"], r["cluster_gpus"]) for r in doc["rows"]))
+    out = [f"## Co-execution groups at cluster scale, simulated (`bench/results/{name}`)", "",
+           f"`python bench/coexec_sim.py` ({a.get('jobs', '?')} jobs a run, seed {a.get('seed', '?')}, warm start "
+           f"{a.get('switch_s', '?')} s a phase switch, {doc.get('seconds', 0):.0f} s): RollMux's Table 6 mixes "
+           "arriving at the rate that keeps the cluster's GPUs busy under solo disaggregation (Solo-D: each job "
+           "its own rollout and training pools), placed by the product's co-execution policy "
+           "(executors/policies/coexec_group.py via sim/coexec_cluster.py: admission by host memory and the SLO "
+           "rule, direct packing or a new rollout pool beside a shared trainer, least added cost) and by RollMux's "
+           "baselines Random and Greedy (Most-Idle), which check no SLO. Job sizes from RollMux's Table 3, parked "
+           "states Table 2, prices Table 1, SLO ~ Unif(1, 2), at most 5 a group (sim/coexec_jobs.py). "
+           "GPU-hours and $ until the last job ends; x = Solo-D's / the placement's. SLO met = jobs whose every "
+           "step ran within their SLO factor; worst = the largest T_co / T_solo / SLO factor of any job.", "",
+           "| mix | GPUs | Solo-D GPU-h | RollMux GPU-h (x) | RollMux $ x | peak GPUs Solo-D / RollMux | runs a group "
+           "| SLO met | worst | Random $ x, SLO met | Greedy $ x, SLO met |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for mix, gpus in keys:
+        solo, rm, rnd, mi = (by[mix, gpus, p] for p in ("solo", "rollmux", "random", "most_idle"))
+        out.append(f"| {mix} | {gpus} | {solo['gpu_hours']:,.0f} "
+                   f"| {rm['gpu_hours']:,.0f} ({rm['solo_gpu_hours_x']:.2f}) | {rm['solo_cost_x']:.2f} "
+                   f"| {solo['peak_gpus']} / {rm['peak_gpus']} | {rm['mean_group_size']:.2f} "
+                   f"| {_pct(rm['slo_attainment'])} | {rm['worst_of_slo']:.3f} "
+                   f"| {rnd['solo_cost_x']:.2f}, {_pct(rnd['slo_attainment'])} "
+                   f"| {mi['solo_cost_x']:.2f}, {_pct(mi['slo_attainment'])} |")
+    rm = [r for r in doc["rows"] if r["placement"] == "rollmux"]
+    base = [r for r in doc["rows"] if r["placement"] in ("random", "most_idle")]
+
+    def span(mix: str, key: str) -> str:
+        vals = [r[key] for r in rm if r["mix"] == mix]
+        return f"{min(vals):.2f}-{max(vals):.2f}x"
+
+    out += ["", "RollMux's own numbers, as its text gives them:", "",
+            *[f"- {k}: {v}" for k, v in doc.get("paper", {}).items()], "",
+            "Every co-executed job stayed within its SLO factor (attainment "
+            f"{_pct(min(r['slo_attainment'] for r in rm))} at worst, worst T_co / T_solo / SLO "
+            f"{max(r['worst_of_slo'] for r in rm):.3f}); the baselines met "
+            f"{_pct(min(r['slo_attainment'] for r in base))}-{_pct(max(r['slo_attainment'] for r in base))}. "
+            f"Against Solo-D, co-execution saves GPU-hours {span('BL', 'solo_gpu_hours_x')} (BL), "
+            f"{span('RH', 'solo_gpu_hours_x')} (RH), {span('TH', 'solo_gpu_hours_x')} (TH), "
+            f"{span('Mixed', 'solo_gpu_hours_x')} (Mixed), and $ {span('RH', 'solo_cost_x')} on RH, where the "
+            "shared pool is the dear trainer. The saving grows with the cluster: more jobs at once, more "
+            "partners that fit each other's bubbles. Training-heavy jobs save least: a group never scales its "
+            "trainer pool out (RollMux's footnote 2), so their long training phases queue on it.",
+            "", "Not comparable one to one: RollMux's 1.84x over Solo-D is its production trace, not its "
+            "Table 6 simulation, which it compares only against an offline optimum that is not built here; "
+            "the trace's jobs (3B-32B models, 27.9 h mean, mostly rollout-heavy) and placement details are not "
+            "published. Its Random and Greedy scale out to 1,400 GPUs; here they join only groups with room and "
+            "never grow a pool past the largest job, so they cost about what co-execution does while missing "
+            "most SLOs. Phase times are fixed per job (Table 6's draws, the worst-case planning of §4.2), so "
+            "long-tail migration is not exercised."]
+    return out
+
+
 def render() -> str:
     lines = ["# Results", "", "Generated by `python bench/results_doc.py` from the JSON files named in each "
              "section (committed under `bench/results/`); rerun it after a bench rewrites one.", ""]
     for name, section in (("coserving_sweep.json", sweep_section), ("demo_fresh.json", demo_section),
-                          ("paper_figures.json", paper_section), ("train_backends.json", train_section)):
+                          ("paper_figures.json", paper_section), ("train_backends.json", train_section),
+                          ("coexec_sim.json", coexec_sim_section)):
         path = RESULTS / name
         if path.is_file():
             lines += section(json.loads(path.read_text()), name) + [""]
