@@ -343,7 +343,7 @@ def check_admission(group: CoexecGroup, run: RunProfile, limits: PoolLimits) -> 
         return Admission(run.run, group.name, False, why)
     joined = group.with_run(run)
     # a round holds the slowest run's whole step and every run's phase on each pool: a lower bound
-    # on every T_co that rejects a saturated group without playing the round robin
+    # on every T_co that turns a saturated group away before the round's length is computed
     floor = max(max(p.solo_s for p in joined.runs),
                 *(sum(p.phase_s(pool) for p in joined.runs if p.uses(pool)) for pool in joined.pools))
     if tight := [p for p in joined.runs if floor > p.slo_factor * p.solo_s * (1 + 1e-9)]:
