@@ -80,6 +80,9 @@ PAPER = {  # the ROSE paper: the sentence each comes from
 ALLOCATIONS_S = (30.0, 60.0, 120.0)  # chosen: an elastic instance's start + weight load per step (not published)
 
 
+FIGURES = ("fig1", "fig7a", "dapo", "sensitivity", "scale", "32b")  # --figures
+
+
 class Job(NamedTuple):
     cfg: SimConfig
     spec: WorkloadSpec | None
@@ -277,7 +280,7 @@ def fit(args) -> None:
     print(f"fitted: turns median {w.turns_median}, response median {w.response_median} -> {path}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -290,34 +293,58 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--no-32b", action="store_true", help="skip the Qwen3-32B / ALFWorld rows")
     ap.add_argument("--only-32b", action="store_true", help="only the 32B rows, into the existing JSON")
-    args = ap.parse_args()
+    ap.add_argument("--figures", nargs="+", choices=FIGURES, default=list(FIGURES),
+                    help="which figures to run (fig7a: with Table 3, Fig. 14 and concurrency; scale needs fig7a)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the figures (`argv`: this script's arguments), print and write them; their fields
+    (with --only-32b, the 32B rows)."""
+    args = parser().parse_args(argv)
     t0 = time.perf_counter()
     if args.only_32b:
         return only_32b(args, t0)
     if args.fit:
         fit(args)
-    print("Fig. 1: characterization")
-    fig1 = characterization(args)
-    print("Fig. 7a / Table 3: GRPO, Qwen3-8B, 16 GPUs + up to 16 serving GPUs")
-    e2e, table3 = end_to_end(args)
-    print("Fig. 14: serving-GPU quota")
-    fig14 = {0: e2e["fixed"]} | quota(args, slo_of(e2e["fixed"]))
-    print("Fig. 7 under DAPO (redundant sampling)")
-    fig7_dapo = dapo(args)
-    sens = [] if args.no_sensitivity else (print("Sensitivity") or sensitivity(args))
-    print("Concurrency: trajectories per GPU at once")
-    conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
-    big = {} if args.no_scale else (print("Scale: event jumping") or scale(args, slo_of(e2e["fixed"])))
-    t32 = time.perf_counter()
-    q32 = {} if args.no_32b else (print("Qwen3-32B on ALFWorld") or figures_32b(args))
-    q32 = q32 and q32 | {"total_s": time.perf_counter() - t32}
-    fields = dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
-                  sensitivity=sens, concurrency=conc, scale=big, qwen3_32b=q32, total_s=time.perf_counter() - t0)
+    fields = figures(args, t0)
     print(report(fields))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, "paper_figures", args, t0, **fields)
-    from bench.paper_figures_plot import plot
-    print("wrote " + ", ".join(str(p) for p in plot(fields | {"args": vars(args)}, args.out.parent)))
+    if fields["fig7a"]:  # the plots draw Fig. 7a's runs
+        from bench.paper_figures_plot import plot
+        print("wrote " + ", ".join(str(p) for p in plot(fields | {"args": vars(args)}, args.out.parent)))
+    return fields
+
+
+def figures(args, t0: float) -> dict:
+    """Every figure's simulations, batch by batch (runs()), and the rows main writes."""
+    off = {"sensitivity": args.no_sensitivity, "scale": args.no_scale, "32b": args.no_32b}
+    want = {f for f in args.figures if not off.get(f)}
+    fig1 = (print("Fig. 1: characterization") or characterization(args)) if "fig1" in want else {}
+    e2e, table3, fig14, fig7_dapo, sens, conc, big = {}, {}, {}, [], [], [], {}
+    if "fig7a" in want:
+        print("Fig. 7a / Table 3: GRPO, Qwen3-8B, 16 GPUs + up to 16 serving GPUs")
+        e2e, table3 = end_to_end(args)
+        print("Fig. 14: serving-GPU quota")
+        fig14 = {0: e2e["fixed"]} | quota(args, slo_of(e2e["fixed"]))
+    if "dapo" in want:
+        print("Fig. 7 under DAPO (redundant sampling)")
+        fig7_dapo = dapo(args)
+    if "sensitivity" in want:
+        print("Sensitivity")
+        sens = sensitivity(args)
+    if e2e:
+        print("Concurrency: trajectories per GPU at once")
+        conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
+    if e2e and "scale" in want:
+        print("Scale: event jumping")
+        big = scale(args, slo_of(e2e["fixed"]))
+    t32 = time.perf_counter()
+    q32 = (print("Qwen3-32B on ALFWorld") or figures_32b(args)) if "32b" in want else {}
+    q32 = q32 and q32 | {"total_s": time.perf_counter() - t32}
+    return dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
+                sensitivity=sens, concurrency=conc, scale=big, qwen3_32b=q32, total_s=time.perf_counter() - t0)
 
 
 def figures_32b(args) -> dict:
@@ -325,12 +352,13 @@ def figures_32b(args) -> dict:
     return figures(args)
 
 
-def only_32b(args, t0: float) -> None:
+def only_32b(args, t0: float) -> dict:
     """The 32B rows alone, written into the existing result beside its 8B figures."""
     d = figures_32b(args) | {"total_s": time.perf_counter() - t0}
     doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
     print("\n".join(report_32b({"qwen3_32b": d})) + f"\nwrote {args.out}")
     write_atomic(args.out, json.dumps(doc | {"qwen3_32b": d}, indent=1))
+    return d
 
 
 if __name__ == "__main__":

@@ -7,28 +7,16 @@ from sim.report import speedup
 
 def report(doc: dict) -> str:
     """The figures as markdown tables beside the paper's numbers (also docs/results.md's section)."""
-    f1, P = doc["fig1"], doc["paper"]
-    lines = ["| Fig. 1 statistic | simulated | paper |", "| --- | --- | --- |",
-             f"| rollout share of the step | {f1['rollout_share']:.0%} | > {P['rollout_share_min'][0]:.0%} |",
-             f"| P75 trajectory / rollout time | {f1['p75_share']:.0%} | <= {P['p75_share_max'][0]:.0%} |",
-             f"| prefill tokens / all tokens | {f1['prefill_share']:.0%} (fitted) | {P['prefill_share'][0]:.0%} |",
-             f"| rollout s, 8 rollout GPUs | {f1['rollout_s_8']:.0f} (fitted) | {P['rollout_s_8'][0]:.0f} |",
-             f"| rollout s, 16 rollout GPUs | {f1['rollout_s_16']:.0f} | {P['rollout_s_16'][0]:.0f} |", ""]
-    lo, hi = P["grpo_vs_roll"][0]
-    lines += ["| Fig. 7a (GRPO, 8B) | tokens/s | vs fixed (turn-wise) | vs fixed (pinned) | rollout s | "
-              "borrowed | serving SLO met |", "| --- " * 7 + "|"]
-    for name, r in doc["fig7a"].items():
-        lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
-                     f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {pct(r['slo_attainment'])} |")
-    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |"]
-    areal = doc["fig7a"].get("areal_style")
-    if areal:
-        lo, hi = P["vs_areal"][0]
-        lines += [f"| ROSE / AReaL-style | | {_x(speedup(doc['fig7a']['rose'], areal))} | | | | |",
-                  f"| ROSE one-step off-policy / AReaL-style | | "
-                  f"{_x(speedup(doc['fig7a']['rose_off_policy'], areal))} | | | | |",
-                  f"| paper: ROSE vs AReaL | | {lo:.2f}-{hi:.2f}x | | | | |"]
-    lines += [""]
+    f1, P, lines = doc["fig1"], doc["paper"], []
+    if f1:
+        lines += ["| Fig. 1 statistic | simulated | paper |", "| --- | --- | --- |",
+                  f"| rollout share of the step | {f1['rollout_share']:.0%} | > {P['rollout_share_min'][0]:.0%} |",
+                  f"| P75 trajectory / rollout time | {f1['p75_share']:.0%} | <= {P['p75_share_max'][0]:.0%} |",
+                  f"| prefill tokens / all tokens | {f1['prefill_share']:.0%} (fitted) | {P['prefill_share'][0]:.0%} |",
+                  f"| rollout s, 8 rollout GPUs | {f1['rollout_s_8']:.0f} (fitted) | {P['rollout_s_8'][0]:.0f} |",
+                  f"| rollout s, 16 rollout GPUs | {f1['rollout_s_16']:.0f} | {P['rollout_s_16'][0]:.0f} |", ""]
+    if doc["fig7a"]:
+        lines += _fig7a(doc)
     if doc.get("fig7_dapo"):
         lo, hi = P["dapo_vs_roll"][0]
         lines += ["| Fig. 7 (DAPO, 8B): valid groups | launched / step | fixed tokens/s | ROSE tokens/s | ROSE / fixed "
@@ -41,17 +29,19 @@ def report(doc: dict) -> str:
                      pct(r["slo_attainment"])]
             lines.append("| " + " | ".join(cells) + " |")
         lines += [f"| paper: ROSE vs ROLL | | | | {lo:.2f}-{hi:.2f}x | | | 100% |", ""]
-    lines += ["| Table 3 routing (ROSE) | tokens/s | rollout s | route P99 ms |", "| --- | --- | --- | --- |"]
-    for mode, r in doc["table3"].items():
-        p99 = "-" if r["route_p99_ms"] is None else f"{r['route_p99_ms']:.3f}"
-        lines.append(f"| {mode} | {_num(r['tokens_per_s'])} | {r['rollout_s_mean']:.0f} | {p99} |")
-    lines += [f"| paper | {P['table3'][0]} | | < {P['route_p99_ms'][0]:g} |", ""]
-    lines += ["| Fig. 14 serving GPUs | rollout s | reduction vs no serving GPU |", "| --- | --- | --- |"]
-    fig14 = {int(n): r for n, r in doc["fig14"].items()}  # JSON keys are strings
-    base = fig14[0]["rollout_s_mean"]
-    for n, r in sorted(fig14.items()):
-        lines.append(f"| {n} | {r['rollout_s_mean']:.0f} | {1 - r['rollout_s_mean'] / base:+.0%} |")
-    lines += [f"| paper | {P['fig14'][0]} | |", ""]
+    if doc["table3"]:
+        lines += ["| Table 3 routing (ROSE) | tokens/s | rollout s | route P99 ms |", "| --- | --- | --- | --- |"]
+        for mode, r in doc["table3"].items():
+            p99 = "-" if r["route_p99_ms"] is None else f"{r['route_p99_ms']:.3f}"
+            lines.append(f"| {mode} | {_num(r['tokens_per_s'])} | {r['rollout_s_mean']:.0f} | {p99} |")
+        lines += [f"| paper | {P['table3'][0]} | | < {P['route_p99_ms'][0]:g} |", ""]
+    if doc["fig14"]:
+        lines += ["| Fig. 14 serving GPUs | rollout s | reduction vs no serving GPU |", "| --- | --- | --- |"]
+        fig14 = {int(n): r for n, r in doc["fig14"].items()}  # JSON keys are strings
+        base = fig14[0]["rollout_s_mean"]
+        for n, r in sorted(fig14.items()):
+            lines.append(f"| {n} | {r['rollout_s_mean']:.0f} | {1 - r['rollout_s_mean'] / base:+.0%} |")
+        lines += [f"| paper | {P['fig14'][0]} | |", ""]
     lines += _overhead(doc) + _rollpacker(doc) + _concurrency(doc) + _scale(doc)
     if doc["sensitivity"]:
         lines += ["| trajectory sigma | env s/step | fixed rollout s | ROSE rollout s | ROSE / fixed | borrowed |",
@@ -60,6 +50,26 @@ def report(doc: dict) -> str:
             lines.append(f"| {s['trajectory_sigma']:g} | {s['env_s']:g} | {s['fixed_rollout_s']:.0f} | "
                          f"{s['rose_rollout_s']:.0f} | {_x(s['rose_vs_fixed'])} | {s['borrowed_share']:.0%} |")
     return "\n".join(lines + [""] + report_32b(doc))
+
+
+def _fig7a(doc: dict) -> list[str]:
+    """Fig. 7a's rows (GRPO, 8B) beside the paper's ratios to ROLL and AReaL."""
+    P = doc["paper"]
+    lo, hi = P["grpo_vs_roll"][0]
+    lines = ["| Fig. 7a (GRPO, 8B) | tokens/s | vs fixed (turn-wise) | vs fixed (pinned) | rollout s | "
+             "borrowed | serving SLO met |", "| --- " * 7 + "|"]
+    for name, r in doc["fig7a"].items():
+        lines.append(f"| {name} | {_num(r['tokens_per_s'])} | {_x(r['vs_fixed'])} | {_x(r['vs_fixed_pinned'])} | "
+                     f"{r['rollout_s_mean']:.0f} | {r['borrowed_share']:.0%} | {pct(r['slo_attainment'])} |")
+    lines += [f"| paper: ROSE vs ROLL | | {lo:.2f}-{hi:.2f}x | | | | 100% |"]
+    areal = doc["fig7a"].get("areal_style")
+    if areal:
+        lo, hi = P["vs_areal"][0]
+        lines += [f"| ROSE / AReaL-style | | {_x(speedup(doc['fig7a']['rose'], areal))} | | | | |",
+                  f"| ROSE one-step off-policy / AReaL-style | | "
+                  f"{_x(speedup(doc['fig7a']['rose_off_policy'], areal))} | | | | |",
+                  f"| paper: ROSE vs AReaL | | {lo:.2f}-{hi:.2f}x | | | | |"]
+    return lines + [""]
 
 
 def _overhead(doc: dict) -> list[str]:

@@ -108,7 +108,7 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
     """Run the sweep on the stack's Dask workers (or a local Dask cluster); a table artifact."""
     from prefect.artifacts import create_table_artifact
 
-    scheduler = DaskScheduler(sweep.dask_scheduler) if sweep.dask_scheduler else _stack_scheduler()
+    scheduler = DaskScheduler(sweep.dask_scheduler) if sweep.dask_scheduler else stack_scheduler()
     runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
     rows = sweep_on_dask.with_options(task_runner=runner)(sweep)
     keys = ("gpus", "serving_gpus", "config", "off_policy", "tokens_per_s", "speedup_vs_fixed",
@@ -122,7 +122,7 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
     return rows
 
 
-def _stack_scheduler() -> DaskScheduler | None:
+def stack_scheduler() -> DaskScheduler | None:
     """The local stack's scheduler (TLS to a cluster's as recorded) when one runs, else None."""
     from rose.config import stack_dir
     from rose.stack.local_stack import load_stack

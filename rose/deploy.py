@@ -67,7 +67,7 @@ def _prefect(args: list[str], env: dict[str, str]) -> str:
 
 # flow/deployment, as prefect.yaml defines them
 DEPLOYMENTS = ("train/train", "rl-step/rl-step", "benchmarks/benchmarks",
-               "serving-replay/serving-replay", "cluster-sim/cluster-sim")
+               "serving-replay/serving-replay", "cluster-sim/cluster-sim", "paper-figures/paper-figures")
 
 
 def deploy_all(env: dict[str, str]) -> list[str]:

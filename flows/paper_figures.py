@@ -1,0 +1,109 @@
+"""The `paper-figures` deployment: bench/paper_figures.py on Dask workers, one simulation a
+Prefect task, so the paper's figures (some 70 simulations, the 1,024-GPU one among them) fan out
+past one machine on the same engine as the RL steps and the cluster-sim sweep.
+
+The bench's own code runs in the flow: each batch of simulations that do not depend on each
+other (the configurations judged at the SLO a fixed run sets wait for it) is submitted at once,
+and the rows, the printed report, the JSON and the PNGs are what `python bench/paper_figures.py`
+with the same arguments gives (sim/timed_run.py runs each simulation either way).
+
+    .venv/bin/python -m flows.paper_figures --figures fig1 fig7a dapo 32b
+    .venv/bin/python -m flows.paper_figures --only-32b
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from types import ModuleType
+from typing import Literal, get_args
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect_dask import DaskTaskRunner
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.cluster_sim import stack_scheduler
+from rose.stack.dask_security import DaskScheduler
+from sim.config import SimConfig
+from sim.timed_run import simulate
+from sim.workload import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+Figure = Literal["fig1", "fig7a", "dapo", "sensitivity", "scale", "32b"]  # the bench's --figures
+
+
+class PaperFiguresRequest(BaseModel):
+    """bench/paper_figures.py's arguments (its --help), and where the Dask workers are."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(3, ge=1)
+    seed: int = 0
+    fleet: str = "h100_qwen3_8b"
+    workload: str | None = None  # None: the bench's, the paper's Qwen3-8B FrozenLake workload
+    # fig7a: with Table 3, Fig. 14 and the concurrency table; scale (the 1,024-GPU timing run) needs fig7a
+    figures: list[Figure] = Field(default_factory=lambda: list(get_args(Figure)), min_length=1)
+    scale_gpus: int = Field(1024, ge=2)
+    only_32b: bool = False  # the 32B rows alone, into the existing JSON
+    out: str | None = None  # the JSON's path (None: bench/results/paper_figures.json); PNGs beside it
+    dask_scheduler: str | None = None  # None: the local stack's, else a local Dask cluster
+
+    def argv(self) -> list[str]:
+        out = ["--steps", str(self.steps), "--seed", str(self.seed), "--fleet", self.fleet,
+               "--scale-gpus", str(self.scale_gpus)]
+        out += ["--workload", self.workload] if self.workload else []
+        out += ["--out", self.out] if self.out else []
+        return out + ["--figures", *self.figures] + ["--only-32b"] * self.only_32b
+
+
+@task(name="simulate", retries=1, cache_policy=NO_CACHE)
+def simulate_one(cfg: dict, spec: WorkloadSpec | None, own_slo: bool) -> dict:
+    """One simulation of SimConfig(**cfg), as the bench runs it (sim/timed_run.py)."""
+    return simulate(SimConfig(**cfg), spec, own_slo)
+
+
+def _on_dask(jobs: dict) -> dict[str, dict]:
+    """A batch of the bench's jobs, one task each, all submitted before any is awaited."""
+    futures = {name: simulate_one.with_options(task_run_name=j.label or j.cfg.config).submit(
+        asdict(j.cfg), j.spec, j.own_slo) for name, j in jobs.items()}
+    return {name: f.result() for name, f in futures.items()}
+
+
+def _bench() -> ModuleType:
+    """bench/paper_figures.py (bench/ is a folder of scripts beside the packages, not installed)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module("bench.paper_figures")
+
+
+@flow(name="paper-figures-runs")
+def figures_on_dask(argv: list[str]) -> dict:
+    bench = _bench()
+    with bench.runner(_on_dask):
+        return bench.main(argv)
+
+
+@flow(name="paper-figures", log_prints=True)
+def paper_figures(request: PaperFiguresRequest = PaperFiguresRequest()) -> dict:
+    """The paper's figures simulated on the stack's Dask workers (or a local Dask cluster); the
+    report as a markdown artifact, the JSON and PNGs where the bench writes them."""
+    from prefect.artifacts import create_markdown_artifact
+
+    scheduler = DaskScheduler(request.dask_scheduler) if request.dask_scheduler else stack_scheduler()
+    runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
+    fields = figures_on_dask.with_options(task_runner=runner)(request.argv())
+    report = importlib.import_module("bench.paper_figures_report")
+    text = "\n".join(report.report_32b({"qwen3_32b": fields})) if request.only_32b else report.report(fields)
+    create_markdown_artifact(text, key="paper-figures", description="bench/paper_figures.py on Dask (sim/)")
+    return fields
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--figures", nargs="+", choices=get_args(Figure), default=list(get_args(Figure)))
+    ap.add_argument("--only-32b", action="store_true")
+    a = ap.parse_args()
+    paper_figures(PaperFiguresRequest(steps=a.steps, figures=a.figures, only_32b=a.only_32b))
