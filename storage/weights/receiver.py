@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from storage.delta import kernels
-from storage.weights.apply_pipeline import fits, pull_into, pull_weights
+from storage.weights.apply_pipeline import PIPELINED, STREAMED, WHOLE, fits, pull_into
 from storage.weights.buckets import CorruptBucket, Manifest
 from storage.weights.first_read import Layout, read_first
 from storage.cores import available_cores
@@ -39,7 +39,7 @@ from storage.relay.base import Relay, RelayKeyMissing
 from storage.weights.snapshot_wait import UNUSABLE, SnapshotWait
 from storage.weights.digest import tensors_digest
 from storage.weights.versions import latest_version, read_manifest, request_key
-from storage.weights.stream_pull import await_published, stream_into
+from storage.weights.stream_pull import await_published
 
 # What makes a version unusable for this receiver (the relay being down is not one of them:
 # RelayError propagates, nothing is requested).
@@ -168,16 +168,7 @@ class WeightReceiver:
         delta = mode == "delta"
         stats: dict[str, Any] = {}
         try:
-            if announced is not None:
-                manifest, tensors = self._pull_streamed(target, announced, stats)
-            elif self.pipelined:
-                tensors = self._pull_pipelined(target, part, manifest, delta, stats, read)
-            else:
-                _, tensors = pull_weights(self.relay, self.run, target, self.batch_bytes,
-                                          base=self.tensors if delta else None,
-                                          base_version=self.version if delta else None,
-                                          stats=stats, part=part, manifest=manifest,
-                                          workers=self.workers)
+            manifest, tensors = self._pull(target, part, manifest, delta, stats, read, announced)
         finally:  # count what crossed the wire even when the version turned out unusable
             report.bytes += int(stats.get("bytes", 0))
             report.buckets += int(stats.get("buckets", 0))
@@ -210,33 +201,28 @@ class WeightReceiver:
         self._layout = Layout.of(manifest)  # the guess at the next version's
         report.version, report.mode = target, mode
 
-    def _pull_streamed(self, target: int, announced: dict[str, Any], stats: dict[str, Any]
-                       ) -> tuple[Manifest, dict[str, torch.Tensor]]:
-        try:
-            return stream_into(self.relay, self.run, target, announced, self.tensors,
-                               self.version, workers=self.workers, stats=stats,
-                               timeout_s=self.full_timeout_s)
-        except Exception as e:
-            if stats.get("written"):
-                self.version, self.digest = None, ""
-                self.broken = f"a streamed pull of v{target} failed: {type(e).__name__}: {e}"
-            raise
-
-    def _pull_pipelined(self, target: int, part: str, manifest: Manifest, delta: bool,
-                        stats: dict[str, Any], read: dict[int, memoryview] | None = None
-                        ) -> dict[str, torch.Tensor]:
-        """Pipelined pull into the held weights' dict (a delta; a full version that fits
-        them), or into a new one (nothing held, other shapes)."""
-        dest = self.tensors if delta or fits(manifest, self.tensors) else None
+    def _pull(self, target: int, part: str, manifest: Manifest | None, delta: bool,
+              stats: dict[str, Any], read: dict[int, memoryview] | None,
+              announced: dict[str, Any] | None) -> tuple[Manifest, dict[str, torch.Tensor]]:
+        """`target` through the pipeline: streamed as `announced` into the held weights;
+        pipelined into the held weights' dict (a delta; a full version that fits them), or
+        into a new one (nothing held, other shapes); whole into a new one."""
+        mode = STREAMED if announced is not None else PIPELINED if self.pipelined else WHOLE
+        dest = None if mode == WHOLE else self.tensors if announced is not None or delta \
+            or fits(manifest, self.tensors) else None
         try:
             return pull_into(self.relay, self.run, target, manifest, dest,
                              base=self.tensors if delta else None,
-                             base_version=self.version if delta else None, part=part,
-                             workers=self.workers, stats=stats, read=read)
+                             base_version=self.version if delta else None, mode=mode,
+                             announced=announced, part=part, workers=self.workers,
+                             batch_bytes=self.batch_bytes, timeout_s=self.full_timeout_s,
+                             stats=stats, read=read)
         except Exception as e:
             if stats.get("written"):  # some buckets went in, not all
                 self.version, self.digest = None, ""
-                self.broken = f"a pull of v{target} failed partway: {type(e).__name__}: {e}"
+                self.broken = f"a streamed pull of v{target} failed: {type(e).__name__}: {e}" \
+                    if announced is not None else \
+                    f"a pull of v{target} failed partway: {type(e).__name__}: {e}"
             raise
 
     # -- full snapshot fallback --------------------------------------------------------------

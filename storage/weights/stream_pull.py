@@ -6,8 +6,9 @@ after the bucket, the manifest still last. A receiver already waiting for that v
 holding its base follows the infos: it fetches bucket k, verifies it against its info and
 applies it in place into the held weights while the publisher encodes bucket k+1, so the
 receiver's work overlaps the sender's instead of following it. Once the manifest is there the
-rest is pulled as usual (storage/weights/apply_pipeline.pull_into), after checking that the
-manifest is the same attempt and lists exactly the buckets already applied.
+rest is pulled as usual, after checking that the manifest is the same attempt and lists exactly
+the buckets already applied: this is the streamed mode of the receiver's pipeline
+(storage/weights/apply_pipeline.pull_into), which calls `follow_stream` for the first part.
 
 The held weights are half old, half new while this runs: the receiver holds no version until
 the whole set's digest checks out (storage/weights/receiver.py), and the engine is handed
@@ -25,12 +26,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from storage.relay.base import Relay, RelayKeyMissing
-from storage.weights.apply_pipeline import BucketApplier, pull_into
 from storage.weights.buckets import BucketInfo, CorruptBucket, Manifest, verify_bucket
 from storage.weights.link_rate import TransferClock
 from storage.weights.versions import (announce_key, bucket_info_key, bucket_key, manifest_key,
@@ -77,15 +76,14 @@ def await_published(relay: Relay, run: str, version: int, await_s: float,
     return None
 
 
-def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
-                held: dict[str, torch.Tensor], base_version: int, *, workers: int = 1,
-                timeout_s: float = 60.0, retries: int = 2,
-                stats: dict[str, Any] | None = None) -> tuple[Manifest, dict[str, torch.Tensor]]:
-    """Apply the delta `version` onto `held` (which holds `base_version`) bucket by bucket as
-    they are published; (manifest, held) once every bucket is applied. `stats` as pull_into's,
-    plus `streamed` (buckets applied before the manifest) and `polls` (relay checks made)."""
-    st: dict[str, Any] = stats if stats is not None else {}
-    applier = BucketApplier(held, held, base_version, workers, st)
+def follow_stream(relay: Relay, run: str, version: int, announced: dict[str, Any],
+                  apply: Callable[[BucketInfo, memoryview], None], st: dict[str, Any],
+                  timeout_s: float = 60.0, retries: int = 2) -> tuple[Manifest, int]:
+    """`apply` each bucket of the delta `version` (into the held weights, in place: the
+    pipeline's BucketApplier) as it is published; once the manifest is there, (manifest, buckets applied),
+    the rest left to the pipeline (storage/weights/apply_pipeline.pull_into). `st` as
+    pull_into's, plus `streamed` (buckets applied before the manifest) and `polls` (relay
+    checks made)."""
     st["streamed"], st["polls"] = 0, 0
     attempt, done = announced["attempt"], []
     idle_since = first_at = time.monotonic()  # first_at: once the first bucket was applied
@@ -112,7 +110,7 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
         t = time.perf_counter()
         view = _fetch(relay, bucket_key(run, version, info.index), info, retries, st)
         st["fetch_s"] += time.perf_counter() - t
-        applier.apply(info, view)
+        apply(info, view)
         done.append(info)
         st["streamed"] += 1
         idle_since = time.monotonic()
@@ -122,9 +120,7 @@ def stream_into(relay: Relay, run: str, version: int, announced: dict[str, Any],
     if manifest.meta.get("attempt") != attempt or manifest.buckets[:len(done)] != done:
         raise StreamBroken(f"v{version} was published again while it was streamed (attempt "
                            f"{manifest.meta.get('attempt')}, streamed {attempt})")
-    pull_into(relay, run, version, manifest, held, held, base_version, workers=workers,
-              skip=len(done), stats=st)
-    return manifest, held
+    return manifest, len(done)
 
 
 def _info(relay: Relay, key: str, attempt: str, version: int) -> BucketInfo:
