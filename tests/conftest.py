@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stack_fixtures import SharedStack, start_model_build
+from tests.stack_fixtures import SharedStack, start_model_build, stop_model_build
 
 SHARED = "shared_stack"
 _waiting_for_shared: set[str] = set()  # node ids of the tests still to use the shared stack
@@ -50,3 +50,7 @@ def pytest_runtest_teardown(item, nextitem):
     _waiting_for_shared.discard(item.nodeid)
     if _shared and not _waiting_for_shared:
         _shared[0].stop()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    stop_model_build()  # one no test waited for must not outlive the session
