@@ -139,7 +139,7 @@ def pull_into(relay: Relay, run: str, version: int, manifest: Manifest | None,
     applied), hashes (per tensor applied, its tensor_hash: a delta's verified result
     checksum, for the digest) and gets (a TransferClock of the relay gets alone:
     storage/weights/link_rate.py); streamed, also stream_pull.follow_stream's. `read`:
-    buckets read already, by index (storage/weights/first_read.py), each checked as a
+    buckets read already, by index (storage/weights/first_read.py; not WHOLE), each checked as a
     fetched one is."""
     if mode not in MODES or (mode == STREAMED) != (announced is not None) \
             or (mode == STREAMED) == (manifest is not None) or (mode == WHOLE and dest is not None):
