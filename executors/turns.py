@@ -19,6 +19,7 @@ class TurnRequest:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     min_policy_version: int = 0  # the worker refuses if it holds an older policy
+    run: str = ""  # the run whose policy must compute it; "" any (the worker refuses another run's)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

@@ -53,7 +53,7 @@ def borrow_for_step(client: Client, cfg: RunConfig, serving: list[str], version:
     """Lease this step's serving workers to the run; fresh ones load policy `version` first (one
     that cannot is dropped from the grant, its lease given back, and the note says why)."""
     grant = stack_leases().grant(cfg.run_id, serving_loads(client, serving), borrow_policy(cfg))
-    failed = _sync_fresh(client, cfg, grant.fresh, version)
+    failed = claim_engines(client, cfg, grant.fresh, version)
     if failed:
         stack_leases().give_back(cfg.run_id, list(failed))
         grant = grant.without(failed)
@@ -62,8 +62,10 @@ def borrow_for_step(client: Client, cfg: RunConfig, serving: list[str], version:
     return grant
 
 
-def _sync_fresh(client: Client, cfg: RunConfig, fresh: list[str], version: int) -> dict[str, str]:
-    """Load `version` on the freshly lent workers; worker -> why it could not."""
+def claim_engines(client: Client, cfg: RunConfig, fresh: list[str], version: int) -> dict[str, str]:
+    """Load the run's `version` (from the worker's host copy when it holds it) into these
+    workers' rollout engines before the run's turns go there: freshly lent serving workers, and
+    dedicated rollout workers another run may have loaded since; worker -> why it could not."""
     live = running_workers(client)
     futures = {n: client.submit(sync_weights, cfg.stack.relay, cfg.run_id, version,
                                 cfg.publish.pull_batch_bytes, SYNC_TIMEOUT_S,

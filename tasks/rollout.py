@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import statistics
+import time
+from pathlib import Path
 from typing import Callable
 
 from prefect import task
@@ -15,6 +18,7 @@ from executors.policies.dynamic_sampling import DynamicSampler
 from executors.scheduling.episode import Episode
 from executors.scheduling.group_launch import GroupLauncher
 from executors.scheduling.remote_env import EnvHosts
+from executors.scheduling.reward_service import RewardService, pool_usage
 from executors.scheduling.scheduler import RolloutScheduler
 from executors.coserving.plugin import start_coserving_step
 from executors.workers.pinned import running_workers
@@ -23,7 +27,7 @@ from rose.config import RunConfig
 from storage.atomic import write_atomic
 from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
-from tasks.borrow import borrow_for_step
+from tasks.borrow import borrow_for_step, claim_engines
 from tasks.caching import STEP_CACHE
 from tasks.placement import device_classes, require, workers_by_kind
 from tasks.worker_threads import client_outside_thread_pool
@@ -62,6 +66,36 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int,
                         top_p=r.top_p, min_policy_version=policy_version)
                 for i in range(r.group_size)]
     return make_group
+
+
+def reward_service(client, cfg: RunConfig, step: int) -> RewardService:
+    """The stack's elastic reward pool as this step's scorer (reward.service elastic or batch)."""
+    c = cfg.reward
+    cost = StepLatency(**c.cost.model_dump()) if c.cost else None
+    return RewardService(client, cfg.run_id, lambda group: env_seed(cfg.seed, step, group),
+                         cfg.rollout.max_turns, cost=cost, timeout_s=c.timeout_s)
+
+
+def reward_pool_state() -> dict | None:
+    """The stack's reward pool controller's record (None: the stack has no reward pool)."""
+    from rose.config import stack_dir
+    from rose.stack.reward_pool import read_pool_state
+
+    return read_pool_state(Path(os.environ.get("ROSE_RUN_DIR") or stack_dir()))
+
+
+def require_reward_pool(cfg: RunConfig) -> None:
+    if cfg.reward.service != "env" and reward_pool_state() is None:
+        raise RuntimeError(f"reward.service {cfg.reward.service} scores trajectories on the stack's reward "
+                           "pool, and this stack has none: start it with `rose up --reward-workers N` "
+                           "(stack.reward_workers), or set reward.service: env")
+
+
+def score_rows(service: RewardService, rows: list[dict], t0: float) -> dict:
+    """Wait for every submitted trajectory's reward, write it into `rows`; the pool's summary."""
+    got = service.collect()
+    mismatches = RewardService.apply(rows, got)
+    return {"mismatches": mismatches, **pool_usage(reward_pool_state(), got, t0, time.time())}
 
 
 def env_hosts(client, kinds: dict[str, str], r) -> EnvHosts | None:
@@ -171,6 +205,11 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
         # this step's serving workers: leased to this run, lowest serving load first (tasks/borrow.py)
         grant = borrow_for_step(client, cfg, all_serving, policy_version) if r.borrow_serving else None
         lent = grant.workers if grant is not None else []
+        # dedicated rollout workers may be shared with other runs: their engines load this run's
+        # weights now (from host memory if held); a turn of this run never runs on another's
+        dedicated = [n for n, k in kinds.items() if k == "rollout"]
+        for name, why in claim_engines(client, cfg, dedicated, policy_version).items():
+            log.warning("rollout worker %s: %s (its turns come back stale and resync)", name, why)
         workers = {n: k for n, k in kinds.items() if k == "rollout" or n in lent}
         # lent or not, a step window; never on a worker another run holds (its steps open them)
         serving = [n for n in all_serving if grant is None or n not in grant.held_elsewhere]
@@ -184,11 +223,21 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
                                      resync=resync_from_relay(client, cfg, policy_version),
                                      classes=device_classes(client) if r.hw_affinity else None)
         hosts = env_hosts(client, kinds, r)
+        elastic = reward_service(client, cfg, step) if cfg.reward.service == "elastic" else None
+        if elastic is not None:
+            require_reward_pool(cfg)
+        t0 = time.time()
         try:
-            report = scheduler.run(group_launcher(cfg, step, policy_version, hosts))
+            report = scheduler.run(group_launcher(cfg, step, policy_version, hosts),
+                                   on_trajectory=(lambda ep: elastic.submit(ep.rows)) if elastic else None)
         finally:
             if hosts is not None:
                 hosts.close()
+        rewards = {}
+        if elastic is not None:  # scored while the rollout went on; the surplus ones dropped
+            kept = {ep.trajectory_id for ep in report.episodes}
+            elastic.cancel([t for t in elastic.submitted if t not in kept])
+            rewards = {"service": "elastic", **score_rows(elastic, report.rows, t0)}
         # a serving worker gone or still starting opens no window: never block the step on it
         live = running_workers(client)
         for name, started in zip(serving, step_starts):
@@ -203,5 +252,5 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     save_sampling(cfg, step, report.sampling)
     path = TrajectoryStore(cfg.trajectories_dir()).write_step(cfg.run_id, step, report.rows)
     return {**summarize(report, policy_version), "path": str(path),
-            "env_hosts": hosts.summary() if hosts is not None else {},
+            "env_hosts": hosts.summary() if hosts is not None else {}, "reward_service": rewards,
             "borrow": grant.as_dict() if grant is not None else {}}

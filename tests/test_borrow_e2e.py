@@ -9,6 +9,7 @@ carries serving SLOs.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import uuid
@@ -94,7 +95,7 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from rose.serve.background import BackgroundReplay, BackgroundTraffic
     from rose.stack.local_stack import apply_env, read_stack, stack_env
     from storage.trajectories.dataset import TrajectoryStore
-    from tasks.borrow import _sync_fresh
+    from tasks.borrow import claim_engines
 
     data, env = serving_stack
     handle = read_stack(data / "stack")
@@ -147,7 +148,7 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     assert "parked (gave back" in status.stdout, status.stdout
     # borrowed again: the borrow path's sync of a fresh worker wakes it with the run's version
     with Client(handle.dask_scheduler) as client:
-        assert _sync_fresh(client, cfg, ["serving-0"], 2) == {}
+        assert claim_engines(client, cfg, ["serving-0"], 2) == {}
         state = client.submit(coserving_state, workers=["serving-0"], pure=False).result()
         [again] = client.submit(generate_turns_coserving, [turn], workers=["serving-0"],
                                 pure=False).result()
@@ -162,6 +163,161 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     # and it generates again, on the run's version (serving is idle: admission starts the turn)
     assert again.finished_reason in ("length", "stop") and again.response_ids, again
     assert again.policy_version == 2
+
+
+@contextmanager
+def watching_serving_0(scheduler: str, every_s: float = 0.3):
+    """Each (run, version) serving-0's rollout engine held while lent, as lent_engine_state saw it."""
+    from distributed import Client
+
+    def lent_engine_state() -> dict | None:
+        """Runs on serving-0: the run its rollout engine computes for, that run's version, and the
+        names of the weights on which the engine (read from inside vLLM) differs from the run's
+        host copy the worker pulled; None while parked or held by no run."""
+        from distributed import get_worker
+
+        from executors.coserving.plugin import coserving_state
+        from executors.engine.weights_view import HEAD
+        from executors.workers import weight_sync
+        from executors.workers.rollout_worker import engine_weight_digests, weight_digests
+
+        before = coserving_state()
+        agent = weight_sync._agents.get((get_worker().id, before["run"]))
+        if before["parked"] or not before["rollout_up"] or agent is None:
+            return None
+        engine, host = engine_weight_digests(), weight_digests(agent.receiver.tensors)
+        after = coserving_state()
+        if (after["run"], after["version"]) != (before["run"], before["version"]):
+            return None  # a load landed meanwhile: the next look sees it
+        host.setdefault(HEAD, host["model.embed_tokens.weight"])  # a tied head's GEMM copy
+        return {"run": before["run"], "version": before["version"], "digest": agent.receiver.digest,
+                "mismatched": sorted(n for n in set(engine) | set(host) if engine.get(n) != host.get(n))}
+
+    stop, seen, errors = threading.Event(), {}, []
+
+    def loop() -> None:
+        with Client(scheduler) as client:
+            while not stop.wait(every_s):
+                try:
+                    state = client.submit(lent_engine_state, workers=["serving-0"], pure=False).result(30)
+                except Exception as e:  # noqa: BLE001 - busy or restarting: look again
+                    errors.append(repr(e))
+                    continue
+                if state is not None:
+                    seen.setdefault((state["run"], state["version"]), []).append(state)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield seen, errors
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+
+def published_digest(cfg, version: int) -> str:
+    """The digest of the run's bf16 weights at `version` (its checkpoint; 0: the built policy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from storage.checkpoints import checkpoint_steps, load_checkpoint
+    from storage.weights.digest import tensors_digest
+
+    if version == 0:
+        model = AutoModelForCausalLM.from_pretrained(cfg.models.policy_path(), dtype=torch.float32)
+        state = {n: p.detach() for n, p in model.named_parameters()}
+    else:
+        assert version in checkpoint_steps(cfg.run_dir() / "checkpoints")
+        state = load_checkpoint(cfg.run_dir() / "checkpoints" / f"step-{version:08d}").model_state
+    return tensors_digest({n: t.to(torch.bfloat16).contiguous() for n, t in state.items()})
+
+
+def test_two_runs_share_one_serving_worker_and_stay_apart(serving_stack):
+    """Two `train` flows at once on one stack with one rollout and one serving worker: both
+    complete, every trajectory lands whole in its own run's partition with that run's policy,
+    serving-0 is lent to one run at a time and computes with the holding run's weights each
+    time (read from inside vLLM), rollout-0 switches between the runs' host copies, and the
+    background replay's users are all answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed import Client
+
+    from executors.workers.rollout_worker import worker_state
+    from flows.train import train
+    from rose.config import RolloutConfig, RunConfig
+    from rose.grpo import assemble_trajectory
+    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from rose.stack.local_stack import apply_env, read_stack, stack_env
+    from storage.trajectories.dataset import TrajectoryStore
+
+    data, env = serving_stack
+    handle = read_stack(data / "stack")
+    apply_env(stack_env(handle))
+    tag = uuid.uuid4().hex[:6]
+    # 8 trajectories per step, 4 at once on rollout-0: the rest borrowed while a run holds serving-0
+    cfgs = [RunConfig(run_id=f"two-{name}-{tag}", steps=2, seed=seed,
+                      rollout=RolloutConfig(groups=2, group_size=4, max_turns=2, max_concurrency_per_worker=4))
+            for name, seed in (("a", 1), ("b", 2))]
+    url = handle.endpoints["serving-0"]
+    with prefect_for(handle), watching_serving_0(handle.dask_scheduler) as (lent, look_errors), \
+            BackgroundReplay([url], BackgroundTraffic(sample=0.5)) as users, \
+            ThreadPoolExecutor(2) as pool:
+        # each in a copy of this context: the stack's Prefect settings (prefect_for) go with it
+        futures = [pool.submit(contextvars.copy_context().run, train, cfg) for cfg in cfgs]
+        summaries = {cfg.run_id: f.result() for cfg, f in zip(cfgs, futures)}
+        # the run that first borrowed serving-0 kept it to its end; the other, waiting, takes it
+        # with one more step (resumed from its checkpoint): the worker switches runs
+        for i, cfg in enumerate(cfgs):
+            if not any(s["borrow"]["workers"] for s in summaries[cfg.run_id]):
+                cfgs[i] = cfg.model_copy(update={"steps": 3})
+                summaries[cfg.run_id] += train(cfgs[i])
+    served = users.summary
+    assert served["requests"] > 0 and served["ok"] > 0, served
+    assert all(kind.startswith("HTTP 503") and shed(kind) for kind, _ in served["error_kinds"]), served
+
+    store = TrajectoryStore(cfgs[0].trajectories_dir())
+    for cfg in cfgs:
+        assert [s["step"] for s in summaries[cfg.run_id]] == list(range(1, cfg.steps + 1))
+        for step in range(1, cfg.steps + 1):
+            rows = store.read_step(cfg.run_id, step).to_pylist()
+            assert {r["run"] for r in rows} == {cfg.run_id} and {r["step"] for r in rows} == {step}
+            assert {r["policy_version"] for r in rows} == {step - 1}  # this run's policy, no other
+            trajectories = {r["trajectory"] for r in rows}
+            assert len(trajectories) == cfg.rollout.groups * cfg.rollout.group_size  # none lost
+            for tid in trajectories:
+                turns = sorted((r for r in rows if r["trajectory"] == tid), key=lambda r: r["turn"])
+                assert [r["turn"] for r in turns] == list(range(len(turns)))
+                assert turns[-1]["done"] and not any(r["done"] for r in turns[:-1])
+                assemble_trajectory([(r["prompt_ids"], r["response_ids"]) for r in turns])
+
+    # serving-0 lent to one run at a time: a step that did not get it names the run holding it
+    holders = {}
+    for run, steps in summaries.items():
+        for s in steps:
+            grant = s["borrow"]
+            assert grant["workers"] == ["serving-0"] or grant["held_elsewhere"] == {
+                "serving-0": next(r for r in summaries if r != run)}, grant
+            holders[run, s["step"]] = grant["workers"] == ["serving-0"]
+    assert {run for (run, _), held in holders.items() if held} == set(summaries), holders
+    # each time it was lent, its engine computed with the holding run's weights
+    assert {run for run, _ in lent} == set(summaries), (sorted(lent), look_errors[-3:])
+    by_id = {cfg.run_id: cfg for cfg in cfgs}
+    for (run, version), states in sorted(lent.items()):
+        assert all(st["mismatched"] == [] for st in states), (run, version, states[0])
+        assert {st["digest"] for st in states} == {published_digest(by_id[run], version)}, (run, version)
+    # rollout-0 is shared: it switched between the runs, each switch a load from host memory
+    def engine_switches() -> int:  # on rollout-0 (defined here: pickled by value)
+        from executors.workers import weight_sync
+
+        return sum(h.switches for h in weight_sync._holders.values())
+
+    with Client(handle.dask_scheduler) as client:
+        rollout = client.submit(worker_state, workers=["rollout-0"], pure=False).result()
+        switches = client.submit(engine_switches, workers=["rollout-0"], pure=False).result()
+    assert switches >= 2, switches
+    holder = by_id[rollout["run"]]
+    assert rollout["version"] == holder.steps  # the run that rolled out last, at its last version
+    assert engine_mismatches(handle.dask_scheduler, holder.run_id) == []
 
 
 def test_a_killed_serving_worker_comes_back_at_its_endpoint(serving_stack):

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
 from distributed import WorkerPlugin, get_worker
 
-from executors.coserving.rollout_turn import ABORTED  # by reason (aborted_started splits the same turns)
+from executors.coserving.rollout_turn import ABORTED, empty_result  # ABORTED: by reason
 from executors.turns import TurnRequest, TurnResult
 
 PLUGIN = "rose-coserving"
@@ -184,8 +185,13 @@ def generate_turns_coserving(requests: list[TurnRequest]) -> list[TurnResult]:
     a serving burst or stalled comes back with finished_reason "abort": reroute it."""
     from distributed import rejoin, secede
 
-    executor = _plugin().executor
-    futures = [executor.submit_rollout(r) for r in requests]
+    plugin = _plugin()
+    executor = plugin.executor
+    # a turn of a run other than the one whose weights the rollout engine holds: "stale" (the
+    # scheduler resyncs the worker to its run, or routes elsewhere), never computed on them
+    futures = [executor.submit_rollout(r) if not r.run or not plugin.run or r.run == plugin.run
+               else _answered(empty_result(r, get_worker().name, executor.version, "stale"))
+               for r in requests]
     # The scheduler sends one future per turn here: waiting on them must not hold the worker's
     # few Dask threads (2 on the demo stack), or the next turns and the admission polls would
     # queue behind turns the executor is holding back for serving.
@@ -194,6 +200,12 @@ def generate_turns_coserving(requests: list[TurnRequest]) -> list[TurnResult]:
         return [f.result() for f in futures]
     finally:
         rejoin()
+
+
+def _answered(result: TurnResult) -> Future:
+    fut: Future = Future()
+    fut.set_result(result)
+    return fut
 
 
 def coserving_state() -> dict:

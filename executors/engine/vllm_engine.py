@@ -57,6 +57,7 @@ class EngineLoop(EngineOwner):
     def __init__(self, spec: EngineSpec, worker: str, worker_kind: str) -> None:
         self.spec, self.worker, self.worker_kind = spec, worker, worker_kind
         self.policy_version = 0
+        self.run = ""  # the run whose weights it holds ("": the checkpoint it was built from)
         self._live: dict[str, tuple[TurnRequest, Future, float]] = {}
         self.failure: BaseException | None = None  # set when the engine itself broke
         self.last_progress = time.monotonic()
@@ -84,8 +85,9 @@ class EngineLoop(EngineOwner):
             raise RuntimeError(f"engine on {self.worker} is down: {self.failure!r}")
         return self._call(lambda: fn(self.engine))
 
-    def reload(self, tensors: dict[str, torch.Tensor], version: int) -> int:
-        """Load `version` in place on the owner thread; returns how many turns were resubmitted.
+    def reload(self, tensors: dict[str, torch.Tensor], version: int, run: str = "") -> int:
+        """Load `version` of `run` in place on the owner thread; returns how many turns were
+        resubmitted (a turn of another run than `run` is answered "stale" instead).
 
         No turn may mix KV of two policy versions, and vLLM's reset_prefix_cache() refuses while
         requests run. Of the three ways out (wait for in-flight turns to finish, reload only
@@ -102,11 +104,15 @@ class EngineLoop(EngineOwner):
                 engine.abort_request([rid for rid, _ in live])
                 self._live.clear()
             reload_weights(engine, tensors)  # no request left: the prefix cache is dropped
-            self.policy_version = version
+            self.policy_version, self.run = version, run or self.run
             for _, (request, fut, _) in live:
                 self._add(request, fut)
             return len(live)
         return self.call(swap)
+
+    def computes_for(self, run: str) -> bool:
+        """Whether a turn of `run` may run on the weights held now (never on another run's)."""
+        return not run or not self.run or run == self.run
 
     def num_inflight(self) -> int:
         with self._cv:
@@ -155,7 +161,7 @@ class EngineLoop(EngineOwner):
     def _add(self, request: TurnRequest, fut: Future) -> None:
         from vllm import SamplingParams, TokensPrompt
 
-        if request.min_policy_version > self.policy_version:
+        if request.min_policy_version > self.policy_version or not self.computes_for(request.run):
             fut.set_result(self._empty(request, "stale"))
             return
         params = SamplingParams(max_tokens=request.max_tokens,

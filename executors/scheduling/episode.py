@@ -37,7 +37,7 @@ class Episode:
         return TurnRequest(f"{self.trajectory_id}/t{self.turn}/a{self.attempt}", self.trajectory_id,
                            list(self.tokens), self.max_tokens, self.temperature, self.top_p,
                            stop_token_ids=[self.chat.eos_id],
-                           min_policy_version=self.min_policy_version)
+                           min_policy_version=self.min_policy_version, run=self.run)
 
     def give_back(self, unstarted: bool = False) -> None:
         """The turn was lost (worker died, aborted, stale) or handed back before it started

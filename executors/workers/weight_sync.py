@@ -2,7 +2,7 @@
 
 Trainer side: executors/workers/publishers.py (its publishers, kept across steps).
 
-Worker side: a `PullAgent` per run and worker process holds a storage.weights.receiver
+Worker side: a `PullAgent` per run and worker holds a storage.weights.receiver
 .WeightReceiver (the worker's current bf16 weights), or for a run published sharded
 (`sharded=True`) a storage.weights.sharded_receiver.ShardedReceiver of the engine's layout
 (TP=1 here: it pulls every part), and pulls in a thread of its own; the
@@ -10,6 +10,13 @@ engine switches to the new version when the pull completes (between engine steps
 runs on the engine's loop thread), so a serving worker keeps serving the old version meanwhile.
 Pulls are single-flight: a request for a newer version while one is under way is picked up
 when it ends.
+
+Runs stay apart on a worker: each run keeps its own agent (its host copy of its weights), and
+the engine holds one run's weights at a time (`EngineHolder`). A run's pull loads into the
+engine only while the engine holds that run's weights (or no run's); else it stays in the host
+copy, and the run's rollout `claim`s the engine (sync_weights): a load from host memory, no
+pull, when its version is already there. Every turn names its run and an engine answers another
+run's turn "stale" (executors/engine/vllm_engine.py, executors/coserving/plugin.py).
 
 Building blocks for asynchronous publishing (called from tasks/flows, on the Dask client):
   start_pulls(client, workers, ...)  fire-and-forget: each worker starts pulling, returns at once
@@ -35,6 +42,7 @@ from storage.weights.sharded_receiver import ShardedReceiver
 Loader = Callable[[int, dict[str, torch.Tensor]], dict[str, Any]]
 Receiver = WeightReceiver | ShardedReceiver
 _agents: dict[tuple[str, str], "PullAgent"] = {}  # (worker id, run) -> agent
+_holders: dict[str, "EngineHolder"] = {}  # worker id -> which run's weights its engine holds
 _lock = threading.Lock()
 FULL_TIMEOUT_S = 120.0  # how long a worker waits for a requested full snapshot
 
@@ -52,28 +60,43 @@ def policy_floor(step: int, max_staleness: int, worker_kind: str) -> int:
     return max(0, step - 1 - lag)
 
 
+class EngineHolder:
+    """The run whose weights one worker's engine holds; loads into it are serialized here."""
+
+    def __init__(self) -> None:
+        self.run: str | None = None
+        self.switches = 0  # loads of another run's weights than the engine held
+        self.lock = threading.Lock()  # held across a decision and its load
+
+
 class PullAgent:
     """Background puller of one run on one worker; see the module docstring."""
 
-    def __init__(self, receiver: Receiver, loader: Loader, worker: str = "") -> None:
+    def __init__(self, receiver: Receiver, loader: Loader, worker: str = "",
+                 holder: EngineHolder | None = None) -> None:
         self.receiver, self.loader, self.worker = receiver, loader, worker
+        self.holder = holder or EngineHolder()
         self.target: int | None = None
         self.await_s = 0.0  # how long the next pull waits for its version to be published
-        self.loaded: int | None = None  # version the engine runs
+        self.loaded: int | None = None  # version this run last loaded into the engine
+        self.held: int | None = None  # version its host copy holds, loaded or not
+        self._claim = False  # the next pull loads into the engine even if another run's is there
         self.last: dict[str, Any] = {}  # the last completed pull (or its error)
         self.error: str = ""
         self._dirty = False  # a request not looked at yet
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def request(self, version: int, await_s: float = 0.0) -> None:
+    def request(self, version: int, await_s: float = 0.0, claim: bool = False) -> None:
         """Pull `version` (or newer) in the background. Even when the engine already runs it,
         the receiver looks at the relay's manifest once (a republished version with other bits
         is pulled again). `await_s`: the version's publish may not have begun; wait that long
-        for it, and stream it as it lands (storage/weights/stream_pull.py)."""
+        for it, and stream it as it lands (storage/weights/stream_pull.py). `claim`: load it
+        into the engine even if it holds another run's weights (this run's rollout needs it)."""
         with self._cv:
             self.target = version if self.target is None else max(self.target, version)
             self.await_s = await_s
+            self._claim = self._claim or claim
             self.error, self._dirty = "", True
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True,
@@ -87,9 +110,9 @@ class PullAgent:
                     self._thread = None
                     self._cv.notify_all()
                     return
-                self._dirty, target = False, self.target
+                self._dirty, target, claim, self._claim = False, self.target, self._claim, False
             try:
-                record = self._pull_and_load(target)
+                record = self._pull_and_load(target, claim)
             except Exception as e:  # reported through status/wait; the next request retries
                 with self._cv:
                     failed = f"pull of v{target} failed: {type(e).__name__}: {e}"
@@ -100,29 +123,46 @@ class PullAgent:
                     self.error, self._thread = failed, None
                 return
             with self._cv:
-                self.loaded, self.last = record["version"], record
+                self.held, self.last = record["version"], record
+                if not record.get("deferred"):
+                    self.loaded = record["version"]
                 self._cv.notify_all()
 
-    def _pull_and_load(self, target: int) -> dict[str, Any]:
+    @property
+    def run(self) -> str:
+        return self.receiver.run
+
+    def _pull_and_load(self, target: int, claim: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         ahead = {"await_s": self.await_s} if isinstance(self.receiver, WeightReceiver) else {}
         report = self.receiver.pull(target, accept_newer=True, **ahead)
         t1 = time.perf_counter()
         record = {"worker": self.worker, **report.as_dict(), "pulled": report.mode != "noop",
                   "digest": self.receiver.digest}
-        if report.mode == "noop" and self.loaded == report.version:
-            return {**self.last, **record, "pull_s": t1 - t0, "load_s": 0.0,
-                    "total_s": t1 - t0}
-        loaded = self.loader(report.version, self.receiver.tensors)
-        return {**record, **loaded, "pull_s": t1 - t0, "load_s": time.perf_counter() - t1,
+        with self.holder.lock:
+            ours = self.holder.run == self.run
+            if not ours and not claim and self.holder.run is not None:
+                # another run's weights are in the engine: this version waits in the host copy
+                return {**record, "deferred": True, "engine_run": self.holder.run,
+                        "pull_s": t1 - t0, "load_s": 0.0, "total_s": t1 - t0}
+            if ours and report.mode == "noop" and self.loaded == report.version:
+                return {**self.last, **record, "deferred": False, "pull_s": t1 - t0,
+                        "load_s": 0.0, "total_s": t1 - t0}
+            t_load = time.perf_counter()
+            loaded = self.loader(report.version, self.receiver.tensors)
+            switched = not ours and self.holder.run is not None
+            self.holder.run, self.holder.switches = self.run, self.holder.switches + switched
+        return {**record, **loaded, "deferred": False, "switched": switched,
+                "pull_s": t1 - t0, "load_s": time.perf_counter() - t_load,
                 "total_s": time.perf_counter() - t0}
 
     def wait(self, version: int, timeout: float) -> dict[str, Any]:
-        """Block until the requests so far are done and the engine runs >= version; the last
-        pull's record. TimeoutError, or RuntimeError when the pull failed."""
+        """Block until the requests so far are done and the run holds >= version: in the
+        engine, or in its host copy while another run's weights are in the engine ("deferred" in
+        the record); the last pull's record. TimeoutError, or RuntimeError when the pull failed."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            while self._thread is not None or self.loaded is None or self.loaded < version:
+            while self._thread is not None or self.held is None or self.held < version:
                 if self.error:
                     raise RuntimeError(f"worker {self.worker}: {self.error}")
                 if self._thread is None:
@@ -137,7 +177,8 @@ class PullAgent:
 
     def status(self) -> dict[str, Any]:
         with self._cv:
-            return {"worker": self.worker, "run": self.receiver.run, "loaded": self.loaded,
+            return {"worker": self.worker, "run": self.run, "loaded": self.loaded,
+                    "held": self.held, "engine_run": self.holder.run,
                     "target": self.target, "pulling": self._thread is not None,
                     "error": self.error, "last": dict(self.last)}
 
@@ -158,11 +199,9 @@ def agent(relay_kind: str, run: str, batch_bytes: int = 1 << 30,
                         if sharded else WeightReceiver(relay, run, requester=name, batch_bytes=batch_bytes,
                                                        full_timeout_s=FULL_TIMEOUT_S))
             loader = loader or engine_loader(run, lambda: receiver.digest)
-            for key in [k for k in _agents if k[0] == wid]:
-                # one run's weights per engine: a serving worker is leased to one run at a time
-                # (tasks/borrow.py); a dedicated rollout worker shared by runs reloads at each switch
-                del _agents[key]
-            found = _agents[wid, run] = PullAgent(receiver, loader, name)
+            # the other runs' agents stay: their host copies are what a switch back loads from
+            holder = _holders.setdefault(wid, EngineHolder())
+            found = _agents[wid, run] = PullAgent(receiver, loader, name, holder)
         found.receiver.batch_bytes = batch_bytes
         return found
 
@@ -174,6 +213,7 @@ def drop_agents(worker_id: str) -> int:
         gone = [k for k in _agents if k[0] == worker_id]
         for key in gone:
             del _agents[key]
+        _holders.pop(worker_id, None)  # the engine holds no run's weights any more
     return len(gone)
 
 
@@ -200,7 +240,7 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
         raise RuntimeError(f"worker {worker.name} has no rollout engine to load weights into")
 
     def load_rollout(version: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-        plugin.loop.reload(tensors, version)  # loop thread: in-flight turns rerun on `version`
+        plugin.loop.reload(tensors, version, run)  # loop thread: in-flight turns rerun on `version`
         plugin.run, plugin.weights_digest = run, digest()
         embed = "model.embed_tokens.weight"
         matches = None
@@ -214,9 +254,10 @@ def engine_loader(run: str, digest: Callable[[], str]) -> Loader:
 # ---- functions submitted to a worker ---------------------------------------------------------
 def sync_weights(relay_kind: str, run: str, version: int, batch_bytes: int = 1 << 30,
                  timeout: float = 600.0, sharded: bool = False) -> dict[str, Any]:
-    """Pull `version` (or newer) and load it; returns once the engine runs it."""
+    """Pull `version` (or newer) and load it, claiming the engine for `run` (its rollout is
+    next); returns once the engine runs it."""
     a = agent(relay_kind, run, batch_bytes, sharded=sharded)
-    a.request(version)
+    a.request(version, claim=True)
     return a.wait(version, timeout)
 
 
