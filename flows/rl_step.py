@@ -119,6 +119,8 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "borrow": rolled.get("borrow", {}),
         # environment workers: which hosted the step's environments, relaunches after a fault
         "env_hosts": rolled.get("env_hosts", {}),
+        # the elastic reward pool: trajectories scored, utilization, queueing, scale-ups
+        "reward_service": rolled.get("reward_service") or rewarded.get("reward_service") or {},
         "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
         "rollout_version": version, "stale_tokens": trained.get("stale_tokens", 0.0),
     }

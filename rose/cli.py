@@ -36,6 +36,8 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
        serving_workers: Optional[int] = typer.Option(None, help="Serving workers (serving_gpu)."),
        env_workers: Optional[int] = typer.Option(None, help="Environment workers (env_cpu, CPU only): "
                                                  "each trajectory's environment steps there."),
+       reward_workers: Optional[int] = typer.Option(None, help="Cap of the elastic reward pool (reward_cpu, "
+                                                    "CPU only): 0 workers while idle, up to this many."),
        prefect_port: Optional[int] = typer.Option(None, help="Prefect server port (default: free)."),
        scheduler_port: Optional[int] = typer.Option(None, help="Dask scheduler port (default: free)."),
        dask_scheduler: Optional[str] = typer.Option(None, help="Use this existing Dask scheduler "
@@ -49,7 +51,8 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
     from rose.stack.status import print_stack
 
     cfg = _config(config, trainers=trainers, rollout_workers=rollout_workers,
-                  serving_workers=serving_workers, env_workers=env_workers, dask_scheduler=dask_scheduler,
+                  serving_workers=serving_workers, env_workers=env_workers, reward_workers=reward_workers,
+                  dask_scheduler=dask_scheduler,
                   prefect_api_url=prefect_api_url)
     previous = read_stack(stack_dir())
     dead = dead_parts(previous) if previous else []

@@ -1,6 +1,8 @@
 """Reward phase: trajectory rewards -> GRPO group advantages, written back to the step's rows."""
 from __future__ import annotations
 
+import time
+
 import torch
 from prefect import task
 
@@ -8,6 +10,8 @@ from rose.config import RunConfig
 from rose.grpo import group_advantages
 from storage.trajectories.dataset import TrajectoryStore
 from tasks.caching import STEP_CACHE
+from tasks.rollout import require_reward_pool, reward_service, score_rows
+from tasks.worker_threads import client_outside_thread_pool
 
 
 def advantages_by_trajectory(rows: list[dict]) -> dict[str, float]:
@@ -34,9 +38,17 @@ def advantages_by_trajectory(rows: list[dict]) -> dict[str, float]:
 def reward(cfg: RunConfig, step: int) -> dict:
     store = TrajectoryStore(cfg.trajectories_dir())
     rows = store.read_step(cfg.run_id, step).to_pylist()
+    service = {}
+    if cfg.reward.service == "batch":  # the baseline: every trajectory scored after the rollout
+        require_reward_pool(cfg)
+        with client_outside_thread_pool() as client:
+            scorer, t0 = reward_service(client, cfg, step), time.time()
+            for tid in sorted({r["trajectory"] for r in rows}):
+                scorer.submit(sorted((r for r in rows if r["trajectory"] == tid), key=lambda r: r["turn"]))
+            service = {"service": "batch", **score_rows(scorer, rows, t0)}
     adv = advantages_by_trajectory(rows)
     for r in rows:
         r["advantage"] = adv[r["trajectory"]]
     store.write_step(cfg.run_id, step, rows)
     informative = sum(1 for a in adv.values() if a != 0.0)
-    return {"trajectories": len(adv), "informative_trajectories": informative}
+    return {"trajectories": len(adv), "informative_trajectories": informative, "reward_service": service}

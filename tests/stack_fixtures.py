@@ -44,6 +44,15 @@ def start_model_build(tmp_path_factory) -> None:
     _BACKGROUND_BUILD.append((proc, log))
 
 
+def stop_model_build() -> None:
+    """At the session's end: a background build no test waited for (a session of fast tests
+    that only collected slow ones, a -k selection, an early stop) must not outlive pytest."""
+    for proc, _ in _BACKGROUND_BUILD:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def shared_models(tmp_path_factory) -> Path:
     given = os.environ.get("ROSE_TEST_MODELS_DIR")
     if given:
@@ -133,8 +142,10 @@ class SharedStack:
             self._exit = ExitStack()
             self.handle = self._exit.enter_context(in_process_stack(
                 self._factory, "rose-shared", self.stopped,
-                # an environment worker: these runs' environments step there (RemoteEnv)
-                config=StackConfig(rollout_workers=1, relay="mooncake", env_workers=1)))
+                # an environment worker: these runs' environments step there (RemoteEnv); a
+                # reward pool of at most one worker, none while idle (rose/stack/reward_pool.py)
+                config=StackConfig(rollout_workers=1, relay="mooncake", env_workers=1,
+                                   reward_workers=1, reward_threads=8)))
         return self.handle
 
     def after_stop(self, check) -> None:

@@ -35,12 +35,17 @@ def test_one_rl_step_end_to_end(stack):
 
     run = f"e2e-{uuid.uuid4().hex[:8]}"  # a reused data dir must not resume an older run
     cfg = RunConfig(run_id=run, steps=1, rollout=RolloutConfig(groups=2, group_size=4,
-                                                                 max_turns=4))
+                                                                 max_turns=4),
+                    reward={"service": "elastic"})
     [summary] = train(cfg)
     assert summary["step"] == 1 and summary["policy_version"] == 1
     assert summary["trajectories"] == 8 and summary["turns"] >= 8
     # the shared stack has an environment worker: every environment stepped there, none lost
     assert summary["env_hosts"] == {"workers": ["env-0"], "relaunches": 0, "failed_on": {}}
+    # ... and a reward pool: every trajectory scored there as it ended, as its environment said
+    pool = summary["reward_service"]
+    assert pool["service"] == "elastic" and pool["trajectories"] == 8 and pool["mismatches"] == 0, pool
+    assert pool["peak_workers"] == 1 and pool["busy_seconds"] > 0, pool
 
     table = TrajectoryStore(cfg.trajectories_dir()).read_step(run, 1)
     assert table.schema.remove_metadata().equals(TURN_SCHEMA.remove_metadata())

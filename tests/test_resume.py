@@ -55,7 +55,7 @@ def test_failed_train_resumes_without_redoing_rollout(stack):
     from storage.trajectories.dataset import PART, TrajectoryStore
     from tasks.train import InjectedFault
 
-    cfg = _cfg(fault_injection={"train": 2})
+    cfg = _cfg(fault_injection={"train": 2}, reward={"service": "batch"})  # scored on the reward pool
     with pytest.raises(InjectedFault):
         train(cfg)
     store = TrajectoryStore(cfg.trajectories_dir())
@@ -72,6 +72,8 @@ def test_failed_train_resumes_without_redoing_rollout(stack):
     assert summaries[0]["phase_states"] == {"rollout": "Cached", "reward": "Cached",
                                             "train": "Completed", "publish": "Completed"}
     assert not summaries[0]["train_resumed"]  # the update of step 2 ran now, exactly once
+    pool = summaries[1]["reward_service"]  # step 3: every trajectory scored after its rollout
+    assert pool["service"] == "batch" and pool["trajectories"] == 8 and pool["mismatches"] == 0, pool
     assert file_fingerprint(step2) == before
     assert any((Path(stack.prefect_home) / "storage").iterdir())  # results live in the stack
 

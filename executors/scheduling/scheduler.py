@@ -69,7 +69,10 @@ class RolloutScheduler:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, work: list[Episode] | GroupLauncher,
-            on_turn: Callable[[dict], None] | None = None) -> RolloutReport:
+            on_turn: Callable[[dict], None] | None = None,
+            on_trajectory: Callable[[Episode], None] | None = None) -> RolloutReport:
+        """Every trajectory to its end; `on_turn(row)` after each turn, `on_trajectory(episode)`
+        as each trajectory ends (e.g. its reward scored at once)."""
         t0 = time.perf_counter()
         launcher = work if isinstance(work, GroupLauncher) else GroupLauncher.fixed(work)
         self.report = RolloutReport([], 0.0)
@@ -85,6 +88,7 @@ class RolloutScheduler:
         self.handback = (TailHandback(HandbackConfig(factor=factor))
                          if factor and self.router.mode != "pinned" else None)
         self.env_steps = EnvSteps(self.config.env_threads)
+        self.on_trajectory = on_trajectory
         self._start(launcher.launch())
         try:
             self._loop(launcher, on_turn)
@@ -260,6 +264,8 @@ class RolloutScheduler:
             return
         self.router.forget(tid)
         self.active.discard(tid)
+        if self.on_trajectory is not None:
+            self.on_trajectory(ep)
         self._abandon(launcher.on_trajectory_done(ep))
         self._start(launcher.launch())
 

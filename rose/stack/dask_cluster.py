@@ -20,7 +20,7 @@ from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
 from rose.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE, KIND_RESOURCE
 
-WorkerKind = Literal["trainer", "rollout", "serving", "env"]
+WorkerKind = Literal["trainer", "rollout", "serving", "env", "reward"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REGISTER_TIMEOUT_S = 120.0
 
@@ -147,12 +147,13 @@ ENGINE_KINDS = ("rollout", "serving")
 
 
 def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
-                 base_env: dict[str, str]) -> ManagedProcess:
+                 base_env: dict[str, str], new_session: bool = True) -> ManagedProcess:
+    """new_session=False: in the caller's process group (stopping the caller's group stops it)."""
     local_dir = Path(run_dir).resolve() / "dask" / spec.name
     local_dir.mkdir(parents=True, exist_ok=True)
     return ManagedProcess(f"worker-{spec.name}", worker_command(spec, scheduler, local_dir),
                           run_dir, env=worker_env(spec, run_dir, base_env), cwd=REPO_ROOT,
-                          nice=spec.nice).start()
+                          nice=spec.nice, new_session=new_session).start()
 
 
 def worker_command(spec: WorkerSpec, scheduler: str, local_dir: Path) -> list[str]:

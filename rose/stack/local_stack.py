@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import time
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from rose.config import DaskTLS, StackConfig, data_dir
-from rose.stack.dask_cluster import check_workers, start_dask, worker_specs
+from rose.stack.dask_cluster import REPO_ROOT, check_workers, start_dask, worker_specs
 from rose.stack.dask_security import DaskScheduler
 from rose.stack.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
@@ -157,6 +158,8 @@ def start_services(cfg: StackConfig, run_dir: Path, prefect_port: int | None,
             cluster = start_dask(run_dir, specs, base_env, scheduler_port)
             started.append(cluster)
             scheduler, workers = cluster.scheduler_address, cluster.workers
+        if cfg.reward_workers:
+            started.append(start_reward_pool(cfg, scheduler, run_dir, base_env))
         if server is not None:
             server.wait()
     except BaseException:
@@ -203,7 +206,21 @@ def update_stack(run_dir: Path, change) -> StackHandle | None:
         return handle
 
 
+def start_reward_pool(cfg: StackConfig, scheduler: str, run_dir: Path,
+                      base_env: dict[str, str]) -> ManagedProcess:
+    """The elastic reward pool's controller (rose/stack/reward_pool.py): it starts no worker
+    until rewards wait for one."""
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return ManagedProcess("reward-pool", [
+        sys.executable, "-m", "rose.stack.reward_pool", "--scheduler", scheduler,
+        "--run-dir", str(run_dir), "--max-workers", str(cfg.reward_workers),
+        "--min-workers", str(cfg.reward_workers_min), "--threads", str(cfg.reward_threads)],
+        run_dir, env={**base_env, "PYTHONPATH": pythonpath}, cwd=REPO_ROOT).start()
+
+
 def _processes(service) -> list:
+    if isinstance(service, ManagedProcess):
+        return [service]
     if hasattr(service, "processes"):
         return list(service.processes)
     return [service.process] if getattr(service, "process", None) else []

@@ -92,8 +92,10 @@ class ManagedProcess:
     """One service of the stack. start() -> wait_for_port()/wait_for_http() -> stop()."""
 
     def __init__(self, name: str, argv: list[str], run_dir: Path,
-                 env: dict[str, str] | None = None, cwd: Path | None = None, nice: int = 0):
+                 env: dict[str, str] | None = None, cwd: Path | None = None, nice: int = 0,
+                 new_session: bool = True):
         self.name, self.argv, self.cwd, self.nice = name, [str(a) for a in argv], cwd, nice
+        self.new_session = new_session  # False: a member of the starting service's group
         self.env = {**os.environ, **(env or {})}
         self.log_path = Path(run_dir) / "logs" / f"{name}.log"
         self.pid_path = Path(run_dir) / "pids" / f"{name}.json"
@@ -113,7 +115,8 @@ class ManagedProcess:
             try:
                 self.popen = subprocess.Popen(
                     [*nice, *self.argv], stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd, start_new_session=True)
+                    stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+                    start_new_session=self.new_session)
             except FileNotFoundError:
                 raise StackError(f"{self.name}: executable not found: {self.argv[0]}") from None
         try:
