@@ -4,9 +4,9 @@ local stack (Mooncake relay), and what the run made of it.
     python bench/chaos.py [--faults 1,2,3] [--steps 2] [--root /tmp/rose-chaos]
 
 Per fault: `rose up` in its own data directory, `rose train` of a few small steps while the
-fault (bench/chaos_faults.py) strikes at its phase, any follow-up the fault needs (`rose
+fault (tests/chaos_faults.py) strikes at its phase, any follow-up the fault needs (`rose
 resume`), then `rose down`. Each command has a deadline: past it the command is killed and
-the row reads "hang". Columns (bench/chaos_stack.py reads them from outside the product):
+the row reads "hang". Columns (tests/chaos_stack.py reads them from outside the product):
   recovered   every step trained and checkpointed, no trajectory lost, no row duplicated
   recover s   injection -> the next checkpoint the run wrote (it trained again)
   lost        expected trajectories not whole (turns 0..n, done, advantage) in the Arrow data
@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.chaos_faults import FAULTS, Fault  # noqa: E402
-from bench.chaos_serving import ServingLoad  # noqa: E402
-from bench.chaos_stack import Bed, Progress, dataset_check, weights_check  # noqa: E402
+from tests.chaos_faults import FAULTS, Fault  # noqa: E402
+from tests.chaos_serving import ServingLoad  # noqa: E402
+from tests.chaos_stack import Bed, Progress, dataset_check, weights_check  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 USERS_AFTER_S = 10.0  # the replay's users stay this long after a serving fault is over

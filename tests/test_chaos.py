@@ -1,7 +1,7 @@
 """The chaos bench's quick faults as slow tests: each its own run of two small RL steps, in turn
 on one local stack (Mooncake relay), with the fault injected from outside the product by the
-bench's own code (bench/chaos_faults.py), judged by the bench's own reading of what the run left
-behind (bench/chaos_stack.py). The other faults, each on a fresh stack, stay in
+bench's own code (tests/chaos_faults.py), judged by the bench's own reading of what the run left
+behind (tests/chaos_stack.py). The other faults, each on a fresh stack, stay in
 `python bench/chaos.py`.
 
     .venv/bin/pytest -m slow tests/test_chaos.py
@@ -37,8 +37,8 @@ def args(tmp_path_factory) -> Namespace:
 def stack(args):
     """One stack for the quick faults' runs; `rose down` after the last must leave no process."""
     from bench.chaos import run_config
-    from bench.chaos_faults import FAULTS
-    from bench.chaos_stack import Bed
+    from tests.chaos_faults import FAULTS
+    from tests.chaos_stack import Bed
 
     shapes = [f.stack for f in FAULTS if f.key in QUICK]
     assert all(s == shapes[0] for s in shapes), shapes  # one stack fits every quick fault
@@ -52,7 +52,7 @@ def stack(args):
 @pytest.mark.parametrize("key", QUICK)
 def test_fault_recovered_with_nothing_lost(key, args, stack):
     from bench.chaos import run_fault
-    from bench.chaos_faults import FAULTS
+    from tests.chaos_faults import FAULTS
 
     [fault] = [f for f in FAULTS if f.key == key]
     row = run_fault(fault, args, Console(stderr=True), stack=stack)

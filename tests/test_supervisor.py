@@ -206,8 +206,8 @@ def test_the_stack_file_update_keeps_other_writers_fields(tmp_path):
 
 
 def test_the_chaos_bench_reads_serving_downtime_from_the_users_requests():
-    """bench/chaos_serving.downtime: first failed (after the fault) to first answered request."""
-    from bench.chaos_serving import downtime
+    """tests/chaos_serving.downtime: first failed (after the fault) to first answered request."""
+    from tests.chaos_serving import downtime
 
     nan = float("nan")
     fault = 100.0

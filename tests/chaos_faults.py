@@ -12,8 +12,8 @@ from typing import Callable
 import psutil
 from distributed import Client
 
-from bench.chaos_stack import Bed, Outcome, Progress
-from bench.chaos_watch import (freeze_new_child, kill_pid, pull_records, scheduler_of,
+from tests.chaos_stack import Bed, Outcome, Progress
+from tests.chaos_watch import (freeze_new_child, kill_pid, pull_records, scheduler_of,
                                wait_checkpoint, wait_task)
 from tests.faults import KillMidRollout
 
@@ -39,7 +39,7 @@ def kill_serving(bed: Bed, progress: Progress, record: dict) -> None:
     and runs another, while the replay runs and 4 long streaming requests are in flight on
     its endpoint (they must fail at the client, promptly: never hang); then time how long its
     endpoint takes to answer again (the stack's supervisor restarts it)."""
-    from bench.chaos_serving import InFlightProbes
+    from tests.chaos_serving import InFlightProbes
 
     with Client(scheduler_of(bed), timeout=30) as client:
         wait_task(client, "serving-0", "generate_turns", 600)  # lent to the rollout now
@@ -53,7 +53,7 @@ def kill_serving(bed: Bed, progress: Progress, record: dict) -> None:
     progress.injected()
     record.update(kill.killed)
     # the stack's supervisor restarts it (rose/stack/supervisor.py): kill -> /health answers
-    from bench.chaos_serving import wait_answering
+    from tests.chaos_serving import wait_answering
 
     record["endpoint_back_s"] = wait_answering(bed.stack()["endpoints"]["serving-0"],
                                                kill.killed["at"])
@@ -144,7 +144,7 @@ def down_mid_step(bed: Bed, progress: Progress, record: dict) -> None:
 
 def flood_endpoint(bed: Bed, progress: Progress, record: dict) -> None:
     """1,000 concurrent streaming clients on serving-0's endpoint while step 1 rolls out."""
-    from bench.chaos_flood import flood
+    from tests.chaos_flood import flood
 
     stack = bed.stack()
     with Client(stack["dask_scheduler"], timeout=30) as client:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from bench.chaos_stack import Bed
+from tests.chaos_stack import Bed
 
 
 class ServingLoad:

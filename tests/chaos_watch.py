@@ -10,7 +10,7 @@ import time
 import psutil
 from distributed import Client
 
-from bench.chaos_stack import Bed
+from tests.chaos_stack import Bed
 
 
 def scheduler_of(bed: Bed) -> str:
