@@ -1,7 +1,7 @@
 """The chaos bench's quick faults as slow tests: each its own run of two small RL steps, in turn
 on one local stack (Mooncake relay), with the fault injected from outside the product by the
-bench's own code (tests/chaos_faults.py), judged by the bench's own reading of what the run left
-behind (tests/chaos_stack.py). The other faults, each on a fresh stack, stay in
+chaos harness the bench runs too (tests/chaos_faults.py, tests/chaos_run.py), judged by its
+reading of what the run left behind (tests/chaos_stack.py). The other faults, each on a fresh stack, stay in
 `python bench/chaos.py`.
 
     .venv/bin/pytest -m slow tests/test_chaos.py
@@ -36,7 +36,7 @@ def args(tmp_path_factory) -> Namespace:
 @pytest.fixture(scope="module")
 def stack(args):
     """One stack for the quick faults' runs; `rose down` after the last must leave no process."""
-    from bench.chaos import run_config
+    from tests.chaos_run import run_config
     from tests.chaos_faults import FAULTS
     from tests.chaos_stack import Bed
 
@@ -51,7 +51,7 @@ def stack(args):
 
 @pytest.mark.parametrize("key", QUICK)
 def test_fault_recovered_with_nothing_lost(key, args, stack):
-    from bench.chaos import run_fault
+    from tests.chaos_run import run_fault
     from tests.chaos_faults import FAULTS
 
     [fault] = [f for f in FAULTS if f.key == key]
