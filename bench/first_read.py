@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.transfer_e2e import start_relay  # noqa: E402
+from tests.transfer_e2e import start_relay  # noqa: E402
 from bench.transfer_workloads import demo_policy_model  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 from storage.weights import first_read  # noqa: E402

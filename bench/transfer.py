@@ -19,7 +19,7 @@ Workloads (bench/transfer_workloads.py): (a) grpo: consecutive versions of our o
 (default: the newest run under $ROSE_DATA_DIR/runs with checkpoints; make one with
 `rose train --steps 3`); (b) synthetic: Qwen2.5-0.5B-shaped, AdamW at each --lrs for each
 --steps; --checkpoints OLD NEW: any two safetensors directories.
-End to end (bench/transfer_e2e.py): publish-to-applied time of one version through a real
+End to end (tests/transfer_e2e.py): publish-to-applied time of one version through a real
 Mooncake relay, sender paced to each --gbps (emulated link; 0 = unpaced loopback), dense batch
 baseline vs ours (each tensor coded or raw by the time model at that rate, on every core), on
 the last grpo pair, the demo's own policy shape (1.7 MB, at --demo-lr, the demo's lr), and the
@@ -111,7 +111,7 @@ def write_json(path: Path, payload: dict) -> None:
 
 def split_cores() -> tuple[list[int], list[int]]:
     """Pin this process to the first half of its cores; the other half is the receiver's."""
-    from bench.transfer_e2e import pin_threads
+    from tests.transfer_e2e import pin_threads
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -201,7 +201,7 @@ def main() -> None:
                                              args.seed)
             e2e_work.append((f"synthetic {wl.numel(new) / 1e6:.0f}M lr={args.e2e_lr:g} "
                              f"steps={args.e2e_steps}", old, new))
-        from bench.transfer_e2e import run_e2e
+        from tests.transfer_e2e import run_e2e
 
         e2e_rows = run_e2e(e2e_work, args.gbps, repeat=args.e2e_repeat,
                            log=lambda m: console.print(m, highlight=False),

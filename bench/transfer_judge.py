@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.result_file import print_table, write_result  # noqa: E402
-from bench.transfer_e2e import PacedRelay, start_relay  # noqa: E402
+from tests.transfer_e2e import PacedRelay, start_relay  # noqa: E402
 from bench.transfer_workloads import demo_policy_model  # noqa: E402
 from storage.weights.link_rate import LinkRate  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402

@@ -4,7 +4,7 @@
 A trainer publishes the synthetic Qwen shape (--params, AdamW at --lr, one step) as a full
 snapshot, then --deltas deltas (the two versions turn about, each a delta onto the other),
 through a Mooncake master and store on loopback whose puts are paced to the TRUE rate
-(bench/transfer_e2e.py's emulation of a cross-cluster link), to a receiver in a process of its
+(tests/transfer_e2e.py's emulation of a cross-cluster link), to a receiver in a process of its
 own that pulls each version bit-exactly (told before the push when the version streams, as
 `rose train`'s engines are). Per scenario (configured rate, true rate), four publishers:
 
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
+from tests.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
 from bench.transfer_workloads import synthetic_model  # noqa: E402
 from bench.result_file import write_result  # noqa: E402
 

@@ -4,7 +4,7 @@ Pipelined: the sender puts bucket k while k+1 is encoded (storage/weights/push_p
 the receiver fetches buckets on threads and decodes and writes each into the weights it holds
 as it arrives (storage/weights/apply_pipeline.py). Plain: encode-then-put bucket by bucket,
 then fetch and verify every bucket before decoding into new tensors. Both through one
-filesystem relay on tmpfs in this process (puts paced by bench/transfer_e2e.PacedRelay to the
+filesystem relay on tmpfs in this process (puts paced by tests/transfer_e2e.PacedRelay to the
 rate; 0: unpaced), the receiver already holding v0, for two ways to move v1:
   dense  raw bf16 in full (publish_weights), written into the v0 tensors
   ours   the sparse delta of storage/weights/sparse_publisher.py, applied onto v0
@@ -27,7 +27,7 @@ from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.transfer_e2e import PacedRelay  # noqa: E402
+from tests.transfer_e2e import PacedRelay  # noqa: E402
 from bench.transfer_workloads import synthetic_model  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 from storage.relay.filesystem import FilesystemRelay  # noqa: E402

@@ -5,7 +5,7 @@ before the first bucket is put, and between buckets when the next is not packed 
 publishes one delta (the synthetic Qwen shape, AdamW at --lr, one step, chosen by time for the
 link as `rose train` publishes) and back, `--repeat` times per rate, into a Mooncake relay as
 `rose up` opens it (store client; the sender alone: no receiver pulls), with puts paced to each
-rate in --gbps (bench/transfer_e2e.PacedRelay). Per rate, medians over the publishes: publish
+rate in --gbps (tests/transfer_e2e.PacedRelay). Per rate, medians over the publishes: publish
 seconds, link seconds (bytes put / rate), when the first bucket's put began, the seconds the
 link sat idle between the first and the last bucket, and publish / link.
 
@@ -29,7 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def timeline(relay, old: dict, new: dict, gbps: float, repeat: int, run: str) -> list[dict]:
     """`repeat` publishes of new and old in turn (each a delta onto the other) over `relay`
     paced to `gbps`; per publish its seconds and its bucket puts' (start, end) from its start."""
-    from bench.transfer_e2e import PacedRelay
+    from tests.transfer_e2e import PacedRelay
     from storage.weights.link_rate import LinkRate
     from storage.weights.sparse_publisher import SparsePublisher
 
@@ -72,7 +72,7 @@ def main() -> None:
         sys.exit("--gbps must be > 0 (a paced link) and --repeat >= 1")
     import torch
 
-    from bench.transfer_e2e import start_relay
+    from tests.transfer_e2e import start_relay
     from bench.transfer_workloads import synthetic_model
     from storage.delta import host_speed, kernels
 

@@ -1,4 +1,4 @@
-"""The transfer bench's link (bench/transfer_e2e.py): puts paced to the emulated rate, and the
+"""The transfer bench's link (tests/transfer_e2e.py): puts paced to the emulated rate, and the
 unpaced loopback's rate measured from one bucket-sized put, leaving nothing in the relay; and
 --split-cores' pinning of every thread; the interval around a paired median."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from bench.transfer_e2e import PacedRelay, bulk_gbps, median_ci, pin_threads
+from tests.transfer_e2e import PacedRelay, bulk_gbps, median_ci, pin_threads
 from storage.relay.filesystem import FilesystemRelay
 
 
@@ -81,7 +81,7 @@ def test_the_end_to_end_bench_runs_dense_and_ours_through_mooncake():
     (a pull's stats once held a clock that could not)."""
     import torch
 
-    from bench.transfer_e2e import run_e2e
+    from tests.transfer_e2e import run_e2e
 
     g = torch.Generator().manual_seed(0)
     old = {f"model.layers.{i}.mlp.up_proj.weight":
