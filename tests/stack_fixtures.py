@@ -142,9 +142,9 @@ class SharedStack:
             self._exit = ExitStack()
             self.handle = self._exit.enter_context(in_process_stack(
                 self._factory, "rose-shared", self.stopped,
-                # an environment worker: these runs' environments step there (RemoteEnv); a
+                # environment workers: these runs' environments step there (RemoteEnv); a
                 # reward pool of at most one worker, none while idle (rose/stack/reward_pool.py)
-                config=StackConfig(rollout_workers=1, relay="mooncake", env_workers=1,
+                config=StackConfig(rollout_workers=1, relay="mooncake", env_workers=2,
                                    reward_workers=1, reward_threads=8)))
         return self.handle
 

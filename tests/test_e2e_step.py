@@ -40,8 +40,8 @@ def test_one_rl_step_end_to_end(stack):
     [summary] = train(cfg)
     assert summary["step"] == 1 and summary["policy_version"] == 1
     assert summary["trajectories"] == 8 and summary["turns"] >= 8
-    # the shared stack has an environment worker: every environment stepped there, none lost
-    assert summary["env_hosts"] == {"workers": ["env-0"], "relaunches": 0, "failed_on": {}}
+    # the shared stack has environment workers: every environment stepped there, none lost
+    assert summary["env_hosts"] == {"workers": ["env-0", "env-1"], "relaunches": 0, "failed_on": {}}
     # ... and a reward pool: every trajectory scored there as it ended, as its environment said
     pool = summary["reward_service"]
     assert pool["service"] == "elastic" and pool["trajectories"] == 8 and pool["mismatches"] == 0, pool
