@@ -28,12 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.result_file import print_table, write_result  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
+from tests.pyspy_stacks import holders  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -105,24 +105,6 @@ def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> 
 def _coders_cpu_s(pub) -> float:
     """CPU seconds the publisher's coder processes used so far (0 without them)."""
     return 0.0 if pub.coders is None else pub.coders.cpu_s()
-
-
-def holders(raw: Path) -> tuple[int, Counter, Counter]:
-    """(samples, inclusive samples per function, samples per leaf line) of py-spy's raw
-    output (one 'frame;frame;... count' line per stack)."""
-    total, inclusive, leaves = 0, Counter(), Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        n = int(count)
-        frames = stack.split(";")[1:]  # the first is the thread
-        total += n
-        for name in {f.split(" (")[0] for f in frames}:
-            inclusive[name] += n
-        if frames:
-            leaf = frames[-1]
-            where = leaf.split(" (")[-1].rstrip(")").rsplit("/", 1)[-1]
-            leaves[f"{leaf.split(' (')[0]} ({where})"] += n
-    return total, inclusive, leaves
 
 
 def measure(conn, pid: int, spy: str, workers: int, seconds: float, rate: int,

@@ -1,8 +1,9 @@
-"""bench/transfer_gil.py reads py-spy's raw stacks into GIL-held samples per function and per
-line (a function counted once per stack, however deep it recurses)."""
+"""The GIL bench (bench/transfer_gil.py) reads py-spy's raw stacks (tests/pyspy_stacks.py) into
+GIL-held samples per function and per line (a function counted once per stack, however deep
+it recurses)."""
 from __future__ import annotations
 
-from bench.transfer_gil import holders
+from tests.pyspy_stacks import holders
 
 
 def test_stacks_are_counted_per_function_and_leaf_line(tmp_path):
