@@ -49,7 +49,7 @@ from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
                                  prefill_share)
-from bench.paper_figures_report import pct, report, report_32b  # noqa: E402
+from sim.paper_report import pct, report, report_32b  # noqa: E402
 from bench.result_file import write_result  # noqa: E402
 from sim.report import speedup  # noqa: E402
 from sim.timed_run import simulate  # noqa: E402

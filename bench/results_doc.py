@@ -123,7 +123,7 @@ def demo_section(doc: dict, name: str) -> list[str]:
 
 def paper_section(doc: dict, name: str) -> list[str]:
     from bench.paper_figures_plot import png_names
-    from bench.paper_figures_report import report
+    from sim.paper_report import report
 
     a = doc.get("args", {})
     return [f"## The paper's figures, simulated (`bench/results/{name}`)", "",
