@@ -38,7 +38,7 @@ from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import fleet_settings, load_fleet, sweep_settings  # noqa: E402
 from sim.report import judged_at, rate_text, speedup  # noqa: E402
-from sim.workload import fit_from_arrow  # noqa: E402
+from sim.workload import fit_data_directory  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
@@ -271,16 +271,13 @@ def main() -> None:
 
 def fit_workload(ap: argparse.ArgumentParser, data_dir: Path, name: str) -> str:
     """sim/profiles/workload_NAME.json fitted from the turns (and step metrics) under data_dir."""
-    turns = sorted((data_dir / "trajectories").glob("**/*.parquet"))
-    if not turns:
-        ap.error(f"no recorded turns under {data_dir}/trajectories (is it a rose data directory?)")
-    steps = data_dir / "metrics" / "steps"
-    spec = fit_from_arrow(str(data_dir / "trajectories" / "**" / "*.parquet"),
-                          str(steps / "**" / "*.parquet") if list(steps.glob("**/*.parquet")) else None)
     out = PROFILE_DIR / f"workload_{name}.json"
-    if out.exists():
+    try:
+        spec = fit_data_directory(data_dir, out)
+    except FileExistsError:
         ap.error(f"{out} exists: choose another NAME (nothing was overwritten)")
-    out.write_text(spec.to_json() + "\n")
+    except FileNotFoundError as e:
+        ap.error(str(e))
     print(f"wrote {out}: {spec.source}")
     return out.stem
 

@@ -182,6 +182,21 @@ def fit_from_arrow(parquet_glob: str, steps_glob: str | None = None) -> Workload
                         overhead)
 
 
+
+def fit_data_directory(data_dir: Path, out: Path) -> WorkloadSpec:
+    """The workload fitted from the turns (and step metrics) a rose data directory recorded,
+    written to `out`, never over a file already there (FileExistsError); FileNotFoundError when
+    the directory holds no recorded turns."""
+    if not sorted((data_dir / "trajectories").glob("**/*.parquet")):
+        raise FileNotFoundError(f"no recorded turns under {data_dir}/trajectories (is it a rose data directory?)")
+    steps = data_dir / "metrics" / "steps"
+    spec = fit_from_arrow(str(data_dir / "trajectories" / "**" / "*.parquet"),
+                          str(steps / "**" / "*.parquet") if list(steps.glob("**/*.parquet")) else None)
+    if out.exists():
+        raise FileExistsError(f"{out} exists")
+    out.write_text(spec.to_json() + "\n")
+    return spec
+
 @dataclass(frozen=True, slots=True)
 class ServingRequest:
     arrival: float

@@ -87,15 +87,13 @@ def test_cluster_sim_fleet_flag_writes_its_own_result(tmp_path):
     assert too_short.returncode != 0 and "no serving request finished" in too_short.stderr
 
 
-def test_fit_workload_reads_a_data_directorys_turns(tmp_path, monkeypatch):
-    import argparse
+def test_fit_workload_reads_a_data_directorys_turns(tmp_path):
     from datetime import datetime, timedelta, timezone
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import bench.cluster_sim as cs
-    from sim.workload import WorkloadSpec
+    from sim.workload import WorkloadSpec, fit_data_directory
 
     t0, rows = datetime(2026, 1, 1, tzinfo=timezone.utc), []
     for traj in range(6):
@@ -108,14 +106,13 @@ def test_fit_workload_reads_a_data_directorys_turns(tmp_path, monkeypatch):
     part.mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist([{k: v for k, v in r.items() if k != "run"} for r in rows]),
                    part / "part-0.parquet")
-    monkeypatch.setattr(cs, "PROFILE_DIR", tmp_path)
-    ap = argparse.ArgumentParser()
-    assert cs.fit_workload(ap, tmp_path / "data", "mine") == "workload_mine"
-    spec = WorkloadSpec.load(tmp_path / "workload_mine.json")
+    out = tmp_path / "workload_mine.json"
+    assert fit_data_directory(tmp_path / "data", out).to_json() + "\n" == out.read_text()
+    spec = WorkloadSpec.load(out)
     assert spec.q["response"][0] == spec.q["response"][-1] == 40
     assert spec.q["first_prompt"][0] == 500 and spec.q["turns"][-1] == 3
     assert spec.success_rate == 0.5
-    with pytest.raises(SystemExit):  # a second fit under the same name overwrites nothing
-        cs.fit_workload(ap, tmp_path / "data", "mine")
-    with pytest.raises(SystemExit):
-        cs.fit_workload(ap, tmp_path / "nothing", "other")
+    with pytest.raises(FileExistsError):  # a second fit under the same name overwrites nothing
+        fit_data_directory(tmp_path / "data", out)
+    with pytest.raises(FileNotFoundError):
+        fit_data_directory(tmp_path / "nothing", tmp_path / "workload_other.json")
