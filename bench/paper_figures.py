@@ -55,28 +55,11 @@ from sim.report import speedup  # noqa: E402
 from sim.timed_run import simulate  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
+from sim.paper_numbers import PAPER  # noqa: E402
 from storage.atomic import write_atomic  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "paper_figures.json"
 WORKLOAD = "workload_paper_qwen3_8b_frozenlake"
-PAPER = {  # the ROSE paper: the sentence each comes from
-    "rollout_share_min": (0.70, "§2: 'The rollout stage accounts for over 70% of total time'"),
-    "p75_share_max": (0.30, "§2: 'the 75th percentile (P75) is at most 30% of the end-to-end rollout time'"),
-    "prefill_share": (0.77, "§2: 'prefill tokens account for 77% (Qwen3-8B)'"),
-    "rollout_s_8": (607.0, "§2: 'the rollout time reduces from 607 s to 435 s' (Fig. 1c, 8 GPUs)"),
-    "rollout_s_16": (435.0, "§2, the same sentence (16 GPUs)"),
-    "grpo_vs_roll": ((1.31, 1.46), "abstract/§6.1: 1.31-1.46x over ROLL under GRPO"),
-    "dapo_vs_roll": ((1.42, 3.31), "§6.1: 1.42-3.31x over ROLL under DAPO"),
-    "vs_areal": ((1.44, 2.69), "abstract/§6.1: 1.44-2.69x over AReaL"),
-    "table3": ("pinned < turn-wise < + affinity", "§6.4 Table 3; the factor was lost in the text extraction"),
-    "fig14": ("reductions with 16 / 8 / 4 serving GPUs lost in the text extraction", "App. E, Fig. 14"),
-    "route_p99_ms": (10.0, "the issue's bound for a routing decision"),
-    "allocation_share": ((0.068, 0.261), "§6 Fig. 8b: RLBoost+ and serverless RL spend 6.8-26.1% of the step "
-                                        "allocating, ROSE < 0.5%"),
-    "rose_allocation_max": (0.005, "§6 Fig. 8b, the same sentence"),
-    "rollpacker_vs_verl": ((2.03, 2.56), "RollPacker abstract: 2.03-2.56x end-to-end over veRL (its own baseline)"),
-    "scale_s": (300.0, "the issue's bound: 1,024 GPUs x 5 steps of the 8B workload in under 5 minutes"),
-}
 ALLOCATIONS_S = (30.0, 60.0, 120.0)  # chosen: an elastic instance's start + weight load per step (not published)
 
 

@@ -20,26 +20,13 @@ from sim.config import SimConfig
 from sim.fleet import load_fleet, train_parallelism
 from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_32B_ALFWORLD, QWEN3_32B_FLEET, fit_turns_median,
                                  prefill_share, qwen3_32b_setting, turn_tokens_per_sequence_token)
+from sim.paper_numbers import PAPER_32B
 from sim.profiles import PROFILE_DIR
 from sim.report import speedup
 from sim.workload import WorkloadSpec
 
 from executors.policies.slo_admission import SLOConfig
 
-PAPER_32B = {  # the ROSE paper: the sentence each comes from
-    "prefill_share": (0.86, "§2: 'prefill tokens account for 77% (Qwen3-8B) and 86% (Qwen3-32B)' (fitted)"),
-    "rollout_share_min": (0.70, "§2: 'The rollout stage accounts for over 70% of total time' (both models)"),
-    "p75_share_max": (0.30, "§2, Fig. 1b: 'the 75th percentile (P75) is at most 30% of the end-to-end rollout "
-                            "time' (both models)"),
-    "rose_rollout_s": (960.1, "§6.2 Table 1, App. D Table 5: Qwen3-32B, ROSE, rollout 960.1 s (fitted)"),
-    "grpo_vs_roll": (1.46, "§6.1: 'average throughput improvements of 1.31 and 1.46 with GRPO' (the second read "
-                           "as 32B; maximum 1.76)"),
-    "dapo_vs_roll": (3.31, "§6.1: DAPO 'average throughput increases by 1.42 and 3.31' (the second read as 32B; "
-                           "maximum 4.39)"),
-    "vs_areal": (2.69, "§6.1: 'Compared with AReaL, ROSE achieves 1.44 and 2.69' (the second read as 32B)"),
-    "serving_p99_ms": ((837.5, 398.1), "§6.2 Table 1: ROSE's serving TTFT / TPOT P99 for 32B, under the "
-                                       "(1000, 450) ms SLO of §6"),
-}
 DAPO_VALID = 0.5  # chosen, as the 8B rows' middle share (the paper gives none)
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.cluster_sim import stack_scheduler
 from rose.stack.dask_security import DaskScheduler
 from sim.config import SimConfig
+from sim.paper_report import report, report_32b
 from sim.timed_run import simulate
 from sim.workload import WorkloadSpec
 
@@ -94,8 +95,7 @@ def paper_figures(request: PaperFiguresRequest = PaperFiguresRequest()) -> dict:
     scheduler = DaskScheduler(request.dask_scheduler) if request.dask_scheduler else stack_scheduler()
     runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
     fields = figures_on_dask.with_options(task_runner=runner)(request.argv())
-    report = importlib.import_module("sim.paper_report")
-    text = "\n".join(report.report_32b({"qwen3_32b": fields})) if request.only_32b else report.report(fields)
+    text = "\n".join(report_32b({"qwen3_32b": fields})) if request.only_32b else report(fields)
     create_markdown_artifact(text, key="paper-figures", description="bench/paper_figures.py on Dask (sim/)")
     return fields
 

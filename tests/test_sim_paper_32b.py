@@ -91,7 +91,7 @@ def test_the_shipped_32b_workload_reproduces_the_published_statistics():
 
 
 def test_the_32b_rows_print_beside_the_papers_numbers():
-    from bench.paper_figures_32b import PAPER_32B
+    from sim.paper_numbers import PAPER_32B
     from sim.paper_report import report_32b
 
     def row(tps: float, rollout: float, borrowed: float = 0.0) -> dict:
