@@ -18,6 +18,17 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+# scripts of bench/ that read results instead of measuring: the plots and the results doc
+RESULT_READERS = re.compile(r".+_plot|results_doc")
+
+
+def benchmark_names() -> list[str]:
+    """The runnable benchmarks: bench/<name>.py scripts with a __main__ (each prints a table and
+    writes its JSON under bench/results); not the modules they share, nor the scripts that read
+    their results."""
+    return sorted(p.stem for p in BENCH_DIR.glob("*.py")
+                  if '__name__ == "__main__"' in p.read_text(encoding="utf-8")
+                  and not RESULT_READERS.fullmatch(p.stem))
 
 
 class BenchRequest(BaseModel):
@@ -31,9 +42,9 @@ class BenchRequest(BaseModel):
     @field_validator("scripts")
     @classmethod
     def _known(cls, scripts: list[str]) -> list[str]:
+        have = benchmark_names()
         for name in scripts:
-            if not re.fullmatch(r"[a-z0-9_]+", name) or not (BENCH_DIR / f"{name}.py").is_file():
-                have = sorted(p.stem for p in BENCH_DIR.glob("*.py"))
+            if name not in have:
                 raise ValueError(f"no benchmark {name!r} (have: {', '.join(have)})")
         return scripts
 
