@@ -55,6 +55,10 @@ def test_pool_scales_from_zero_with_the_queue_and_back(tmp_path):
             summary = pool_usage(read_pool_state(tmp_path), got, t0, time.time())
             assert summary["trajectories"] == 12 and summary["peak_workers"] == 2  # 12 queued: the cap
             assert summary["scale_ups"] == 2 and summary["scale_up_s_max"] > 0
+            # each worker scores `threads` trajectories at once (its reward_cpu = its threads)
+            overlapping = [(a, b) for a in got.values() for b in got.values()
+                           if a is not b and a.worker == b.worker and a.started < b.finished and b.started < a.finished]
+            assert overlapping, "no reward worker ever scored two trajectories at once"
             assert 0 < summary["utilization"] <= 1 and summary["queue_s_max"] > 0
             _wait(lambda: _reward_workers(client) == [])  # idle again: retired
             _wait(lambda: all(spans[-1][1] is not None  # ... and recorded as down

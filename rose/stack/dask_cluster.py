@@ -49,7 +49,9 @@ class WorkerSpec:
     def resources(self) -> str:
         """The worker's --resources: its kind's, and its device class's if it has one."""
         extra = f",{CLASS_RESOURCE_PREFIX}{self.device_class}=1" if self.device_class else ""
-        return f"{self.resource}=1{extra}"
+        # a reward task takes one reward_cpu: a reward worker scores one trajectory per thread
+        units = self.nthreads if self.kind == "reward" else 1
+        return f"{self.resource}={units}{extra}"
 
 
 def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *, env: int = 0,
@@ -159,7 +161,8 @@ def start_worker(spec: WorkerSpec, scheduler: str, run_dir: Path,
 def worker_command(spec: WorkerSpec, scheduler: str, local_dir: Path) -> list[str]:
     return [
         venv_binary("dask"), "worker", scheduler, "--name", spec.name,
-        "--nthreads", str(spec.nthreads), "--nworkers", "1", "--nanny",
+        # a reward worker has no nanny: the reward pool replaces one that dies (and starts faster)
+        "--nthreads", str(spec.nthreads), "--nworkers", "1", "--no-nanny" if spec.kind == "reward" else "--nanny",
         "--resources", spec.resources, "--host", LOCALHOST, "--no-dashboard",
         "--dashboard-address", f"{LOCALHOST}:0",
         "--local-directory", str(local_dir),
