@@ -20,6 +20,7 @@ from prefect import flow
 
 from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
+from flows.coexec import ROLLOUT, TRAIN, active, phase_permit, record_step as record_phase_times
 from flows.pipeline import StepGates, active_gates, rollout_version
 from rose.config import RunConfig, data_dir
 from storage.metrics.record import record_step
@@ -33,14 +34,17 @@ from tasks.train import train
 ON_TRAINER = {"resources": {"train_gpu": 1}}  # drivers and trainer state live on the trainer
 
 
-def _phase(name: str, step: int, submit, states: dict[str, str], place: dict = ON_TRAINER):
+def _phase(name: str, step: int, submit, states: dict[str, str], place: dict = ON_TRAINER,
+           spans: dict[str, list[float]] | None = None):
     emit("phase_start", step=step, phase=name)
-    t0 = time.perf_counter()
+    t0, began = time.perf_counter(), time.time()
     with dask.annotate(**place):
         future = submit()
     result = future.result()
     seconds = time.perf_counter() - t0
     states[name] = future.state.name  # "Cached" when reused from an earlier attempt
+    if spans is not None:
+        spans[name] = [began, time.time()]
     emit("phase_end", step=step, phase=name, seconds=seconds, result=result,
          state=states[name])
     return result, seconds
@@ -73,21 +77,26 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
     """Advance the policy from version step-1 to version step."""
     t0 = time.perf_counter()
     states: dict[str, str] = {}
+    spans: dict[str, list[float]] = {}  # phase -> [start, end], unix seconds
     gates = active_gates(cfg.run_id)  # None: synchronous (or this step run on its own)
-    place = ON_TRAINER if gates is None else gates.placement
+    group = active(cfg.run_id)  # None: not co-executed (flows/coexec.py)
+    # pipelined or co-executed, the rollout driver must not hold the trainer's one train_gpu
+    place = gates.placement if gates is not None else group.placement_annotations if group else ON_TRAINER
     # A cached rollout whose Arrow file is gone would hand reward a dangling path: recompute.
     roll = rollout.with_options(refresh_cache=not trajectories_present(cfg, step))
     version, roll_cfg = rollout_version(step, cfg.max_staleness), serving_lag_cfg(cfg)
-    rolled, rollout_s = _phase("rollout", step, lambda: roll.submit(roll_cfg, step, version),
-                               states, place)
-    # Reward rewrites the rollout's file: reuse its result only if the rollout was reused too.
-    rew = reward.with_options(refresh_cache=states["rollout"] != "Cached")
-    rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states, place)
+    with phase_permit(cfg.run_id, ROLLOUT):  # co-executed: the group's rollout pool, in turn
+        rolled, rollout_s = _phase("rollout", step, lambda: roll.submit(roll_cfg, step, version),
+                                   states, place, spans)
+        # Reward rewrites the rollout's file: reuse its result only if the rollout was reused too.
+        rew = reward.with_options(refresh_cache=states["rollout"] != "Cached")
+        rewarded, reward_s = _phase("reward", step, lambda: rew.submit(cfg, step), states, place, spans)
     _gate(gates, "rolled", step, then_wait=("trained", step - 1))
-    trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states, place)
-    _gate(gates, "trained", step, then_wait=("published", step - 1))
-    published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states,
-                                  place)
+    with phase_permit(cfg.run_id, TRAIN):
+        trained, train_s = _phase("train", step, lambda: train.submit(cfg, step), states, place, spans)
+        _gate(gates, "trained", step, then_wait=("published", step - 1))
+        published, publish_s = _phase("publish", step, lambda: publish.submit(cfg, step), states,
+                                      place, spans)
     _gate(gates, "published", step)
     with dask.annotate(**place):  # serving over the whole step, weight pull included
         served = serving_report.submit().result()
@@ -121,9 +130,14 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
         "env_hosts": rolled.get("env_hosts", {}),
         # the elastic reward pool: trajectories scored, utilization, queueing, scale-ups
         "reward_service": rolled.get("reward_service") or rewarded.get("reward_service") or {},
-        "phase_states": dict(states), "train_resumed": bool(trained.get("resumed")),
+        "phase_states": dict(states), "phase_spans": spans, "train_resumed": bool(trained.get("resumed")),
         "rollout_version": version, "stale_tokens": trained.get("stale_tokens", 0.0),
+        # co-executed: its group and how long each phase waited for its turn and permit
+        "coexec": {"group": group.group, "waited_s": dict(group.waited_s),
+                   "refused": group.placement.reason} if group else {},
     }
+    if states["rollout"] != "Cached":  # a reused rollout's time was spent in an earlier attempt
+        record_phase_times(cfg, rollout_s + reward_s, train_s + publish_s)
     publish_step_artifacts(cfg.run_id, summary)
     record_step(data_dir(), cfg.run_dir(), cfg.run_id, summary)  # docs/step_metrics_schema.md
     emit("step_end", **summary)

@@ -19,6 +19,7 @@ from prefect import flow
 
 from dashboards.artifacts import publish_run_artifact
 from dashboards.events import emit
+from flows.coexec import membership
 from executors.workers.rollout_worker import RolloutWorkerPlugin
 from executors.workers.trainer import TrainerPlugin, trainer_version
 from flows.pipeline import run_pipelined
@@ -155,7 +156,9 @@ def _train(cfg: RunConfig, lease: RunLease) -> list[dict]:
     pin_step_identity(version + 1)
     # the serving workers each step borrows stay leased to this run while it drives (renewed),
     # and are given back when it ends (tasks/borrow.py)
-    with borrowing(stack_leases(), cfg.run_id, cfg.borrow.lease_ttl_s):
+    # `--group`: admitted to a co-execution group (or one of its own, said), its phases in turns
+    with borrowing(stack_leases(), cfg.run_id, cfg.borrow.lease_ttl_s), \
+            membership(cfg, trainer_name(scheduler) if cfg.coexec.group else ""):
         try:
             if cfg.max_staleness:  # one step of rollout ahead of training (flows/pipeline.py)
                 summaries = run_pipelined(step_flow, cfg, version + 1, trainer_name(scheduler))

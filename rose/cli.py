@@ -74,11 +74,13 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
 @clear_errors
 def down() -> None:
     """Stop every process of the stack; checks that none is left."""
+    from rose.stack.coexec_groups import CoexecGroups
     from rose.stack.local_stack import stop_stack
     from rose.stack.serving_leases import ServingLeases
 
     stopped = stop_stack(stack_dir())
     ServingLeases(stack_dir()).release()  # no run holds a serving worker of a stopped stack
+    CoexecGroups(stack_dir()).release()  # nor is in a co-execution group
     console.print(f"stopped {len(stopped)} processes" + (f": {', '.join(stopped)}" if stopped
                                                           else f" (no stack in {stack_dir()})"))
 
@@ -105,11 +107,11 @@ def status() -> None:
 
 
 def _run_config(config: Optional[Path], run_id: Optional[str], steps: Optional[int],
-                rollout_workers: Optional[int] = None):
+                rollout_workers: Optional[int] = None, group: Optional[str] = None):
     from rose.launch import default_run_id
 
     overrides = {"run_id": run_id, "steps": steps,
-                 "stack": {"rollout_workers": rollout_workers}}
+                 "stack": {"rollout_workers": rollout_workers}, "coexec": {"group": group}}
     cfg = load_run_config(config, overrides)
     if run_id is None and (config is None or "run_id" not in config.read_text()):
         cfg.run_id = default_run_id("run")
@@ -123,11 +125,14 @@ def train(steps: Optional[int] = typer.Option(None, help="RL steps to reach (def
                                                 "from its last checkpoint."),
           rollout_workers: Optional[int] = typer.Option(None, help="Rollout workers if the "
                                                         "stack must be started."),
+          group: Optional[str] = typer.Option(None, help="Co-execution group: runs in it share the "
+                                              "rollout and trainer workers, one rolling out while "
+                                              "another trains (admitted by host memory and SLO)."),
           config: Optional[Path] = ConfigOpt) -> None:
     """Train: each RL step is an rl_step Prefect flow run on the stack's Dask workers."""
     from rose.launch import run_training
 
-    run_training(_run_config(config, run_id, steps, rollout_workers), console)
+    run_training(_run_config(config, run_id, steps, rollout_workers, group), console)
 
 
 @app.command()

@@ -410,6 +410,18 @@ class BorrowConfig(Strict):
         return n
 
 
+class CoexecConfig(Strict):
+    """Co-execution groups (RollMux; executors/policies/coexec_group.py, flows/coexec.py): runs in
+    one group share the rollout and trainer workers, each phase taking its pool's permit in turn,
+    so one run rolls out while another trains."""
+
+    group: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$")  # "": the run drives its phases alone
+    slo_factor: float = Field(2.0, ge=1, allow_inf_nan=False)  # its step may take this x its solo step
+    # host memory each pool has for the group's parked states; None: what this host has free
+    host_memory_gib: float | None = Field(None, gt=0, allow_inf_nan=False)
+    member_ttl_s: float = Field(60.0, gt=0, allow_inf_nan=False)  # a driver silent this long leaves
+
+
 # Keys that moved, old -> new, both as paths; a config with the old key still loads.
 MOVED_KEYS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("publish", "max_staleness"): ("rollout", "serving_lag"),
@@ -446,6 +458,7 @@ class RunConfig(Strict):
     stack: StackConfig = StackConfig()
     rollout: RolloutConfig = RolloutConfig()
     borrow: BorrowConfig = BorrowConfig()
+    coexec: CoexecConfig = CoexecConfig()
     reward: RewardConfig = RewardConfig()
     train: TrainConfig = TrainConfig()
     publish: PublishConfig = PublishConfig()
@@ -463,6 +476,8 @@ class RunConfig(Strict):
         if self.rollout.env not in self.models.demo_envs:
             raise ValueError(f"rollout.env {self.rollout.env} is not in models.demo_envs {self.models.demo_envs}: "
                              "the policy would never have seen it; add it there")
+        if self.coexec.group and self.max_staleness:
+            raise ValueError("coexec.group takes turns phase by phase: it needs max_staleness 0")
         return self
 
     @property

@@ -88,9 +88,10 @@ def beside_rollout(timeout_s: float = 120.0) -> bool:
 
 @task(name="train", retries=0, cache_policy=NO_CACHE)
 def train(cfg: RunConfig, step: int) -> dict:
-    if cfg.max_staleness:
+    if cfg.max_staleness or cfg.coexec.group:
         # Leave the worker's task thread (the trainer worker has one): the next step's rollout
-        # driver and this step's publish start beside the update instead of queueing behind it.
+        # driver (this run's, or a group-mate's) and a publish start beside the update instead
+        # of queueing behind it.
         leave_thread_pool()
     inject_fault(cfg, step)
     if cfg.train.backend == "megatron":  # every rank of the group trains; rank 0's metrics
