@@ -8,7 +8,8 @@ to the 77% prefill-token share, turn median to 607 s of rollout at 8 rollout GPU
 Fleet: the H100 profiles (the H800's chip) with the long-context engine terms (sim/engine_cost.py).
 Setting (paper §6): 16 GPUs, (rollout, train) = (8, 8), 256 trajectories a step (32 per rollout
 GPU), 16 per rollout GPU at once, borrowed serving GPUs capped at 16. The serving SLO is 2x the
-P99 of serving alone (the fixed configuration), as every sweep here sets it.
+P99 of serving alone (the fixed configuration), as every sweep here sets it. The trainer is charged
+for each trajectory's final sequence once, the paper's reading (PAPER_TRAIN_TOKENS), as for 32B.
 
 Prints and writes bench/results/paper_figures.json and one PNG per figure beside it
 (bench/paper_figures_plot.py):
@@ -25,7 +26,8 @@ Prints and writes bench/results/paper_figures.json and one PNG per figure beside
 - sensitivity: ROSE / fixed against the two parameters the paper does not give that move the
   tail most (the trajectory-level response spread and the environment's seconds per step).
 - Qwen3-32B on ALFWorld (bench/paper_figures_32b.py, TP-4 engines, 64 serving GPUs at most): Fig. 1's
-  statistics and Fig. 7a-c's rows (`--only-32b`: these alone, into the existing JSON).
+  statistics and Fig. 7a-c's rows (`--only-32b`: these alone, into the existing JSON; `--no-32b`: the
+  rest, keeping the existing JSON's 32B rows).
 The paper's extracted text lost some numbers (the Fig. 14 reductions, Table 3's factor): those
 columns say so.
 """
@@ -47,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.fleet import sweep_settings  # noqa: E402
-from sim.paper_workloads import (QWEN3_8B_FROZENLAKE, PaperWorkload, fit_turns_median,  # noqa: E402
-                                 prefill_share)
+from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_8B_FROZENLAKE, PaperWorkload,  # noqa: E402
+                                 fit_turns_median, prefill_share)
 from sim.paper_report import pct, report, report_32b  # noqa: E402
 from bench.result_file import write_result  # noqa: E402
 from sim.report import speedup  # noqa: E402
@@ -77,9 +79,7 @@ def base_config(args, **kw) -> SimConfig:
     """The paper's 8B setting (the module's docstring), with `kw` changed."""
     base = SimConfig(gpus=16, steps=args.steps, seed=args.seed, workload=args.workload, serving_ratio=2.0,
                      traj_per_rollout_gpu=32, cap_per_rollout_gpu=16, serving_max_turns=16,
-                     # as the 8B rows in bench/results/paper_figures.json were run; the paper's
-                     # reading (sim.paper_workloads.PAPER_TRAIN_TOKENS) is what the 32B rows use
-                     train_tokens="every_turn", **sweep_settings(args.fleet, None))
+                     train_tokens=PAPER_TRAIN_TOKENS, **sweep_settings(args.fleet, None))
     return replace(base, **kw)
 
 
@@ -243,6 +243,24 @@ def concurrency(args, e2e: dict, slo: dict) -> list[dict]:
     return rows
 
 
+def train_token_models(args, e2e: dict) -> dict:
+    """Fig. 1's statistics and ROSE / fixed with the trainer charged each way (SimConfig.train_tokens):
+    the figures' final sequences (Fig. 7a's rows) and every turn's whole context."""
+    every = dict(train_tokens="every_turn")
+    fixed = run(base_config(args, config="fixed", **every), label="fixed, every turn trained", own_slo=True)
+    rose = run(base_config(args, config="rose", **every, **slo_of(fixed)), label="ROSE, every turn trained")
+    return {PAPER_TRAIN_TOKENS: train_row(e2e["fixed"], e2e["rose"]), "every_turn": train_row(fixed, rose)}
+
+
+def train_row(fixed: dict, rose: dict) -> dict:
+    """Fig. 1's statistics and ROSE / fixed under one SimConfig.train_tokens setting."""
+    train_s = sum(x["train_s"] for x in fixed["per_step"]) / max(1, len(fixed["per_step"]))
+    return {"rollout_share": fixed["rollout_share"], "p75_share": fixed["trajectory_p75_share"],
+            "train_s": train_s, "fixed_tokens_per_s": fixed["tokens_per_s"], "rose_vs_fixed": speedup(rose, fixed),
+            "fixed_rollout_s": fixed["rollout_s_mean"], "rose_rollout_s": rose["rollout_s_mean"],
+            "rose_slo_attainment": rose["slo_attainment"]}
+
+
 def scale(args, slo: dict) -> dict:
     """The event-jumping engine against the per-iteration one at 16 GPUs (one step of ROSE), and
     ROSE at 1,024 GPUs x 5 steps: wall and CPU seconds (the machine is shared: CPU is what the
@@ -291,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.fit:
         fit(args)
     fields = figures(args, t0)
+    if not fields["qwen3_32b"] and args.out.is_file():  # --no-32b: the 32B rows already written stay
+        fields["qwen3_32b"] = json.loads(args.out.read_text()).get("qwen3_32b", {})
     print(report(fields))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, "paper_figures", args, t0, **fields)
@@ -320,6 +340,9 @@ def figures(args, t0: float) -> dict:
     if e2e:
         print("Concurrency: trajectories per GPU at once")
         conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
+    if e2e:
+        print("The trainer charged every turn's whole context")
+        fig1 = fig1 and fig1 | {"train_tokens": train_token_models(args, e2e)}
     if e2e and "scale" in want:
         print("Scale: event jumping")
         big = scale(args, slo_of(e2e["fixed"]))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 
-from bench.paper_figures import job, runs, slo_of
+from bench.paper_figures import job, runs, slo_of, train_row
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.fleet import load_fleet, train_parallelism
@@ -106,25 +106,14 @@ def figures(args: Namespace) -> dict:
                      "s2_rollout_share": s2["rollout_share"], "s2_p75_share": s2["trajectory_p75_share"],
                      "s2_rollout_s": s2["rollout_s_mean"],
                      "turn_tokens_per_sequence_token": turn_tokens_per_sequence_token(spec),
-                     "train_s": _train_s(f),
-                     "train_tokens": {k: _train_row(a, b) for k, a, b in (
+                     "train_s": train_row(f, rows["rose"])["train_s"],
+                     "train_tokens": {k: train_row(a, b) for k, a, b in (
                          (PAPER_TRAIN_TOKENS, f, rows["rose"]),
                          ("every_turn", fixed["every_turn"], rose["every_turn"]))}},
             "fig7a": rows, "cap_sensitivity": cap,
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}
-
-
-def _train_s(r: dict) -> float:
-    return sum(x["train_s"] for x in r["per_step"]) / max(1, len(r["per_step"]))
-
-
-def _train_row(fixed: dict, rose: dict) -> dict:
-    """Fig. 1's statistics and ROSE / fixed under one SimConfig.train_tokens setting."""
-    return {"rollout_share": fixed["rollout_share"], "p75_share": fixed["trajectory_p75_share"],
-            "train_s": _train_s(fixed), "fixed_tokens_per_s": fixed["tokens_per_s"],
-            "rose_vs_fixed": speedup(rose, fixed)}
 
 
 def _cap_row(per_engine: int, fixed: dict, rose: dict) -> dict:

@@ -124,3 +124,26 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
     assert "| every turn's whole context | 990 | 60.0% | 71.0% | 1.20x |" in text
     assert "| paper | | > 70% | <= 30% | 1.46x over ROLL (GRPO) |" in text
     assert "5.0x the tokens" in text and "990 s a step" in text and "(8, 1, 2)'s communication, 26%" in text
+
+
+def test_the_areal_miss_is_explained_from_the_per_step_records():
+    from sim.paper_report import areal_finding, from_second_step
+
+    def run(tps: float, steps: list[tuple[float, float]]) -> dict:
+        """steps: (rollout_s, end_s) of each; 100 tokens a step, 30 s training and publishing."""
+        return dict(tokens_per_s=tps, per_step=[dict(tokens=100, rollout_s=r, train_s=29.0, publish_s=1.0,
+                                                     step_s=r + 30.0, end_s=end) for r, end in steps])
+
+    fixed = run(100 * 3 / 390, [(100.0, 130.0), (100.0, 260.0), (100.0, 390.0)])
+    areal = run(100 * 3 / 330, [(100.0, 130.0), (100.0, 230.0), (100.0, 330.0)])  # training hidden from step 2
+    rose = run(100 * 3 / 195, [(35.0, 65.0), (35.0, 130.0), (35.0, 195.0)])
+    assert from_second_step(areal) == 200 / 200 and from_second_step(fixed) == 200 / 260
+    assert from_second_step(run(1.0, [(1.0, 1.0)])) is None
+    e = dict(fixed=fixed, areal_style=areal, rose=rose, rose_off_policy=rose)
+    text = " ".join(areal_finding(e, "32B", 1.46, 2.69))
+    assert text.startswith("ROSE / AReaL-style, 32B (1.69x; the paper 2.69x)")
+    # steady steps of 100 s against 130 s, of which 30 s hidden; over all 3 steps 390 / 330
+    assert "its steps take 100 s (its rollout, 100 s) against the fixed system's 130 s, of which 30 s" in text
+    assert "1.30x; over all 3 steps" in text and "1.18x. ROSE / AReaL-style is ROSE / fixed (2.00x)" in text
+    assert "1.46 / 2.69 = 0.54x ROLL's throughput" in text
+    assert areal_finding({"fixed": fixed, "rose": rose}, "8B", 1.31, 1.44) == []

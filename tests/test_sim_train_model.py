@@ -52,6 +52,14 @@ def test_the_papers_32b_setting_trains_each_final_sequence_once():
     assert SimConfig().train_tokens == "every_turn"  # the product's trainer: each turn a sample
 
 
+def test_the_papers_8b_rows_train_each_final_sequence_once_too():
+    from bench.paper_figures import base_config, parser
+
+    args = parser().parse_args([])
+    assert base_config(args).train_tokens == PAPER_TRAIN_TOKENS
+    assert base_config(args, config="rose", train_tokens="every_turn").train_tokens == "every_turn"
+
+
 def test_tp_communication_grows_with_tp_and_cp_with_cp():
     base = TrainParallelism(tp=8, pp=1, cp=2, layers=64, hidden=5120, kv_width=1024, nvlink_gb_s=400.0, ib_gb_s=50.0)
     # 4 all-reduces a layer of hidden x 2 B a token, a ring moving 2 (TP - 1) / TP of it at 200 GB/s a
@@ -86,3 +94,15 @@ def test_the_32b_fleets_trainer_pays_its_parallelism_and_the_8b_one_none():
     assert train_parallelism(load_fleet("h100_qwen3_8b")) is None  # data parallel, compute only
     with pytest.raises(ValueError, match="unknown keys"):
         train_parallelism(replace(spec, train_parallelism={"tp": 8, "pp": 1, "cp": 2, "dp": 2}))
+
+
+def test_the_8b_table_sets_both_token_models_beside_the_papers_range():
+    from sim.paper_numbers import PAPER
+    from sim.paper_report import _train_tokens_table
+
+    rows = {"final_sequence": dict(train_s=50.0, rollout_share=0.92, p75_share=0.43, rose_vs_fixed=0.98),
+            "every_turn": dict(train_s=190.0, rollout_share=0.75, p75_share=0.43, rose_vs_fixed=1.03)}
+    text = "\n".join(_train_tokens_table({"fig1": {"train_tokens": rows}, "paper": PAPER}, "8B"))
+    assert text.startswith("| 8B trainer charged for (§6 setting) |")
+    assert "| every turn's whole context | 190 | 75.0% | 43.0% | 1.03x |" in text
+    assert "| paper | | > 70% | <= 30% | 1.31-1.46x over ROLL (GRPO) |" in text
