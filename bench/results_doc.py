@@ -393,10 +393,13 @@ def coexec_section(doc: dict, name: str) -> list[str]:
     a, m = doc.get("args", {}), doc["makespan"]
     out = [f"## Co-execution groups on the local stack (`bench/results/{name}`)", "",
            f"`python bench/coexec.py` ({a.get('steps', '?')} steps a run, {a.get('groups', '?')} x "
-           f"{a.get('group_size', '?')} trajectories of up to {a.get('max_turns', '?')} turns, one trainer and one "
-           f"rollout worker, {doc.get('seconds', 0):.0f} s): two runs one after the other, each alone (its phase "
-           "times the stack's T_solo), then two runs of the same shapes at once in one group (`rose train --group`: "
-           "the rollout and train phases take the group's Prefect permits in strict round robin, so one run rolls "
+           f"{a.get('group_size', '?')} trajectories of up to {a.get('max_turns', '?')} turns; run a rollout-heavy, "
+           f"each environment step ~{a.get('env_latency_s', '?')} s as a tool or simulator takes (the rollout waits, "
+           f"the CPU is free), run b training-heavy, {a.get('train_updates', '?')} GRPO updates a step; one "
+           f"trainer and one rollout worker, {doc.get('seconds', 0):.0f} s): two runs one after the other, each "
+           "alone (its phase times the stack's T_solo), then two runs of the same two shapes at once in one group "
+           "(`rose train --group`: the rollout and train phases take the group's Prefect permits in strict "
+           "round robin, so one run rolls "
            "out while the other trains). Makespan from the first step's start to the last step's end, and of the "
            "whole `train` calls (trainer start and first publish included).", "",
            "| way | makespan, steps | makespan, wall |", "| --- | --- | --- |",
@@ -411,7 +414,14 @@ def coexec_section(doc: dict, name: str) -> list[str]:
                    f"| {r['co_step_s']:.2f} s | {predicted} | {r['co_over_solo']:.2f}x | {r['slo_factor']:g}x |")
     out += ["", "Every phase here runs on the same 2 CPU cores as the other (the rollout engine bound to one, the "
             "trainer niced on the rest), so overlapping one run's rollout with the other's training gains less than "
-            "on separate GPU pools; T_co includes each phase's wait for its turn and permit."]
+            "on separate GPU pools; T_co includes each phase's wait for its turn and permit; the predicted T_co is "
+            "the policy's at the second run's admission, from the solo runs' phase times; a T_co under T_solo is the "
+            "machine's load moving between the solo and the grouped runs (shared with other jobs). While tuning, "
+            "pairs of one kind did not pay here: two rollout-heavy runs (their rollouts queue on the one rollout "
+            "worker) or two runs keeping both cores busy ran at 0.69-1.48x the makespan of one after the other in "
+            "four tries; and with run b at 6 updates a step (training-light), admission refused it, since a's "
+            "rollouts would hold b to 2.39x its solo step, over its SLO factor: b ran in a group of its own, "
+            "as the log said."]
     return out
 
 

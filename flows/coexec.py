@@ -15,9 +15,9 @@ Another run's weights stay in each worker's host memory while one run holds the 
 Admission (at the run's start) is the policy's: residency (every member's parked state fits each
 pool's host memory: its bf16 weights on the rollout pool; fp32 weights, AdamW state and a bf16
 snapshot on the trainer pool) and the SLO rule T_co <= coexec.slo_factor x T_solo from the runs'
-measured solo phase times (per run, else per run shape; recorded after every step). A run
-refused goes to a group of its own and says so; one that cannot fit even alone is an error
-naming the run and the memory.
+measured solo phase times (per run, else per run shape: the mean of steps 2 on of runs trained
+in no group). A run refused goes to a group of its own and says so; one that cannot fit even
+alone is an error naming the run and the memory.
 """
 from __future__ import annotations
 
@@ -211,13 +211,13 @@ def phase_permit(run: str, pool: str) -> Iterator[None]:
         groups.give_back(member.group, pool, run)
 
 
-def record_step(cfg: RunConfig, rollout_s: float, train_s: float) -> None:
-    """The step's phase times into the stack's table: solo (no group, or alone in it) become the
-    run's and its shape's T_solo."""
-    member = _active.get(cfg.run_id)
+def record_step(cfg: RunConfig, step: int, rollout_s: float, train_s: float) -> None:
+    """The step's phase times into the stack's table; a run not in a group measures T_solo (of
+    the run and its shape). Step 1 is left out: engine warm-up and the run's first publish."""
+    if step < 2:
+        return
     try:
         groups = CoexecGroups(stack_dir())
-        solo = member is None or groups.members(member.group) == [cfg.run_id]
-        groups.record_phase_times(cfg.run_id, run_shape(cfg), rollout_s, train_s, solo)
+        groups.record_phase_times(cfg.run_id, run_shape(cfg), rollout_s, train_s, solo=not cfg.coexec.group)
     except (OSError, TimeoutError) as e:  # the step's own results matter more
         log.warning("run %s: its phase times were not recorded: %s", cfg.run_id, e)

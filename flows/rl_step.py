@@ -137,7 +137,7 @@ def rl_step(cfg: RunConfig, step: int) -> dict:
                    "refused": group.placement.reason} if group else {},
     }
     if states["rollout"] != "Cached":  # a reused rollout's time was spent in an earlier attempt
-        record_phase_times(cfg, rollout_s + reward_s, train_s + publish_s)
+        record_phase_times(cfg, step, rollout_s + reward_s, train_s + publish_s)
     publish_step_artifacts(cfg.run_id, summary)
     record_step(data_dir(), cfg.run_dir(), cfg.run_id, summary)  # docs/step_metrics_schema.md
     emit("step_end", **summary)

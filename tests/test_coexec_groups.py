@@ -74,7 +74,9 @@ def test_solo_phase_times_are_kept_per_run_and_per_shape(tmp_path):
     groups.record_phase_times("a", "shape1", 3.0, 2.0, solo=True)
     groups.record_phase_times("a", "shape1", 9.0, 9.0, solo=False)  # co-executed: not T_solo
     assert groups.solo_times("a", "shape1") == (3.0, 2.0)
-    assert groups.solo_times("new", "shape1") == (3.0, 2.0)  # a new run of the same shape
+    groups.record_phase_times("b", "shape1", 5.0, 4.0, solo=True)
+    assert groups.solo_times("new", "shape1") == (4.0, 3.0)  # a new run of the same shape: the mean
+    assert groups.solo_times("b", "shape1") == (5.0, 4.0)  # its own first
     assert groups.solo_times("new", "other") is None
 
 

@@ -121,13 +121,16 @@ class CoexecGroups:
             return [m["run"] for m in table["groups"].get(name, {}).get("members", [])]
 
     def record_phase_times(self, run: str, shape: str, rollout_s: float, train_s: float, solo: bool) -> None:
-        """One step's measured phases; a solo step's are also the shape's T_solo."""
+        """One step's measured phases, into the run's mean (solo or grouped); a solo step's also
+        into its shape's mean, the T_solo of a new run of that shape."""
         with self._table() as table:
-            entry = {"rollout_s": rollout_s, "train_s": train_s, "at": time.time()}
-            key = "solo" if solo else "grouped"
-            table["runs"].setdefault(run, {})[key] = entry
+            means = [table["runs"].setdefault(run, {}).setdefault("solo" if solo else "grouped", {})]
             if solo:
-                table["shapes"][shape] = {**entry, "run": run}
+                means.append(table["shapes"].setdefault(shape, {}))
+            for mean in means:
+                n = mean.get("steps", 0)
+                mean.update(rollout_s=(mean.get("rollout_s", 0.0) * n + rollout_s) / (n + 1),
+                            train_s=(mean.get("train_s", 0.0) * n + train_s) / (n + 1), steps=n + 1, at=time.time())
 
     def solo_times(self, run: str, shape: str) -> tuple[float, float] | None:
         """(rollout_s, train_s) the run took alone: its own, else a run of its shape's; None: never
