@@ -52,11 +52,11 @@ class FakeLoop:
     def call(self, fn):
         return fn(self.engine)
 
-    def reload(self, tensors, version) -> int:  # EngineLoop.reload with no turn in flight
+    def reload(self, tensors, version, run: str = "") -> int:  # EngineLoop.reload, no turn in flight
         from executors.engine.vllm_engine import reload_weights
 
         reload_weights(self.engine, tensors)
-        self.policy_version = version
+        self.policy_version, self.run = version, run
         return 0
 
 
