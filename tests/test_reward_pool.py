@@ -60,3 +60,16 @@ def test_the_scorer_gives_the_environments_own_reward_from_seed_and_replies(env_
     assert got.reward == pytest.approx(total) and got.success
     wrong = score_trajectory(RewardJob("r", "t0", env_name, 7, ("nonsense",) * len(replies), 8, 0.0))
     assert wrong.reward < total and not wrong.success
+
+
+def test_a_run_asking_for_the_pool_on_a_stack_without_one_is_told_how_to_start_it(tmp_path, monkeypatch):
+    from rose.config import RunConfig
+    from tasks.rollout import require_reward_pool
+
+    monkeypatch.setenv("ROSE_RUN_DIR", str(tmp_path))  # a stack directory with no reward_pool.json
+    require_reward_pool(RunConfig())  # reward.service env: no pool needed
+    for service in ("elastic", "batch"):
+        with pytest.raises(RuntimeError, match="rose up --reward-workers"):
+            require_reward_pool(RunConfig(reward={"service": service}))
+    (tmp_path / "reward_pool.json").write_text('{"workers": {}}')
+    require_reward_pool(RunConfig(reward={"service": "elastic"}))  # the controller's record: a pool
