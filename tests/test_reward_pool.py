@@ -73,3 +73,15 @@ def test_a_run_asking_for_the_pool_on_a_stack_without_one_is_told_how_to_start_i
             require_reward_pool(RunConfig(reward={"service": service}))
     (tmp_path / "reward_pool.json").write_text('{"workers": {}}')
     require_reward_pool(RunConfig(reward={"service": "elastic"}))  # the controller's record: a pool
+
+
+def test_rose_status_says_how_many_reward_workers_are_up(tmp_path):
+    import json
+
+    from rose.stack.status import reward_pool_cell
+
+    assert reward_pool_cell(tmp_path) == "starting"  # the controller has not written its record yet
+    (tmp_path / "reward_pool.json").write_text(json.dumps({
+        "policy": {"max_workers": 3}, "scale_ups": [[10.0, 12.5], [20.0, 21.0]],
+        "workers": {"reward-0": [[12.5, 30.0]], "reward-1": [[21.0, None]]}}))
+    assert reward_pool_cell(tmp_path) == "1 of at most 3 reward workers up, last scale-up 1.0 s"

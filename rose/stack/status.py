@@ -71,6 +71,19 @@ def restarts_cell(handle: StackHandle, name: str) -> str:
     return str(n) if n else "-"
 
 
+def reward_pool_cell(run_dir) -> str:
+    """The reward pool's workers up now of its cap, and its last scale-up's delay."""
+    from rose.stack.reward_pool import read_pool_state
+
+    state = read_pool_state(run_dir)
+    if state is None:
+        return "starting"
+    up = sum(1 for spans in state["workers"].values() if spans and spans[-1][1] is None)
+    last = state["scale_ups"][-1] if state["scale_ups"] else None
+    delay = f", last scale-up {last[1] - last[0]:.1f} s" if last else ""
+    return f"{up} of at most {state['policy']['max_workers']} reward workers up{delay}"
+
+
 def print_stack(handle: StackHandle, console: Console) -> None:
     services = Table(title=f"ROSE stack ({handle.run_dir})", title_justify="left")
     for col in ("service", "address", "pid", "state", "restarts"):
@@ -91,6 +104,8 @@ def print_stack(handle: StackHandle, console: Console) -> None:
             row("Mooncake store client", handle.mooncake_client, "mooncake-store-client")
     else:
         services.add_row("relay", str(handle.relay_dir()), "-", "[yellow]filesystem[/]", "-")
+    if "reward-pool" in alive:  # the elastic reward pool (rose/stack/reward_pool.py): its workers come and go
+        row("reward pool", reward_pool_cell(handle.run_dir), "reward-pool")
     for name, url in sorted(handle.endpoints.items()):
         services.add_row(f"serving endpoint ({name})", url, "-",
                          "[green]up[/]" if http_ok(f"{url}/health") else "[red]down[/]", "-")
