@@ -74,3 +74,32 @@ def test_pool_scales_from_zero_with_the_queue_and_back(tmp_path):
     finally:
         controller.stop()
         scheduler.stop()
+
+
+def test_a_restarted_controller_retires_the_workers_its_predecessor_left(tmp_path):
+    """The controller SIGKILLed (the supervisor starts it again with the same command line): the
+    reward worker it had started lives on, unmanaged; the new controller retires it first."""
+    import os
+    import signal
+
+    address, scheduler = start_scheduler(tmp_path)
+    argv = [sys.executable, "-m", "rose.stack.reward_pool", "--scheduler", address, "--run-dir", str(tmp_path),
+            "--max-workers", "1", "--min-workers", "1", "--threads", "1"]  # min 1: a worker up at once
+    first = ManagedProcess("reward-pool", argv, tmp_path, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    second = ManagedProcess("reward-pool", argv, tmp_path, env={"PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT)
+    first.start()
+    try:
+        with DaskScheduler(address).client() as client:
+            _wait(lambda: _reward_workers(client) == ["reward-0"])
+            before = {w["name"]: a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+            os.kill(first.pid, signal.SIGKILL)
+            first.popen.wait(timeout=10)
+            assert _reward_workers(client) == ["reward-0"]  # orphaned, still registered
+            second.start()
+            # the stray is retired, then the new controller's own reward-0 registers (min 1)
+            _wait(lambda: before["reward-0"] not in client.scheduler_info(n_workers=-1)["workers"])
+            _wait(lambda: _reward_workers(client) == ["reward-0"])
+    finally:
+        second.stop()
+        first.stop()
+        scheduler.stop()
