@@ -27,6 +27,11 @@ class TurnRequest:
         if self.max_tokens < 1:
             raise ValueError(f"turn {self.request_id}: max_tokens must be >= 1")
 
+    def runs_on(self, held_run: str) -> bool:
+        """Whether an engine holding `held_run`'s weights ("" a checkpoint's) may compute it:
+        never on another run's weights."""
+        return not self.run or not held_run or self.run == held_run
+
 
 @dataclass
 class TurnResult:

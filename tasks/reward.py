@@ -40,11 +40,14 @@ def reward(cfg: RunConfig, step: int) -> dict:
     rows = store.read_step(cfg.run_id, step).to_pylist()
     service = {}
     if cfg.reward.service == "batch":  # the baseline: every trajectory scored after the rollout
-        require_reward_pool(cfg)
+        require_reward_pool(cfg)  # a cached rollout skipped the rollout task's check
+        by_trajectory: dict[str, list[dict]] = {}
+        for r in sorted(rows, key=lambda r: (r["trajectory"], r["turn"])):
+            by_trajectory.setdefault(r["trajectory"], []).append(r)
         with client_outside_thread_pool() as client:
             scorer, t0 = reward_service(client, cfg, step), time.time()
-            for tid in sorted({r["trajectory"] for r in rows}):
-                scorer.submit(sorted((r for r in rows if r["trajectory"] == tid), key=lambda r: r["turn"]))
+            for turns in by_trajectory.values():
+                scorer.submit(turns)
             service = {"service": "batch", **score_rows(scorer, rows, t0)}
     adv = advantages_by_trajectory(rows)
     for r in rows:

@@ -4,10 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 from prefect import task
@@ -40,9 +38,9 @@ def env_seed(run_seed: int, step: int, group: int) -> int:
     return (run_seed * 1_000_003 + step * 1_009 + group) % (2**31)
 
 
-def step_latency(r) -> StepLatency | None:
-    """The run's environment step latency (rollout.env_step_latency) as envs/latency.py takes it."""
-    return StepLatency(**r.env_step_latency.model_dump()) if r.env_step_latency else None
+def as_latency(config) -> StepLatency | None:
+    """A StepLatencyConfig (rollout.env_step_latency, reward.cost) as envs/latency.py takes it."""
+    return StepLatency(**config.model_dump()) if config else None
 
 
 def group_factory(cfg: RunConfig, step: int, policy_version: int,
@@ -55,7 +53,7 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int,
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(cfg.models.policy_path()))
     r = cfg.rollout
-    latency = step_latency(r)
+    latency = as_latency(r.env_step_latency)
 
     def make_group(g: int) -> list[Episode]:
         return [Episode(run=cfg.run_id, step=step, group=g, trajectory_id=trajectory_id(step, g, i),
@@ -70,10 +68,8 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int,
 
 def reward_service(client, cfg: RunConfig, step: int) -> RewardService:
     """The stack's elastic reward pool as this step's scorer (reward.service elastic or batch)."""
-    c = cfg.reward
-    cost = StepLatency(**c.cost.model_dump()) if c.cost else None
     return RewardService(client, cfg.run_id, lambda group: env_seed(cfg.seed, step, group),
-                         cfg.rollout.max_turns, cost=cost, timeout_s=c.timeout_s)
+                         cfg.rollout.max_turns, cost=as_latency(cfg.reward.cost), timeout_s=cfg.reward.timeout_s)
 
 
 def reward_pool_state() -> dict | None:
@@ -81,10 +77,11 @@ def reward_pool_state() -> dict | None:
     from rose.config import stack_dir
     from rose.stack.reward_pool import read_pool_state
 
-    return read_pool_state(Path(os.environ.get("ROSE_RUN_DIR") or stack_dir()))
+    return read_pool_state(stack_dir())
 
 
 def require_reward_pool(cfg: RunConfig) -> None:
+    """At the rollout's start: a run scoring on the pool fails at once on a stack without one."""
     if cfg.reward.service != "env" and reward_pool_state() is None:
         raise RuntimeError(f"reward.service {cfg.reward.service} scores trajectories on the stack's reward "
                            "pool, and this stack has none: start it with `rose up --reward-workers N` "
@@ -104,7 +101,7 @@ def env_hosts(client, kinds: dict[str, str], r) -> EnvHosts | None:
     workers = sorted(n for n, k in kinds.items() if k == "env")
     if not workers:
         return None
-    latency = step_latency(r)
+    latency = as_latency(r.env_step_latency)
     return EnvHosts(client, workers, latency=latency, step_timeout_s=r.env_step_timeout_s)
 
 
@@ -198,6 +195,7 @@ def share_by_kind(rows: list[dict]) -> dict[str, dict]:
 def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
     """Generate the step's trajectories with policy `policy_version`; write them as Arrow."""
     r = cfg.rollout
+    require_reward_pool(cfg)  # elastic or batch: before any turn is rolled out
     with client_outside_thread_pool() as client:
         kinds = workers_by_kind(client)
         require(kinds, "rollout")
@@ -224,8 +222,6 @@ def rollout(cfg: RunConfig, step: int, policy_version: int) -> dict:
                                      classes=device_classes(client) if r.hw_affinity else None)
         hosts = env_hosts(client, kinds, r)
         elastic = reward_service(client, cfg, step) if cfg.reward.service == "elastic" else None
-        if elastic is not None:
-            require_reward_pool(cfg)
         t0 = time.time()
         try:
             report = scheduler.run(group_launcher(cfg, step, policy_version, hosts),

@@ -66,12 +66,13 @@ def test_a_run_asking_for_the_pool_on_a_stack_without_one_is_told_how_to_start_i
     from rose.config import RunConfig
     from tasks.rollout import require_reward_pool
 
-    monkeypatch.setenv("ROSE_RUN_DIR", str(tmp_path))  # a stack directory with no reward_pool.json
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))  # its stack directory has no reward_pool.json
     require_reward_pool(RunConfig())  # reward.service env: no pool needed
     for service in ("elastic", "batch"):
         with pytest.raises(RuntimeError, match="rose up --reward-workers"):
             require_reward_pool(RunConfig(reward={"service": service}))
-    (tmp_path / "reward_pool.json").write_text('{"workers": {}}')
+    (tmp_path / "stack").mkdir()
+    (tmp_path / "stack" / "reward_pool.json").write_text('{"workers": {}}')
     require_reward_pool(RunConfig(reward={"service": "elastic"}))  # the controller's record: a pool
 
 

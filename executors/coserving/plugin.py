@@ -189,7 +189,7 @@ def generate_turns_coserving(requests: list[TurnRequest]) -> list[TurnResult]:
     executor = plugin.executor
     # a turn of a run other than the one whose weights the rollout engine holds: "stale" (the
     # scheduler resyncs the worker to its run, or routes elsewhere), never computed on them
-    futures = [executor.submit_rollout(r) if not r.run or not plugin.run or r.run == plugin.run
+    futures = [executor.submit_rollout(r) if r.runs_on(plugin.run or "")
                else _answered(empty_result(r, get_worker().name, executor.version, "stale"))
                for r in requests]
     # The scheduler sends one future per turn here: waiting on them must not hold the worker's

@@ -110,10 +110,6 @@ class EngineLoop(EngineOwner):
             return len(live)
         return self.call(swap)
 
-    def computes_for(self, run: str) -> bool:
-        """Whether a turn of `run` may run on the weights held now (never on another run's)."""
-        return not run or not self.run or run == self.run
-
     def num_inflight(self) -> int:
         with self._cv:
             return len(self._live) + sum(item[0] == "submit" for item in self._inbox)
@@ -161,7 +157,7 @@ class EngineLoop(EngineOwner):
     def _add(self, request: TurnRequest, fut: Future) -> None:
         from vllm import SamplingParams, TokensPrompt
 
-        if request.min_policy_version > self.policy_version or not self.computes_for(request.run):
+        if request.min_policy_version > self.policy_version or not request.runs_on(self.run):
             fut.set_result(self._empty(request, "stale"))
             return
         params = SamplingParams(max_tokens=request.max_tokens,

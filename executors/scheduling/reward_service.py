@@ -19,8 +19,9 @@ from distributed import wait as wait_all
 from envs.latency import StepLatency
 from executors.policies.reward_pool import PoolUsage, Scored
 from executors.workers.reward_host import RewardJob, RewardResult, score_trajectory
+from rose.worker_kinds import KIND_RESOURCE
 
-RESOURCE = "reward_cpu"  # rose.worker_kinds.KIND_RESOURCE["reward"]
+RESOURCE = KIND_RESOURCE["reward"]
 
 
 class RewardServiceError(RuntimeError):

@@ -89,16 +89,20 @@ def vllm_env(spec: WorkerSpec, run_dir: Path) -> dict[str, str]:
             **engine_env(device, spec.core, Path(run_dir) / "vllm-cache")}
 
 
+def repo_pythonpath() -> str:
+    """PYTHONPATH for a service of the stack: this checkout first, then the caller's."""
+    return os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[str, str]:
     from rose.config import data_dir
 
-    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     return {
         **base,
         **vllm_env(spec, run_dir),
         "DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # engines/trainers may start subprocesses
-        "PYTHONPATH": pythonpath,
+        "PYTHONPATH": repo_pythonpath(),
         "ROSE_DATA_DIR": str(data_dir()),
         "ROSE_WORKER_KIND": spec.kind,
         "ROSE_WORKER_NAME": spec.name,

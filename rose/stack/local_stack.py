@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.panel import Panel
 
 from rose.config import DaskTLS, StackConfig, data_dir
-from rose.stack.dask_cluster import REPO_ROOT, check_workers, start_dask, worker_specs
+from rose.stack.dask_cluster import REPO_ROOT, check_workers, repo_pythonpath, start_dask, worker_specs
 from rose.stack.dask_security import DaskScheduler
 from rose.stack.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
@@ -210,12 +210,11 @@ def start_reward_pool(cfg: StackConfig, scheduler: str, run_dir: Path,
                       base_env: dict[str, str]) -> ManagedProcess:
     """The elastic reward pool's controller (rose/stack/reward_pool.py): it starts no worker
     until rewards wait for one."""
-    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     return ManagedProcess("reward-pool", [
         sys.executable, "-m", "rose.stack.reward_pool", "--scheduler", scheduler,
         "--run-dir", str(run_dir), "--max-workers", str(cfg.reward_workers),
         "--min-workers", str(cfg.reward_workers_min), "--threads", str(cfg.reward_threads)],
-        run_dir, env={**base_env, "PYTHONPATH": pythonpath}, cwd=REPO_ROOT).start()
+        run_dir, env={**base_env, "PYTHONPATH": repo_pythonpath()}, cwd=REPO_ROOT).start()
 
 
 def _processes(service) -> list:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import signal
 import sys
@@ -93,9 +94,8 @@ class RewardPool(AdaptiveCore):
 
     async def scale_up(self, n: int) -> None:
         now = time.time()
-        free = (f"reward-{i}" for i in range(self.policy.max_workers * 4) if f"reward-{i}" not in self.procs)
         for _ in range(max(0, n - len(self.procs))):
-            name = next(free)
+            name = next(f"reward-{i}" for i in itertools.count() if f"reward-{i}" not in self.procs)
             spec = WorkerSpec(name, "reward", self.policy.trajectories_per_worker)
             self.procs[name] = start_worker(spec, self.scheduler, self.run_dir, {}, new_session=False)
             self.asked[name] = now
