@@ -33,6 +33,7 @@ class _SlowExecutor:
 class _Plugin:
     name = PLUGIN
     executor = _SlowExecutor()
+    run: str | None = None  # no training run holds the rollout side: turns of any run compute
 
 
 def _install(dask_worker) -> None:
