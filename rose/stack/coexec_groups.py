@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from executors.policies.coexec_group import CoexecGroup, PhaseTurns, Placement, PoolLimits, RunProfile, join_group
+from executors.policies.coexec_group import (POOLS, CoexecGroup, PhaseTurns, Placement, PoolLimits, RunProfile,
+                                            join_group)
 from rose.stack.run_lease import locked
 from storage.atomic import write_atomic
 
@@ -142,6 +143,20 @@ class CoexecGroups:
     def groups(self) -> dict[str, list[str]]:
         with self._table(write=False) as table:
             return {g: [m["run"] for m in grp["members"]] for g, grp in table["groups"].items()}
+
+    def pools(self) -> dict[str, dict]:
+        """Group -> its runs, and per pool the run holding its permit now (None: free) and whose
+        turn is next (`rose status`)."""
+        if not (self.directory / GROUPS_FILE).exists():
+            return {}
+        with self._table(write=False) as table:
+            out = {}
+            for name, group in table["groups"].items():
+                turns, holders = PhaseTurns.from_dict(group["turns"]), group.get("holders", {})
+                out[name] = {"runs": [m["run"] for m in group["members"]],
+                             "pools": {pool: {"held_by": holders.get(pool), "next": turns.whose_turn(pool)}
+                                       for pool in POOLS}}
+            return out
 
     def release(self) -> None:
         """`rose down`: no run drives any more; the measured phase times stay."""

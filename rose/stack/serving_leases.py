@@ -64,6 +64,14 @@ class ServingLeases:
         with self._table() as table:
             return table.release(run, workers)
 
+    def holders(self) -> dict[str, str]:
+        """Serving worker -> the run holding it now (lapsed leases excluded; `rose status`)."""
+        if not (self.directory / LEASES_FILE).exists():
+            return {}
+        with self._table(write=False) as table:
+            table.expire(time.time())
+            return {w: lease.run for w, lease in table.leases.items()}
+
     def held_by(self, run: str) -> list[str]:
         """The serving workers the run holds now (lapsed leases excluded)."""
         with self._table(write=False) as table:

@@ -1,4 +1,5 @@
-"""Rich tables of a running stack: its services, its Dask workers, and what its supervisor
+"""Rich tables of a running stack: its services, its Dask workers (a serving worker's rollout
+engine: parked or up, and the run it is lent to), its co-execution groups, and what its supervisor
 restarted (or gave up on)."""
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from rose.stack.coexec_groups import CoexecGroups
 from rose.stack.dask_security import DaskScheduler
 from rose.stack.local_stack import StackHandle
 from rose.stack.process import http_ok
+from rose.stack.serving_leases import ServingLeases
 
 
-def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0) -> list[dict]:
-    """name, resources, threads, memory and tasks of each worker the scheduler knows."""
+def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0, lent: dict[str, str] | None = None) -> list[dict]:
+    """name, resources, threads, memory and tasks of each worker the scheduler knows, and its
+    rollout engine (`lent`: serving worker -> the run whose lease holds it)."""
+    lent = lent or {}
     with scheduler.client(timeout) as client:
         info = client.scheduler_info(n_workers=-1)["workers"]
         parking = park_states(client)
@@ -24,7 +29,8 @@ def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0) -> list[dict]:
         rows.append({"name": str(w.get("name")), "address": addr,
                      "resources": ", ".join(f"{k}={v:g}" for k, v in (w.get("resources") or {}).items()),
                      "nthreads": w.get("nthreads"), "memory_mb": metrics.get("memory", 0) >> 20,
-                     "executing": metrics.get("executing", 0), "rollout": rollout_cell(parking.get(addr))})
+                     "executing": metrics.get("executing", 0),
+                     "rollout": rollout_cell(parking.get(addr), lent.get(str(w.get("name"))))})
     return sorted(rows, key=lambda r: r["name"])
 
 
@@ -38,14 +44,35 @@ def park_states(client) -> dict:
         return {}
 
 
-def rollout_cell(park) -> str:
-    """A serving worker's rollout engine: parked (what it gave back) or up (its last wake)."""
+def rollout_cell(park, lent_to: str | None = None) -> str:
+    """A serving worker's rollout engine: parked (what it gave back) or up (its last wake), and the
+    run its lease lends it to."""
     if not isinstance(park, dict):
         return "-"
+    lent = f", lent to run {lent_to}" if lent_to else ""
     back = f"gave back {park['pages_given_back']} pages, {park['bytes_given_back'] / 2**20:.0f} MiB"
     if park["parked"]:
-        return f"[yellow]parked[/] ({back})"
-    return "up" + (f" (woke in {park['wake_s']:.1f} s)" if park["wake_s"] is not None else "")
+        return f"[yellow]parked[/]{lent} ({back})"
+    return "up" + lent + (f" (woke in {park['wake_s']:.1f} s)" if park["wake_s"] is not None else "")
+
+
+def coexec_table(groups: dict[str, dict]) -> Table | None:
+    """The co-execution groups (CoexecGroups.pools): their runs, and per pool the run holding its
+    permit or, free, whose turn is next. None: no group."""
+    if not groups:
+        return None
+    table = Table(title="Co-execution groups (Prefect limits rose-group-NAME-POOL)", title_justify="left")
+    for col in ("group", "runs", "rollout pool", "train pool"):
+        table.add_column(col)
+
+    def pool_cell(pool: dict) -> str:
+        if pool["held_by"]:
+            return f"[green]{pool['held_by']}[/]"
+        return f"free, {pool['next']}'s turn" if pool["next"] else "free"
+    for name, group in sorted(groups.items()):
+        table.add_row(name, ", ".join(group["runs"]), pool_cell(group["pools"]["rollout"]),
+                      pool_cell(group["pools"]["train"]))
+    return table
 
 
 def state_cell(handle: StackHandle, name: str, rec) -> str:
@@ -121,7 +148,7 @@ def print_stack(handle: StackHandle, console: Console) -> None:
                 "pid", "restarts"):
         workers.add_column(col, no_wrap=True)
     try:
-        rows = {r["name"]: r for r in worker_rows(handle.scheduler())}
+        rows = {r["name"]: r for r in worker_rows(handle.scheduler(), lent=ServingLeases(handle.run_dir).holders())}
     except (OSError, TimeoutError):  # scheduler down: show what stack.json recorded
         rows = {}
     for name in sorted(set(handle.workers) | set(rows)):
@@ -137,6 +164,9 @@ def print_stack(handle: StackHandle, console: Console) -> None:
                         str(r["memory_mb"]), str(r["executing"]), r["rollout"], str(rec.pid) if rec else "-",
                         restarts)
     console.print(workers)
+    groups = coexec_table(CoexecGroups(handle.run_dir).pools())
+    if groups is not None:
+        console.print(groups)
     print_restarts(handle, console)
 
 
