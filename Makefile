@@ -42,7 +42,7 @@ test-fast: setup
 	$(BIN)/pytest -q -m "not slow" tests
 
 bench: setup
-	$(BIN)/python bench/step.py
+	$(BIN)/python -m bench.stack.step
 
 down:
 	-$(BIN)/rose down

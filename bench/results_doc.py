@@ -1,7 +1,7 @@
 """docs/results.md from the committed result files: what the README's numbers come from.
 
-    .venv/bin/python bench/results_doc.py          # rewrites docs/results.md; no bench is run
-    .venv/bin/python bench/results_doc.py --check  # fails if docs/results.md is not what the JSON gives
+    .venv/bin/python -m bench.results_doc          # rewrites docs/results.md; no bench is run
+    .venv/bin/python -m bench.results_doc --check  # fails if docs/results.md is not what the JSON gives
 
 Sections: the co-serving sweep (bench/results/coserving_sweep.json: per load, serving-alone
 busy, the SLO derived in that run, ROSE's attainment, harvest and turns, the SLO-unaware bound
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
-sys.path.insert(0, str(ROOT))
-from storage.atomic import write_atomic  # noqa: E402
+from bench.lib.results import RESULTS, ROOT
+from storage.atomic import write_atomic
 
 
 def _pct(v) -> str:
@@ -42,7 +39,7 @@ def sweep_section(doc: dict, name: str) -> list[str]:
     loads = list(dict.fromkeys(r["load"] for r in rows))
     m = doc.get("machine", {})
     out = [f"## Co-serving sweep (`bench/results/{name}`)", "",
-           f"`python bench/coserving.py --sweep` ({doc.get('sweep_s', '?')} s per load at least, longer "
+           f"`python -m bench.coserving.coserving --sweep` ({doc.get('sweep_s', '?')} s per load at least, longer "
            "where needed for 100 requests (the SLO-unaware bound over the first "
            f"{doc.get('sweep_s', '?')} s only), "
            f"{doc.get('total_s', 0) / 60:.0f} min, configurations {', '.join(modes)}; "
@@ -88,7 +85,7 @@ def sweep_section(doc: dict, name: str) -> list[str]:
 
 def demo_section(doc: dict, name: str) -> list[str]:
     out = [f"## `make demo` from fresh clones (`bench/results/{name}`)", "",
-           f"`python bench/demo_fresh.py --runs {len(doc['rows'])}`: each run a `git clone` of "
+           f"`python -m bench.stack.demo_fresh --runs {len(doc['rows'])}`: each run a `git clone` of "
            f"{doc['commit'][:7]} into a new directory, then `make demo` (set-up with a warm pip cache, "
            "models, stack, 60 s of serving alone, 5 RL steps under the code-trace replay). "
            "Attainment is against the SLO the run derived from its own serving-alone replay.", "",
@@ -125,12 +122,12 @@ def demo_section(doc: dict, name: str) -> list[str]:
 
 
 def paper_section(doc: dict, name: str) -> list[str]:
-    from bench.paper_figures_plot import png_names
+    from bench.sim.paper_figures_plot import png_names
     from sim.paper_report import report
 
     a = doc.get("args", {})
     return [f"## The paper's figures, simulated (`bench/results/{name}`)", "",
-            f"`python bench/paper_figures.py` ({a.get('steps', '?')} RL steps per run, fleet {a.get('fleet')}, "
+            f"`python -m bench.sim.paper_figures` ({a.get('steps', '?')} RL steps per run, fleet {a.get('fleet')}, "
             f"workload {a.get('workload')}, {doc.get('total_s', 0) / 60:.1f} min): the cluster simulator (sim/) "
             "driving the product's routing, admission, memory and hand-back policies on H100 engine profiles "
             "with the long-context terms (sim/engine_cost.py), on the paper's Qwen3-8B FrozenLake workload "
@@ -327,7 +324,7 @@ def train_section(doc: dict, name: str) -> list[str]:
                     f"{r['step_s']:.3f} | {ratio} | {r['state_bytes'] / 2**20:.1f} | {r['peak_rss_mb']:.0f} | "
                     f"{r['loss']:+.6f} |")
     return [f"## Trainer backends (`bench/results/{name}`)", "",
-            f"`python bench/train_backends.py` ({a.get('steps', '?')} timed steps after one warm-up, "
+            f"`python -m bench.learning.train_backends` ({a.get('steps', '?')} timed steps after one warm-up, "
             f"{doc.get('seconds', 0) / 60:.1f} min, {doc.get('cpus', '?')} cores): one GRPO step (8 two-turn "
             "trajectories, micro-batch 4) per configuration, from the same weights and turns, one process and "
             "one thread per rank. State = fp32 weights, gradients and AdamW's two moments of the rank's "
@@ -341,7 +338,7 @@ def coexec_sim_section(doc: dict, name: str) -> list[str]:
     by = {(r["mix"], r["cluster_gpus"], r["placement"]): r for r in doc["rows"]}
     keys = list(dict.fromkeys((r["mix"], r["cluster_gpus"]) for r in doc["rows"]))
     out = [f"## Co-execution groups at cluster scale, simulated (`bench/results/{name}`)", "",
-           f"`python bench/coexec_sim.py` ({a.get('jobs', '?')} jobs a run, seed {a.get('seed', '?')}, warm start "
+           f"`python -m bench.sim.coexec_sim` ({a.get('jobs', '?')} jobs a run, seed {a.get('seed', '?')}, warm start "
            f"{a.get('switch_s', '?')} s a phase switch, {doc.get('seconds', 0):.0f} s): RollMux's Table 6 mixes "
            "arriving at the rate that keeps the cluster's GPUs busy under solo disaggregation (Solo-D: each job "
            "its own rollout and training pools), placed by the product's co-execution policy "
@@ -394,7 +391,7 @@ def coexec_sim_section(doc: dict, name: str) -> list[str]:
 def coexec_section(doc: dict, name: str) -> list[str]:
     a, m = doc.get("args", {}), doc["makespan"]
     out = [f"## Co-execution groups on the local stack (`bench/results/{name}`)", "",
-           f"`python bench/coexec.py` ({a.get('steps', '?')} steps a run, {a.get('groups', '?')} x "
+           f"`python -m bench.stack.coexec` ({a.get('steps', '?')} steps a run, {a.get('groups', '?')} x "
            f"{a.get('group_size', '?')} trajectories of up to {a.get('max_turns', '?')} turns; run a rollout-heavy, "
            f"each environment step ~{a.get('env_latency_s', '?')} s as a tool or simulator takes (the rollout waits, "
            f"the CPU is free), run b training-heavy, {a.get('train_updates', '?')} GRPO updates a step; one "
@@ -440,7 +437,7 @@ def reward_section(doc: dict, name: str) -> list[str]:
                     f"{r['scale_up_s_max']:.1f} |")
     rows.append("| RollArt | | | 158 -> 77 | 88% (serverless) | 6% | | |")
     return [f"## Reward: elastic per trajectory vs batch after the rollout (`bench/results/{name}`)", "",
-            f"`python bench/reward_service.py` ({doc.get('seconds', 0) / 60:.1f} min, median of {a['reps']:g} "
+            f"`python -m bench.stack.reward_service` ({doc.get('seconds', 0) / 60:.1f} min, median of {a['reps']:g} "
             f"interleaved runs a way): one RL step of {n} FrozenLake trajectories per run through the `train` flow, "
             f"environment steps N({a['env_s']:g} s, {a['env_s'] / 2:g} s), a reward model's cost "
             f"N({a['cost_s']:g} s, {a['cost_s'] / 3:.2g} s) per trajectory, on a reward pool of at most "
@@ -453,10 +450,11 @@ def reward_section(doc: dict, name: str) -> list[str]:
 def park_wake_section(doc: dict, name: str) -> list[str]:
     r = doc["result"]
     return [f"## Park and wake of a serving worker's rollout engine (`bench/results/{name}`)", "",
-            f"`python bench/park_wake.py` ({doc.get('seconds', 0) / 60:.1f} min, demo models, {r['requests']} "
-            "Poisson serving requests): on CPU a parked engine is destroyed, not slept (vLLM's sleep mode needs "
-            "CUDA's cumem allocator), and a wake rebuilds it from the cached profile with the borrowing run's "
-            "weights, on the executor's loop thread: serving waits for it. SLO = 2x serving-alone P99 of this run. "
+            f"`python -m bench.coserving.park_wake` ({doc.get('seconds', 0) / 60:.1f} min, demo models, "
+            f"{r['requests']} Poisson serving requests): on CPU a parked engine is destroyed, not slept "
+            "(vLLM's sleep mode needs CUDA's cumem allocator), and a wake rebuilds it from the cached profile "
+            "with the borrowing run's weights, on the executor's loop thread: serving waits for it. SLO = 2x "
+            "serving-alone P99 of this run. "
             f"The wake holds serving {r['wake_s']:.1f} s, so the requests arriving during it keep the SLO only where "
             f"the TTFT SLO is longer than that ({_ms(r['slo_ttft_s'])} ms in this run, on a shared machine); at a "
             "tight SLO they miss it: building the engine off the loop thread (two vLLM engines being built and "
@@ -471,7 +469,7 @@ def park_wake_section(doc: dict, name: str) -> list[str]:
 
 
 def render() -> str:
-    lines = ["# Results", "", "Generated by `python bench/results_doc.py` from the JSON files named in each "
+    lines = ["# Results", "", "Generated by `python -m bench.results_doc` from the JSON files named in each "
              "section (committed under `bench/results/`); rerun it after a bench rewrites one.", ""]
     for name, section in (("coserving_sweep.json", sweep_section), ("demo_fresh.json", demo_section),
                           ("paper_figures.json", paper_section), ("train_backends.json", train_section),
@@ -513,7 +511,7 @@ def main() -> None:
     if sys.argv[1:] == ["--check"]:  # docs/results.md and the README's tables are what the JSON gives
         for path, want in ((out, render), (readme, lambda: render_readme(readme.read_text()))):
             if not path.is_file() or path.read_text() != want():
-                raise SystemExit(f"{path} is not what the JSON under {RESULTS} gives: run python bench/results_doc.py")
+                raise SystemExit(f"{path} is not what the JSON under {RESULTS} gives: run python -m bench.results_doc")
         print(f"{out} and {readme.name} match the JSON")
         return
     write_atomic(out, render())

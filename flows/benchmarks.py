@@ -1,6 +1,7 @@
-"""The `benchmarks` deployment: run bench/*.py scripts and show their results as artifacts.
+"""The `benchmarks` deployment: run the bench/<family>/*.py scripts and show their results as artifacts.
 
-Each script is run as its own process (they start their own services and time themselves),
+Each script is run as its own process, `python -m bench.<family>.<name>` from the repo root (they
+start their own services and time themselves),
 with the arguments given; the JSON files it writes under bench/results become one markdown
 artifact per script, next to the tail of what it printed.
 """
@@ -22,17 +23,27 @@ BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 RESULT_READERS = re.compile(r".+_plot|results_doc")
 
 
+def benchmark_scripts() -> dict[str, Path]:
+    """The runnable benchmarks by name: bench/<family>/<name>.py scripts with a __main__ (each
+    prints a table and writes its JSON under bench/results); not the modules they share (bench/lib
+    among them), nor the scripts that read their results. Names are unique across families."""
+    return {p.stem: p for p in sorted(BENCH_DIR.glob("*/*.py"))
+            if p.parent.name != "lib" and not RESULT_READERS.fullmatch(p.stem)
+            and '__name__ == "__main__"' in p.read_text(encoding="utf-8")}
+
+
 def benchmark_names() -> list[str]:
-    """The runnable benchmarks: bench/<name>.py scripts with a __main__ (each prints a table and
-    writes its JSON under bench/results); not the modules they share, nor the scripts that read
-    their results."""
-    return sorted(p.stem for p in BENCH_DIR.glob("*.py")
-                  if '__name__ == "__main__"' in p.read_text(encoding="utf-8")
-                  and not RESULT_READERS.fullmatch(p.stem))
+    """The names `BenchRequest.scripts` takes: the stems of benchmark_scripts()."""
+    return sorted(benchmark_scripts())
+
+
+def bench_module(name: str) -> str:
+    """The module `python -m` runs for benchmark `name`: bench.<family>.<name>."""
+    return f"bench.{benchmark_scripts()[name].parent.name}.{name}"
 
 
 class BenchRequest(BaseModel):
-    """Which benchmark scripts to run (names of bench/<name>.py) and with what arguments."""
+    """Which benchmark scripts to run (names of bench/<family>/<name>.py) and with what arguments."""
 
     model_config = ConfigDict(extra="forbid")
     scripts: list[str] = Field(default_factory=lambda: ["scheduler"], min_length=1)
@@ -65,19 +76,20 @@ def run_bench(name: str, args: list[str], timeout_s: int) -> dict:
     from prefect.artifacts import create_markdown_artifact
 
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(BENCH_DIR / f"{name}.py"), *args],
+    module = bench_module(name)
+    proc = subprocess.run([sys.executable, "-m", module, *args],
                           cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=timeout_s)
     seconds = time.time() - t0
     results = _results_since(t0)
     tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-40:])
-    body = [f"### bench/{name}.py {' '.join(args)}", "",
+    body = [f"### python -m {module} {' '.join(args)}", "",
             f"exit code {proc.returncode}, {seconds:.1f} s", "", "```", tail, "```"]
     for fname, data in results.items():
         body += ["", f"**{fname}**", "", "```json", json.dumps(data, indent=1)[:20000], "```"]
     create_markdown_artifact("\n".join(body), key=f"bench-{name.replace('_', '-')}",
-                             description=f"bench/{name}.py")
+                             description=module)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench/{name}.py exited {proc.returncode}: "
+        raise RuntimeError(f"{module} exited {proc.returncode}: "
                            f"{tail.splitlines()[-1] if tail else 'no output'}")
     return {"script": name, "seconds": seconds, "results": sorted(results)}
 

@@ -3,11 +3,11 @@ fanned out on Dask workers, so a large sweep scales past one machine on the same
 RL steps.
 
 Per scale, the `fixed` configuration runs first and sets the SLO (2x its P99 TTFT/TPOT, as
-bench/cluster_sim.py does); then every other configuration x pipeline mode runs at that SLO,
+bench/sim/cluster_sim.py does); then every other configuration x pipeline mode runs at that SLO,
 all scales at once. The rows come back as a table artifact and the flow's result.
 
     .venv/bin/python -m flows.cluster_sim --scales 16 64 --configs rose static
-    # the paper's Fig. 7a configurations (bench/paper_figures.py runs them on one machine)
+    # the paper's Fig. 7a configurations (bench/sim/paper_figures.py runs them on one machine)
     .venv/bin/python -m flows.cluster_sim --scales 16 --configs rose elastic --fleet h100_qwen3_8b \
         --workload workload_paper_qwen3_8b_frozenlake --serving-ratio 2
 """

@@ -1,10 +1,10 @@
-"""The `paper-figures` deployment: bench/paper_figures.py on Dask workers, one simulation a
+"""The `paper-figures` deployment: bench/sim/paper_figures.py on Dask workers, one simulation a
 Prefect task, so the paper's figures (some 70 simulations, the 1,024-GPU one among them) fan out
 past one machine on the same engine as the RL steps and the cluster-sim sweep.
 
 The bench's own code runs in the flow: each batch of simulations that do not depend on each
 other (the configurations judged at the SLO a fixed run sets wait for it) is submitted at once,
-and the rows, the printed report, the JSON and the PNGs are what `python bench/paper_figures.py`
+and the rows, the printed report, the JSON and the PNGs are what `python -m bench.sim.paper_figures`
 with the same arguments gives (sim/timed_run.py runs each simulation either way).
 
     .venv/bin/python -m flows.paper_figures --figures fig1 fig7a dapo 32b
@@ -37,7 +37,7 @@ Figure = Literal["fig1", "fig7a", "dapo", "sensitivity", "scale", "32b"]  # the 
 
 
 class PaperFiguresRequest(BaseModel):
-    """bench/paper_figures.py's arguments (its --help), and where the Dask workers are."""
+    """bench/sim/paper_figures.py's arguments (its --help), and where the Dask workers are."""
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(3, ge=1)
@@ -73,10 +73,10 @@ def _on_dask(jobs: dict) -> dict[str, dict]:
 
 
 def _bench() -> ModuleType:
-    """bench/paper_figures.py (bench/ is a folder of scripts beside the packages, not installed)."""
+    """bench/sim/paper_figures.py (bench/ is a folder of scripts beside the packages, not installed)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    return importlib.import_module("bench.paper_figures")
+    return importlib.import_module("bench.sim.paper_figures")
 
 
 @flow(name="paper-figures-runs")
@@ -96,7 +96,7 @@ def paper_figures(request: PaperFiguresRequest = PaperFiguresRequest()) -> dict:
     runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
     fields = figures_on_dask.with_options(task_runner=runner)(request.argv())
     text = "\n".join(report_32b({"qwen3_32b": fields})) if request.only_32b else report(fields)
-    create_markdown_artifact(text, key="paper-figures", description="bench/paper_figures.py on Dask (sim/)")
+    create_markdown_artifact(text, key="paper-figures", description="bench/sim/paper_figures.py on Dask (sim/)")
     return fields
 
 

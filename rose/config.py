@@ -253,7 +253,7 @@ class SchedulerConfig(Strict):
     # threads stepping blocking environments (MultiTurnEnv.blocking) at once, off the loop's
     env_threads: int = Field(64, ge=1, le=1024)
     # trajectory: each trajectory's next turn goes out when its own environment step is done;
-    # batched: when every trajectory's is (a turn-wide barrier: the baseline bench/env_async.py
+    # batched: when every trajectory's is (a turn-wide barrier: the baseline bench/stack/env_async.py
     # measures against, as RollArt does)
     env_stepping: Literal["trajectory", "batched"] = "trajectory"
     # fetching a finished batch's results; a worker that died holding them makes Dask
@@ -389,7 +389,7 @@ class PublishConfig(Strict):
     # takes its bf16 snapshot into shared memory and each process reads it there, with a GIL
     # of its own (storage/weights/coder_processes.py). 0: threads of the trainer process,
     # which the Python around the kernels holds the GIL for: on 8 cores and more that is the
-    # publish's floor (bench/transfer_gil.py); on 2 shared cores processes cost ~10% more CPU
+    # publish's floor (bench/transfer/transfer_gil.py); on 2 shared cores processes cost ~10% more CPU
     coder_processes: int = Field(0, ge=0, le=256)
 
 

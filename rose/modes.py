@@ -15,7 +15,7 @@ ROUTING_MODES: tuple[str, ...] = get_args(RoutingMode)
 # what a stack's serving workers run (paper Tables 1 and 2; executors/coserving/config.py WIRING)
 StackServingMode = Literal["rose", "static_partition", "preemption", "prefix", "unaware"]
 # and the co-serving bench's other two: no rollout engine at all (nothing to lend), and a
-# rollout engine torn down on a burst (bench/coserving.py)
+# rollout engine torn down on a burst (bench/coserving/coserving.py)
 ServingMode = Literal[StackServingMode, "serving_only", "evict_reload"]
 SERVING_MODES: tuple[str, ...] = get_args(ServingMode)
 

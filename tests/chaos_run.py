@@ -1,7 +1,7 @@
 """One chaos fault's run: a short training run on a local stack (fresh, or one already up)
 while the fault strikes from outside the product, and its row: what the run left behind
 (tests/chaos_stack.py), the serving users' view (tests/chaos_serving.py), the run's own step
-summaries. Used by the chaos bench (bench/chaos.py) and its quick faults' tests (tests/test_chaos.py).
+summaries. Used by the chaos bench (bench/stack/chaos.py) and its quick faults' tests (tests/test_chaos.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Hypothesis strategies for fuzzing an OpenAI-compatible endpoint: from arbitrary bytes and JSON
 to near-valid completions and chat requests (wrong types, out-of-range numbers, unknown fields,
 token ids outside the vocabulary, streaming on and off). Shared by tests/test_endpoint_fuzz.py
-and bench/endpoint_fuzz.py."""
+and bench/coserving/endpoint_fuzz.py."""
 from __future__ import annotations
 
 import json

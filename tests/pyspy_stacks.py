@@ -1,5 +1,5 @@
 """py-spy's raw output (one 'thread;frame;frame;... count' line per sampled stack) read into
-samples per function and per leaf line: how bench/transfer_gil.py tells who holds the GIL."""
+samples per function and per leaf line: how bench/transfer/transfer_gil.py tells who holds the GIL."""
 from __future__ import annotations
 
 from collections import Counter

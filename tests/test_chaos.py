@@ -2,7 +2,7 @@
 on one local stack (Mooncake relay), with the fault injected from outside the product by the
 chaos harness the bench runs too (tests/chaos_faults.py, tests/chaos_run.py), judged by its
 reading of what the run left behind (tests/chaos_stack.py). The other faults, each on a fresh stack, stay in
-`python bench/chaos.py`.
+`python -m bench.stack.chaos`.
 
     .venv/bin/pytest -m slow tests/test_chaos.py
 """
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 # killed, its nanny restarting it) and fault 2 (killed with its nanny, the stack's supervisor
 # restarting it) both end in a fresh worker under the same name that rejoins or stays out:
 # tests/test_fault_reroute.py checks that path turn by turn on fault 2; both stay in
-# `python bench/chaos.py`. 6 first: 1b leaves rollout-1's restart frozen for the stack's life.
+# `python -m bench.stack.chaos`. 6 first: 1b leaves rollout-1's restart frozen for the stack's life.
 QUICK = ["6", "1b"]
 
 

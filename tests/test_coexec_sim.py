@@ -1,6 +1,6 @@
 """The co-execution simulator (sim/coexec_jobs.py, sim/coexec_cluster.py): RollMux's Table 6 jobs,
 the product's group policy placing them, GPU-hours against solo disaggregation, every run within
-its SLO factor, and the bench that tabulates it (bench/coexec_sim.py)."""
+its SLO factor, and the bench that tabulates it (bench/sim/coexec_sim.py)."""
 from __future__ import annotations
 
 import json
@@ -85,8 +85,8 @@ def test_every_rollmux_run_stays_within_its_slo_at_cluster_scale(mix):
 
 def test_bench_writes_its_table_and_the_papers_numbers(tmp_path):
     out = tmp_path / "coexec_sim.json"
-    subprocess.run([sys.executable, str(ROOT / "bench" / "coexec_sim.py"), "--jobs", "12", "--scales", "64",
-                    "--mixes", "BL", "--out", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "bench.sim.coexec_sim", "--jobs", "12", "--scales", "64",
+                    "--mixes", "BL", "--out", str(out)], check=True, capture_output=True, cwd=ROOT, timeout=300)
     doc = json.loads(out.read_text())
     assert {r["placement"] for r in doc["rows"]} == set(PLACEMENTS) and "sim_fig15_mixed" in doc["paper"]
     solo = next(r for r in doc["rows"] if r["placement"] == "solo")

@@ -1,4 +1,4 @@
-"""The plain-PyTorch step timer behind `bench/engine_profile.py --backend torch` (CPU here; the
+"""The plain-PyTorch step timer behind `bench/sim/engine_profile.py --backend torch` (CPU here; the
 CUDA-graph half runs only on a GPU machine, where it measured sim/profiles/h100_*.json)."""
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_bad_timer_settings_are_refused(tiny_shape) -> None:
 
 
 def test_engine_profile_torch_backend_writes_a_loadable_profile(tiny_shape, tmp_path) -> None:
-    cmd = [sys.executable, str(ROOT / "bench/engine_profile.py"), "--backend", "torch", "--model",
+    cmd = [sys.executable, "-m", "bench.sim.engine_profile", "--backend", "torch", "--model",
            str(tiny_shape), "--name", "tiny", "--out", str(tmp_path), "--max-model-len", "300",
            "--max-num-seqs", "4", "--repeats", "1", "--chunk-tokens", "64"]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
@@ -93,7 +93,7 @@ def test_engine_profile_torch_backend_writes_a_loadable_profile(tiny_shape, tmp_
 
 
 def test_train_profile_fits_the_full_depth_from_two_cut_models(tiny_shape, tmp_path) -> None:
-    cmd = [sys.executable, str(ROOT / "bench/train_profile.py"), "--model", str(tiny_shape), "--name", "t",
+    cmd = [sys.executable, "-m", "bench.sim.train_profile", "--model", str(tiny_shape), "--name", "t",
            "--out", str(tmp_path), "--tokens", "32", "--layers", "1", "2", "--repeats", "1"]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
     d = json.loads((tmp_path / "t.json").read_text())

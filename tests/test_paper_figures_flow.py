@@ -1,4 +1,4 @@
-"""The paper-figures flow runs bench/paper_figures.py's simulations as Prefect tasks on Dask
+"""The paper-figures flow runs bench/sim/paper_figures.py's simulations as Prefect tasks on Dask
 (flows/paper_figures.py), as tests/test_cluster_sim_flow.py does for the sweep.
 
 Slow-ish (Prefect's temporary server and a local Dask cluster start, ~30 s): a tiny configuration

@@ -71,17 +71,17 @@ def test_a_fleet_runs_gpu_engines_on_whole_serving_prompts():
 
 def test_cluster_sim_fleet_flag_writes_its_own_result(tmp_path):
     out = tmp_path / "fleet.json"
-    subprocess.run([sys.executable, str(ROOT / "bench/cluster_sim.py"), "--fleet", "h100_qwen3_8b",
+    subprocess.run([sys.executable, "-m", "bench.sim.cluster_sim", "--fleet", "h100_qwen3_8b",
                     "--scales", "8", "--ablation-scale", "0", "--steps", "3", "--out", str(out)],
                    check=True, capture_output=True, cwd=ROOT, timeout=600)
     d = json.loads(out.read_text())
     assert d["fleet"]["settings"]["rollout_profile"] == "h100_qwen3_8b"
     assert {r["config"] for r in d["rows"]} == {"fixed", "rose", "slo_unaware", "static"}
     assert d["validation"] is None  # the local stack's check is about the CPU engines
-    bad = subprocess.run([sys.executable, str(ROOT / "bench/cluster_sim.py"), "--fleet", "h800"],
+    bad = subprocess.run([sys.executable, "-m", "bench.sim.cluster_sim", "--fleet", "h800"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode != 0 and "h100_qwen3_8b" in bad.stderr
-    too_short = subprocess.run([sys.executable, str(ROOT / "bench/cluster_sim.py"), "--fleet", "h100_qwen3_8b",
+    too_short = subprocess.run([sys.executable, "-m", "bench.sim.cluster_sim", "--fleet", "h100_qwen3_8b",
                                 "--scales", "2", "--steps", "1", "--rate", "1e-6", "--out", str(tmp_path / "x.json")],
                                capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert too_short.returncode != 0 and "no serving request finished" in too_short.stderr

@@ -250,8 +250,7 @@ def test_coserving_bench_refuses_a_trace_without_notice_before_running(tmp_path)
 
     bare = tmp_path / "trace.csv"
     bare.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-    bench = Path(__file__).resolve().parents[1] / "bench" / "coserving.py"
-    done = subprocess.run([sys.executable, str(bench), "--trace", str(bare)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-m", "bench.coserving.coserving", "--trace", str(bare)],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert done.returncode == 2, done.stderr  # argparse's error: nothing ran
     assert "NOTICE.md" in done.stderr and "has no requests" in done.stderr

@@ -76,7 +76,7 @@ def test_paired_median_interval_tells_noise_from_a_difference():
 
 @pytest.mark.slow
 def test_the_end_to_end_bench_runs_dense_and_ours_through_mooncake():
-    """bench/transfer.py's end-to-end rows on a tiny model, unpaced: both methods reach a
+    """bench/transfer/transfer.py's end-to-end rows on a tiny model, unpaced: both methods reach a
     receiver process bit-exactly (each checks the digest) and their answers cross the pipe
     (a pull's stats once held a clock that could not)."""
     import torch

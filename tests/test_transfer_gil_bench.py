@@ -1,4 +1,4 @@
-"""The GIL bench (bench/transfer_gil.py) reads py-spy's raw stacks (tests/pyspy_stacks.py) into
+"""The GIL bench (bench/transfer/transfer_gil.py) reads py-spy's raw stacks (tests/pyspy_stacks.py) into
 GIL-held samples per function and per line (a function counted once per stack, however deep
 it recurses)."""
 from __future__ import annotations

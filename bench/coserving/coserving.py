@@ -2,8 +2,8 @@
 Azure code trace, with a steady stream of rollout turns, in every configuration of the paper's
 Tables 1 and 2, plus a dedicated rollout worker for the harvested share.
 
-    .venv/bin/python bench/coserving.py            # full: ~12-15 min on 2 cores (profiles cached)
-    .venv/bin/python bench/coserving.py --quick    # smoke: ~2-3 min, 4 configurations
+    .venv/bin/python -m bench.coserving.coserving            # full: ~12-15 min on 2 cores (profiles cached)
+    .venv/bin/python -m bench.coserving.coserving --quick    # smoke: ~2-3 min, 4 configurations
 
 Scaling (explicit; printed and written to the JSON): the 600 s trace window centred on the
 busiest second (67 requests, 26x the mean rate), every other request kept (seeded), replayed
@@ -29,15 +29,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.lib.results import ROOT, write_json  # noqa: E402
 from rose.serve.replay import RequestRecord, summarize  # noqa: E402
 from rose.serve.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,  # noqa: E402
                               peak_window_start, plan, trace_notice)
-from storage.atomic import write_atomic  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 CONFIGS = [  # (mode, label, table group)
     ("serving_only", "serving alone", "reference"),
     ("dedicated", "dedicated rollout worker", "reference"),
@@ -77,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="SLO = factor x serving-alone P99 when not given")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", action="store_true",
-                    help="harvest across loads (bench/coserving_sweep.py); --quick: shorter loads")
+                    help="harvest across loads (bench/coserving/coserving_sweep.py); --quick: shorter loads")
     ap.add_argument("--sweep-s", type=float, default=None, help="replay seconds per sweep load")
     ap.add_argument("--loads", default=None,
                     help="sweep: comma-separated load names to run (e.g. 'chat 30%%,bursty'; default: all)")
@@ -115,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                 ap.error(f"--scales-from {args.scales_from}: no sweep's 'scales' there ({e})")
         if args.loads:
             args.loads = [x.strip() for x in args.loads.split(",") if x.strip()]
-            from coserving_sweep import load_names
+            from bench.coserving.coserving_sweep import load_names
             known = list(getattr(args, "scales", None) or load_names())
             unknown = [x for x in args.loads if x not in known]
             if unknown:
@@ -152,7 +149,7 @@ def workload(args) -> tuple[list, dict]:
 def run_single(mode: str, spec: dict) -> dict:
     import asyncio
 
-    from rollout_stream import RolloutStream
+    from bench.coserving.rollout_stream import RolloutStream
     from rose.config import ModelsConfig
     from rose.serve.replay import executor_sender, replay
 
@@ -218,8 +215,8 @@ def run_single(mode: str, spec: dict) -> dict:
 def _run_sweep_single(mode: str, spec: dict, args) -> dict:
     import asyncio
 
-    from coserving_sweep import drain, run_sweep_single
-    from rollout_stream import RolloutStream
+    from bench.coserving.coserving_sweep import drain, run_sweep_single
+    from bench.coserving.rollout_stream import RolloutStream
     from rose.config import ModelsConfig
     from rose.serve.replay import executor_sender, replay
 
@@ -352,7 +349,7 @@ def run_config(mode: str, spec: dict, console: Console) -> dict:
         # Passive OpenMP waiting: on a shared 2-core box, spinning OMP threads made engine
         # steps 20-30x slower (measured); it must be set before torch loads, hence here.
         env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        proc = subprocess.run([sys.executable, __file__, "--single", mode, "--spec",
+        proc = subprocess.run([sys.executable, "-m", __spec__.name, "--single", mode, "--spec",
                                str(spec_path), "--result", str(result)],
                               capture_output=True, text=True, cwd=ROOT, env=env)
         if proc.returncode != 0 or not result.is_file():
@@ -403,9 +400,7 @@ def main(argv=None) -> None:
         runs[mode] = run_config(mode, spec, console)
     doc = report(runs, spec, desc, args, console, time.perf_counter() - t_start)
     out = args.out or RESULTS / ("coserving_quick.json" if args.quick else "coserving.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, json.dumps(doc, indent=2, default=str))
-    console.print(f"wrote {out}")
+    write_json(out, doc, default=str)
 
 
 def report(runs: dict, spec: dict, desc: dict, args, console: Console, total_s: float) -> dict:

@@ -1,6 +1,6 @@
 """The co-serving executor on its own: profiles, step latencies, control-loop overhead, per mode.
 
-    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/coserving_executor.py [--modes rose,unaware]
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python -m bench.coserving.coserving_executor [--modes rose,unaware]
         [--seconds 20] [--kv-blocks 256] [--rate 2] [--inflight 8] [--step-every 5]
 
 Per mode: build the executor (profiles cached next to the models), then for --seconds run a
@@ -8,7 +8,7 @@ synthetic mix: Poisson serving arrivals at --rate (prompts 64-1024 tokens, 32 ou
 EOS ignored) with one burst of six 1024-token prompts at a third of the run, and a closed loop
 of --inflight rollout turns (prompts 256-768, up to 32 tokens; aborted turns are resubmitted);
 start_step() every --step-every seconds stands for the RL step boundary.
-This is not the trace replay (bench/coserving.py); it measures the executor's own machinery.
+This is not the trace replay (bench/coserving/coserving.py); it measures the executor's own machinery.
 Prints a table and writes bench/results/coserving_executor.json.
 """
 from __future__ import annotations
@@ -18,20 +18,17 @@ import json
 import os
 import platform
 import random
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from storage.atomic import write_atomic  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
 
 
@@ -165,8 +162,8 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = {"machine": {"cpu": platform.processor(), "cores": os.cpu_count(),
                        "loadavg_at_end": os.getloadavg()}, "args": vars(args), "rows": rows}
-    write_atomic(RESULTS / "coserving_executor.json", json.dumps(out, indent=1, default=str))
-    console.print(f"wrote {RESULTS / 'coserving_executor.json'}  (median of nothing: one run; "
+    write_json(RESULTS / "coserving_executor.json", out, default=str)
+    console.print(f"(median of nothing: one run; "
                   f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
 
 

@@ -1,4 +1,4 @@
-"""`bench/coserving.py --sweep`: harvest at a measured SLO across serving loads.
+"""`bench/coserving/coserving.py --sweep`: harvest at a measured SLO across serving loads.
 
 Loads: the Azure code trace (prompts x1/16, outputs as in the trace) replayed for --sweep-s
 seconds from trace second 600 (a fifth of the way into a shorter trace) at rates set in the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import math
 import time
 from pathlib import Path
@@ -349,6 +348,6 @@ def json_default(o):
 
 
 def dump(path: Path, doc: dict) -> None:
-    from storage.atomic import write_atomic
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(doc, indent=1, default=json_default))
+    from bench.lib.results import write_json
+
+    write_json(path, doc, default=json_default)

@@ -1,6 +1,6 @@
 """The serving endpoint fuzzed at length, on a real engine, with users beside it (issue 41).
 
-    .venv/bin/python bench/endpoint_fuzz.py --requests 2000      # ~5 min on 2 cores
+    .venv/bin/python -m bench.coserving.endpoint_fuzz --requests 2000      # ~5 min on 2 cores
 
 A serving executor (the built Qwen2 serving model, vLLM) behind its keyed endpoint; a replay of
 the code trace's first --users-s seconds sends users alone first (the reference), then again,
@@ -25,11 +25,8 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 KEY = "sk-bench-fuzz"
 
@@ -79,7 +76,7 @@ def main(argv=None) -> None:
                     help="nice of the fuzzing process: 19 stands for a client on another host (it takes only "
                          "CPU the engine leaves idle); 0 lets it compete for the cores")
     ap.add_argument("--users-s", type=float, default=30.0, help="seconds of the users' window, alone first")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "endpoint_fuzz.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "endpoint_fuzz.json")
     ap.add_argument("--client", default=None, help=argparse.SUPPRESS)  # JSON: the fuzzing process's job
     args = ap.parse_args(argv)
     if args.client:
@@ -114,7 +111,7 @@ def main(argv=None) -> None:
         job = {"url": ep.url, "model": serving.name, "vocab": int(config["vocab_size"]),
                "context": int(executor.cfg.max_model_len), "n": args.requests, "max_out": args.max_out}
         with users:  # the fuzzer is another process, as a client elsewhere would be
-            done = subprocess.run([sys.executable, __file__, "--client", json.dumps(job)],
+            done = subprocess.run([sys.executable, "-m", __spec__.name, "--client", json.dumps(job)],
                                   capture_output=True, text=True, timeout=3600,
                                   preexec_fn=(lambda: os.nice(args.fuzzer_nice)) if args.fuzzer_nice else None)
         if done.returncode != 0:

@@ -14,21 +14,18 @@ models). Measured in one run:
 On CPU the engine is destroyed when parked (vLLM's sleep mode needs CUDA's cumem allocator), so a
 wake is a rebuild, which runs on the executor's loop thread and holds serving up meanwhile.
 
-    ROSE_DATA_DIR=/tmp/pw .venv/bin/python bench/park_wake.py [--requests 60] [--rate 2]
+    ROSE_DATA_DIR=/tmp/pw .venv/bin/python -m bench.coserving.park_wake [--requests 60] [--rate 2]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 
 def poisson_requests(n: int, rate: float, seed: int) -> list:
@@ -64,7 +61,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--rate", type=float, default=2.0, help="serving requests per second")
     ap.add_argument("--kv-blocks", type=int, default=256)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "park_wake.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "park_wake.json")
     args = ap.parse_args(argv)
     from rich.console import Console
 
@@ -73,7 +70,7 @@ def main(argv=None) -> None:
     from safetensors.torch import load_file
     from rose.config import ModelsConfig
     from rose.serve.replay import summarize
-    from scheduler_ablation import ensure_models
+    from bench.lib.models import ensure_models
 
     started, console = time.perf_counter(), Console()
     ensure_models(console)

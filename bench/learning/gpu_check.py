@@ -1,7 +1,7 @@
 """The megatron trainer's CUDA path, checked in one short run on a GPU machine (not part of the
 test suite: nothing here needs a GPU to pass `make test`).
 
-    python bench/gpu_check.py            # ~1-2 min on one GPU; writes bench/results/gpu_check.json
+    python -m bench.learning.gpu_check            # ~1-2 min on one GPU; writes bench/results/gpu_check.json
 
 One GRPO step of the demo-shaped policy (random weights, synthetic turns) by the megatron-core
 trainer twice from the same weights: on the CPU (gloo, fp32) and on CUDA (NCCL, bf16 compute
@@ -18,9 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
-from bench.train_backends import SHAPES, synthetic_turns, write_policy  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
+from bench.learning.train_backends import SHAPES, synthetic_turns, write_policy  # noqa: E402
 
 LOSS_RTOL = 3e-2  # bf16 compute against fp32: ~3 significant digits
 WEIGHT_ATOL = 5e-4  # one step at lr 1e-4: an update differs by at most about lr x a few
@@ -79,7 +78,7 @@ def main() -> None:
     from rose.stack.ports import free_port
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "gpu_check.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")

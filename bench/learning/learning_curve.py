@@ -2,8 +2,8 @@
 one in-process vLLM engine, weights reloaded in place after every update. A step takes ~1-2 s
 here instead of ~10 s on the stack, so learning rates and batch shapes can be compared quickly.
 
-    .venv/bin/python bench/learning_curve.py --steps 40 --lr 5e-4 2e-5
-    .venv/bin/python bench/learning_curve.py --steps 40 --set rollout.groups=8 --set train.updates_per_step=2
+    .venv/bin/python -m bench.learning.learning_curve --steps 40 --lr 5e-4 2e-5
+    .venv/bin/python -m bench.learning.learning_curve --steps 40 --set rollout.groups=8 --set train.updates_per_step=2
 
 Every `--eval-every` steps the policy plays a fixed set of held-out maps (seeds 10^6..), one
 episode each at temperature 1: the same maps for every configuration, unlike the training
@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "bench" / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
-from bench.heldout import HeldOut  # noqa: E402
+from bench.learning.heldout import HeldOut  # noqa: E402
 
 
 def parse_set(items: list[str]) -> dict:
@@ -122,9 +119,8 @@ def main(argv=None) -> None:
                       *[f"{by_step.get(s, float('nan')):.3f}" for s in evals])
     Console().print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"bench": "learning_curve", "policy": str(policy),
-                                    "eval_maps": args.eval_maps, "runs": runs}, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, {"bench": "learning_curve", "policy": str(policy),
+                                    "eval_maps": args.eval_maps, "runs": runs})
 
 
 if __name__ == "__main__":

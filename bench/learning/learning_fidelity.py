@@ -1,35 +1,32 @@
 """Does borrowing change learning? Fixed (rollout worker only) vs borrowed (rollout + serving
 worker, the serving endpoint under an HTTP replay of the code trace), same seeds, real stack.
 
-    .venv/bin/python bench/learning_fidelity.py [--seeds 3] [--steps 20] [--eval-every 5]
+    .venv/bin/python -m bench.learning.learning_fidelity [--seeds 3] [--steps 20] [--eval-every 5]
 
 Both modes run on one local stack with 1 rollout + 1 serving worker (started if needed, in the
 current ROSE_DATA_DIR); the background replay drives the serving endpoint during both, so the
 only difference is whether the scheduler may route turns to the serving worker
 (rollout.borrow_serving). Per step: training success, step time, borrowed token share, serving
 SLO attainment; every --eval-every steps, held-out success of that step's checkpoint on fixed
-maps (bench/heldout.py). Seed noise = the spread of held-out success across seeds within one
+maps (bench/learning/heldout.py). Seed noise = the spread of held-out success across seeds within one
 mode. Writes bench/results/learning_fidelity.json.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.heldout import HeldOut  # noqa: E402
+from bench.learning.heldout import HeldOut  # noqa: E402
 from rose.config import RunConfig  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 MODES = ("fixed", "borrowed")
 
 
@@ -109,10 +106,7 @@ def main() -> None:
 
 
 def write(path: Path, report: dict) -> None:
-    from storage.atomic import write_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(report, indent=2, default=str))
+    write_json(path, report, default=str)
 
 
 def summarize(runs: dict, eval_steps: list[int], initial: float) -> dict:

@@ -1,6 +1,6 @@
 """Synchronous vs one-step off-policy (RunConfig.max_staleness 0 vs 1) on the local stack.
 
-    ROSE_DATA_DIR=/tmp/rose-pipeline .venv/bin/python bench/pipeline.py [--seeds 3] [--steps 10]
+    ROSE_DATA_DIR=/tmp/rose-pipeline .venv/bin/python -m bench.learning.pipeline [--seeds 3] [--steps 10]
 
 One local stack (1 trainer, 1 rollout worker; started if needed in the current ROSE_DATA_DIR),
 the same seeds in both modes, modes alternating in order from seed to seed so drift in the
@@ -8,7 +8,7 @@ machine's load falls on both. Per run: throughput as the paper defines it, token
 where a step's time is the interval between consecutive step ends (with the pipeline, steps
 overlap, so a flow run's own duration would undercount); "steady" leaves out step 1 (engine
 warm-up, and nothing to overlap with). Held-out success of each run's last checkpoint on fixed
-maps (bench/heldout.py, seeds 10^6..). Writes bench/results/pipeline.json.
+maps (bench/learning/heldout.py, seeds 10^6..). Writes bench/results/pipeline.json.
 """
 from __future__ import annotations
 
@@ -16,20 +16,18 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from bench.heldout import HeldOut  # noqa: E402
-from bench.learning_fidelity import spread, write  # noqa: E402
+from bench.learning.heldout import HeldOut  # noqa: E402
+from bench.learning.learning_fidelity import spread, write  # noqa: E402
 from rose.config import RunConfig  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 MODES = {"synchronous": 0, "one-step off-policy": 1}
 
 

@@ -2,8 +2,8 @@
 trainer against the megatron-core trainer at TP=1 and TP=2, on the demo policy's shape and on a
 ~100M-parameter Qwen3 shape.
 
-    python bench/train_backends.py                  # ~4 min here; writes bench/results/train_backends.json
-    python bench/train_backends.py --shapes demo --steps 2
+    python -m bench.learning.train_backends                  # ~4 min here; writes bench/results/train_backends.json
+    python -m bench.learning.train_backends --shapes demo --steps 2
 
 Every configuration starts from the same random weights and trains on the same synthetic turns
 (8 two-turn trajectories a step, micro-batch 4), in processes of its own (one per rank, gloo,
@@ -18,13 +18,11 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
 
 SHAPES = {  # Qwen3 dims: the demo policy (rose/models/build.py) and a ~100M-parameter model
     "demo": dict(vocab_size=408, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -127,7 +125,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="demo,100m")
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "train_backends.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "train_backends.json")
     args = parser.parse_args()
     started = time.perf_counter()
     rows, records = [], []

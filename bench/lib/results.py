@@ -1,8 +1,8 @@
-"""What every bench here ends with: its table printed, its numbers written to bench/results.
+"""What every bench ends with: its table printed, its numbers written to bench/results.
 
-A result file starts with what ran, where and for how long (bench name, machine, cores,
-seconds, arguments), then the bench's own fields; it is written atomically, so an interrupted
-bench leaves the previous file whole.
+`write_json` is the one writer of a bench's JSON: atomic, so an interrupted bench leaves the
+previous file whole. `write_result` puts a header before the bench's own fields: what ran,
+where and for how long (bench name, machine, cores, seconds, arguments).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ from rich.table import Table
 
 from storage.atomic import write_atomic
 from storage.cores import available_cores
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "bench" / "results"  # committed; docs/results.md is generated from it
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Console:
@@ -33,11 +36,18 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
     return console
 
 
+def write_json(out: Path, payload: Any, *, indent: int = 1,
+               default: Callable[[Any], Any] | None = None) -> None:
+    """`payload` into `out` as JSON, atomically; says where it went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, json.dumps(payload, indent=indent, default=default) + "\n")
+    Console().print(f"wrote {out}")
+
+
 def write_result(out: Path, bench: str, args: argparse.Namespace, started: float,
                  **fields: Any) -> None:
     """`fields` into `out` as JSON after the header; says where it went."""
-    write_atomic(out, json.dumps({
+    write_json(out, {
         "bench": bench, "machine": platform.platform(), "cpus": available_cores(),
         "seconds": time.perf_counter() - started,
-        "args": {k: str(v) for k, v in vars(args).items()}, **fields}, indent=1))
-    Console().print(f"wrote {out}")
+        "args": {k: str(v) for k, v in vars(args).items()}, **fields})

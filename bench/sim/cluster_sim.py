@@ -1,16 +1,16 @@
 """Cluster-scale simulation of ROSE (sim/): step throughput, serving P99s and SLO attainment,
 borrowed share and KV-affinity hit rate at 16-1,024 GPUs, per configuration.
 
-    python bench/cluster_sim.py [--steps 3] [--scales 16 64 256 1024] [--timing]
+    python -m bench.sim.cluster_sim [--steps 3] [--scales 16 64 256 1024] [--timing]
 
 Every engine is the local CPU models' measured latency profile by default (sim/profiles/), so
 those numbers are a fleet of such engines; --fleet NAME runs a GPU fleet instead
-(sim/profiles/fleet_NAME.json: profiles measured on an H100 or H200 by bench/engine_profile.py,
+(sim/profiles/fleet_NAME.json: profiles measured on an H100 or H200 by bench/sim/engine_profile.py,
 whole-length serving prompts, and the KV pool, train, publish and serving load derived by
 sim/fleet.py), written to bench/results/cluster_sim_NAME.json; --rollout-profile /
 --serving-profile NAME swap the profiles alone. Per scale,
 "fixed" (serving GPUs only serve) runs first and sets the SLO at 2x its P99 TTFT/TPOT, as
-bench/coserving_sweep.py does per load; the other configurations run at that SLO. --timing also
+bench/coserving/coserving_sweep.py does per load; the other configurations run at that SLO. --timing also
 runs 1,024 GPUs x 50 steps of ROSE and records the wall time. --pipeline instead compares
 synchronous and one-step off-policy steps (RunConfig.max_staleness 0 vs 1; SimConfig off_policy)
 for fixed and ROSE at each scale and writes bench/results/cluster_sim_pipeline.json. Validation:
@@ -25,13 +25,11 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib.results import RESULTS, ROOT, write_json  # noqa: E402
 
 from executors.policies.slo_admission import SLOConfig  # noqa: E402
 from sim.cluster import ClusterSim  # noqa: E402
@@ -41,8 +39,8 @@ from sim.report import judged_at, rate_text, speedup  # noqa: E402
 from sim.workload import fit_data_directory  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
-FIDELITY = Path(__file__).resolve().parent / "results" / "learning_fidelity.json"
+OUT = RESULTS / "cluster_sim.json"
+FIDELITY = RESULTS / "learning_fidelity.json"
 ROWS = [("fixed", "turnwise_affinity"), ("rose", "turnwise_affinity"), ("slo_unaware", "turnwise_affinity"),
         ("static", "turnwise_affinity")]
 ABLATIONS = [("rose", "pinned"), ("rose", "turnwise")]
@@ -260,13 +258,12 @@ def main() -> None:
     if importlib.util.find_spec("matplotlib") is None:  # the dev extra
         result["plot"] = "skipped: matplotlib is not installed"
     else:
-        from bench.cluster_sim_plot import plot
+        from bench.sim.cluster_sim_plot import plot
 
         plot(result, png)
         result["plot"] = str(png.relative_to(ROOT) if png.is_relative_to(ROOT) else png)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}; plot: {result['plot']}")
+    write_json(args.out, result)
+    print(f"plot: {result['plot']}")
 
 
 def fit_workload(ap: argparse.ArgumentParser, data_dir: Path, name: str) -> str:
@@ -306,12 +303,11 @@ def pipeline_main(args: argparse.Namespace, t0: float) -> None:
                      f"{rate_text(r)} | {r['step_s_mean']:.2f} | {att} | {gain} |")
     print("\n".join(lines))
     out = args.out or OUT.with_name("cluster_sim_pipeline.json")
-    out.write_text(json.dumps({"bench": "cluster_sim --pipeline", "args": {
+    write_json(out, {"bench": "cluster_sim --pipeline", "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "fleet_settings"},
         "rows": [{k: v for k, v in r.items() if k != "per_step"} for r in rows],
         "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-        "total_s": time.perf_counter() - t0}, indent=1) + "\n")
-    print(f"wrote {out}")
+        "total_s": time.perf_counter() - t0})
 
 
 if __name__ == "__main__":

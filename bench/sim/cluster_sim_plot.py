@@ -1,8 +1,8 @@
-"""The PNG of bench/cluster_sim.py's sweep: per configuration against the RL job's GPUs, end-to-end
+"""The PNG of bench/sim/cluster_sim.py's sweep: per configuration against the RL job's GPUs, end-to-end
 step throughput, its ratio to fixed rollout GPUs, serving P99 TTFT and TPOT against the SLO, SLO
 attainment, the borrowed share of rollout tokens and the KV-affinity hit rate.
 
-    python bench/cluster_sim_plot.py [bench/results/cluster_sim.json]   # writes cluster_sim.png beside it
+    python -m bench.sim.cluster_sim_plot [bench/results/cluster_sim.json]   # writes cluster_sim.png beside it
 
 Rows plotted: each configuration with turn-wise + affinity routing at the SLO the fixed
 configuration set (the README's headline table); ablations and the profile-SLO rows are left out.
@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from bench.lib.results import RESULTS
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "cluster_sim.json"
+DEFAULT_JSON = RESULTS / "cluster_sim.json"
 STYLE = {"fixed": ("fixed rollout GPUs", "tab:gray", "o"), "rose": ("ROSE", "tab:red", "s"),
          "slo_unaware": ("SLO-unaware multiplexing", "tab:blue", "^"),
          "static": ("static 50/50 partition", "tab:green", "D")}

@@ -6,19 +6,16 @@ Random and Greedy (Most-Idle). GPU-hours and cost ($, Table 1 prices) until the 
 and each job's worst T_co / T_solo against its SLO factor. The job sizes, parked states, SLOs and
 arrivals are chosen as sim/coexec_jobs.py says, each with its source in the paper.
 
-    .venv/bin/python bench/coexec_sim.py [--jobs 300] [--scales 64,128,256,512,1024] [--seed 0]
+    .venv/bin/python -m bench.sim.coexec_sim [--jobs 300] [--scales 64,128,256,512,1024] [--seed 0]
 """
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 from sim.coexec_cluster import PLACEMENTS, simulate  # noqa: E402
 from sim.coexec_jobs import MIXES, draw_jobs  # noqa: E402
@@ -44,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mixes", default=",".join(MIXES))
     ap.add_argument("--switch-s", type=float, default=5.9, help="warm start a phase switch (RollMux: 0.8-5.9 s)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "coexec_sim.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "coexec_sim.json")
     return ap.parse_args(argv)
 
 

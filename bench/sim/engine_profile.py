@@ -4,17 +4,17 @@ The same measurement a serving worker makes at start-up (executors/coserving/pro
 prefill against prompt length, whole and chunked, and decode step time against batch) on a
 model directory of your choice, written to sim/profiles/NAME.json with where and how it was
 measured. On a GPU machine (`ROSE_DEVICE=cuda`, the `gpu` extra) this is how a GPU-kind
-profile for `bench/cluster_sim.py --rollout-profile NAME` is made: measured, not invented.
+profile for `bench/sim/cluster_sim.py --rollout-profile NAME` is made: measured, not invented.
 
-    .venv/bin/python bench/engine_profile.py --model .rose/models/policy --name cpu_policy_new
-    ROSE_DEVICE=cuda python bench/engine_profile.py --model /models/qwen3-8b --name h100_qwen3_8b
+    .venv/bin/python -m bench.sim.engine_profile --model .rose/models/policy --name cpu_policy_new
+    ROSE_DEVICE=cuda python -m bench.sim.engine_profile --model /models/qwen3-8b --name h100_qwen3_8b
 
 Where vLLM is not installed (a lent GPU machine with no network), `--backend torch` times the
 same three curves with plain PyTorch on random weights of an architecture
 (executors/engine/hf_timer.py: eager and CUDA-graph replays; the graphed curves are saved, the
 eager ones kept beside them):
 
-    python bench/engine_profile.py --backend torch --device cuda \
+    python -m bench.sim.engine_profile --backend torch --device cuda \
         --model sim/profiles/shapes/qwen3-8b --name h100_qwen3_8b --gpu-kind H100-SXM-80GB
 """
 from __future__ import annotations
@@ -23,11 +23,9 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
 
@@ -57,7 +55,7 @@ def main() -> None:
         ap.error(f"{out} exists; pass --force to measure over it")
 
     if args.backend == "torch":
-        from bench.engine_profile_torch import measure_torch
+        from bench.sim.engine_profile_torch import measure_torch
         t0 = time.perf_counter()
         saved = measure_torch(args)
         args.out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +78,7 @@ def main() -> None:
     model_cfg = json.loads((args.model / "config.json").read_text())
     saved = json.loads(profile.to_json())
     saved.update({
-        "source": f"measured by bench/engine_profile.py ({how}; executors/coserving/profile.py "
+        "source": f"measured by bench/sim/engine_profile.py ({how}; executors/coserving/profile.py "
                   f"measure_engine) on {platform.node()} at "
                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, device "
                   f"{os.environ.get('ROSE_DEVICE', 'cpu')}, role {args.role}, chunk "

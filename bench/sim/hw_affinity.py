@@ -2,7 +2,7 @@
 rollout fleet routing FrozenLake to the H800s and the rest to the H20s (rollout.hw_affinity)
 against fleets of the same cost of one kind, and the mixed fleet without affinity.
 
-    python bench/hw_affinity.py [--batch 64 256] [--cap 16 256] [--steps 2] [--seeds 0 1]
+    python -m bench.sim.hw_affinity [--batch 64 256] [--cap 16 256] [--steps 2] [--seeds 0 1]
 
 Fleets at RollArt's cost ratio (Table 2: an H800 costs 2.85 H20s; Fig. 11a: 64 H800 + 24 H20
 vs 72 H800 vs 208 H20), an eighth of its size: 8 H800 + 3 H20 vs 9 H800 vs 26 H20; 4 trainer
@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib.results import RESULTS  # noqa: E402
 
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 from executors.policies.hw_affinity import HwAffinity  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
 from sim.engine_cost import ContextCost  # noqa: E402
@@ -37,7 +35,7 @@ from sim.hw_affinity import ROLLART_AFFINITY, AffinitySim, DeviceClass, kv_block
 from sim.profiles import load_profile  # noqa: E402
 from sim.roofline import H20, H100_SXM, H800, DeviceSpec, ModelShape, scale_profile, speedups  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "hw_affinity.json"
+OUT = RESULTS / "hw_affinity.json"
 FLEET = "h100_qwen3_8b"  # Qwen3-8B rollouts: RollArt's FrozenLake / GEM-Math model (Fig. 4)
 SHAPE = "qwen3-8b"
 TRAINERS = 4

@@ -1,6 +1,6 @@
 """The ROSE paper's figures at the paper's scale, simulated (sim/), beside the paper's numbers.
 
-    python bench/paper_figures.py [--steps 3] [--fit] [--fleet h100_qwen3_8b]
+    python -m bench.sim.paper_figures [--steps 3] [--fit] [--fleet h100_qwen3_8b]
 
 Workload: sim/profiles/workload_paper_qwen3_8b_frozenlake.json (sim/paper_workloads.py: every
 parameter cited or marked chosen); --fit first refits its two fitted parameters (response median
@@ -12,7 +12,7 @@ P99 of serving alone (the fixed configuration), as every sweep here sets it. The
 for each trajectory's final sequence once, the paper's reading (PAPER_TRAIN_TOKENS), as for 32B.
 
 Prints and writes bench/results/paper_figures.json and one PNG per figure beside it
-(bench/paper_figures_plot.py):
+(bench/sim/paper_figures_plot.py):
 - Fig. 1 (characterization): rollout share of the step, P75 trajectory / rollout time, prefill
   share, rollout seconds at 8 and 16 rollout GPUs;
 - Fig. 7a (GRPO, 8B): step throughput of the resource-fixed system (serving GPUs only serve;
@@ -25,7 +25,7 @@ Prints and writes bench/results/paper_figures.json and one PNG per figure beside
 - Fig. 14 / App. E: rollout seconds against the serving-GPU quota 0/4/8/16;
 - sensitivity: ROSE / fixed against the two parameters the paper does not give that move the
   tail most (the trajectory-level response spread and the environment's seconds per step).
-- Qwen3-32B on ALFWorld (bench/paper_figures_32b.py, TP-4 engines, 64 serving GPUs at most): Fig. 1's
+- Qwen3-32B on ALFWorld (bench/sim/paper_figures_32b.py, TP-4 engines, 64 serving GPUs at most): Fig. 1's
   statistics and Fig. 7a-c's rows (`--only-32b`: these alone, into the existing JSON; `--no-32b`: the
   rest, keeping the existing JSON's 32B rows).
 The paper's extracted text lost some numbers (the Fig. 14 reductions, Table 3's factor): those
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,8 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 from sim.cluster import ClusterSim  # noqa: E402
 from sim.config import SimConfig  # noqa: E402
@@ -52,15 +50,14 @@ from sim.fleet import sweep_settings  # noqa: E402
 from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_8B_FROZENLAKE, PaperWorkload,  # noqa: E402
                                  fit_turns_median, prefill_share)
 from sim.paper_report import pct, report, report_32b  # noqa: E402
-from bench.result_file import write_result  # noqa: E402
+from bench.lib.results import write_result  # noqa: E402
 from sim.report import speedup  # noqa: E402
 from sim.timed_run import simulate  # noqa: E402
 from sim.workload import WorkloadSpec  # noqa: E402
 from sim.profiles import PROFILE_DIR  # noqa: E402
 from sim.paper_numbers import PAPER  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
 
-OUT = ROOT / "bench" / "results" / "paper_figures.json"
+OUT = RESULTS / "paper_figures.json"
 WORKLOAD = "workload_paper_qwen3_8b_frozenlake"
 ALLOCATIONS_S = (30.0, 60.0, 120.0)  # chosen: an elastic instance's start + weight load per step (not published)
 
@@ -315,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_result(args.out, "paper_figures", args, t0, **fields)
     if fields["fig7a"]:  # the plots draw Fig. 7a's runs
-        from bench.paper_figures_plot import plot
+        from bench.sim.paper_figures_plot import plot
         print("wrote " + ", ".join(str(p) for p in plot(fields | {"args": vars(args)}, args.out.parent)))
     return fields
 
@@ -354,7 +351,7 @@ def figures(args, t0: float) -> dict:
 
 
 def figures_32b(args) -> dict:
-    from bench.paper_figures_32b import figures  # it runs this module's run()
+    from bench.sim.paper_figures_32b import figures  # it runs this module's run()
     return figures(args)
 
 
@@ -363,7 +360,7 @@ def only_32b(args, t0: float) -> dict:
     d = figures_32b(args) | {"total_s": time.perf_counter() - t0}
     doc = json.loads(args.out.read_text()) if args.out.is_file() else {}
     print("\n".join(report_32b({"qwen3_32b": d})) + f"\nwrote {args.out}")
-    write_atomic(args.out, json.dumps(doc | {"qwen3_32b": d}, indent=1))
+    write_json(args.out, doc | {"qwen3_32b": d})
     return d
 
 

@@ -1,17 +1,18 @@
-"""The PNGs of bench/paper_figures.py, one per figure, each with the paper's figure named in its
+"""The PNGs of bench/sim/paper_figures.py, one per figure, each with the paper's figure named in its
 title and the paper's range drawn where it gives one: Fig. 7a's step throughput per
 configuration, Fig. 8b's allocation overhead, Table 3's routing ablation, Fig. 14's rollout time
 against the serving-GPU quota, and the sensitivity of ROSE / fixed to the unpublished parameters.
 
-    python bench/paper_figures_plot.py [bench/results/paper_figures.json]   # writes them beside it
+    python -m bench.sim.paper_figures_plot [bench/results/paper_figures.json]   # writes them beside it
 """
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from bench.lib.results import RESULTS
 
-DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "paper_figures.json"
+DEFAULT_JSON = RESULTS / "paper_figures.json"
 FIGURES = ("fig7a", "fig8b", "table3", "fig14", "sensitivity")
 
 

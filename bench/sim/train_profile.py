@@ -6,7 +6,7 @@ A whole 8B model with its gradients and AdamW states does not fit one GPU, so th
 per-layer cost fitted: full = (cut model) + (layers - kept) x per layer. Plain PyTorch, random
 weights, bf16, one sequence of --tokens tokens; no tensor or data parallel communication.
 
-    python bench/train_profile.py --device cuda --model sim/profiles/shapes/qwen3-8b \\
+    python -m bench.sim.train_profile --device cuda --model sim/profiles/shapes/qwen3-8b \\
         --name h100_qwen3_8b_train
 """
 from __future__ import annotations
@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sim.profiles import PROFILE_DIR  # noqa: E402
 
 
@@ -76,7 +74,7 @@ def main() -> None:
     saved = {"train_s_per_token": full / args.tokens, "step_s_full_model": full,
              "step_s": {str(few): t_few, str(more): t_more}, "per_layer_s": per_layer,
              "tokens": args.tokens, "layers": full_layers, "device": device,
-             "source": f"measured by bench/train_profile.py on {device} at "
+             "source": f"measured by bench/sim/train_profile.py on {device} at "
                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: forward + backward + AdamW, "
                        f"bf16 random weights, {args.tokens} tokens, cut to {few} and {more} layers and "
                        f"fitted to {full_layers}; one GPU, no parallel communication"}

@@ -1,7 +1,7 @@
 """Chaos bench: faults a cluster throws, each injected into a short training run on a fresh
 local stack (Mooncake relay), and what the run made of it.
 
-    python bench/chaos.py [--faults 1,2,3] [--steps 2] [--root /tmp/rose-chaos]
+    python -m bench.stack.chaos [--faults 1,2,3] [--steps 2] [--root /tmp/rose-chaos]
 
 Per fault: `rose up` in its own data directory, `rose train` of a few small steps while the
 fault (tests/chaos_faults.py) strikes at its phase, any follow-up the fault needs (`rose
@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -34,7 +31,7 @@ from rich.table import Table  # noqa: E402
 from tests.chaos_faults import FAULTS  # noqa: E402
 from tests.chaos_run import run_config, run_fault  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 OUT = RESULTS / "chaos.json"
 
 
@@ -161,8 +158,7 @@ def _merge(row: dict | None, args) -> list[dict]:
     if row is not None:
         rows[row["fault"]] = {**row, "config": run_config(args, {}, row.get("steps"))}
     ordered = [rows[k] for k in sorted(rows, key=lambda k: (int(k.rstrip('abc')), k))]
-    OUT.write_text(json.dumps({"command": "python bench/chaos.py", "rows": ordered}, indent=1,
-                              default=str))
+    write_json(OUT, {"command": "python -m bench.stack.chaos", "rows": ordered}, default=str)
     return ordered
 
 

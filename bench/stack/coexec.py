@@ -1,6 +1,6 @@
 """Two runs co-executed in one group (`rose train --group`) vs one after the other, on the local stack.
 
-    ROSE_DATA_DIR=/tmp/coexec-data .venv/bin/python bench/coexec.py [--steps 3]
+    ROSE_DATA_DIR=/tmp/coexec-data .venv/bin/python -m bench.stack.coexec [--steps 3]
 
 One local stack (1 trainer, 1 rollout worker; started if needed in the current ROSE_DATA_DIR).
 First each run trains alone, one after the other (solo: its measured phase times become its
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import contextvars
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 RUNS = ("a", "b")  # a: rollout-heavy (slow environment steps), b: training-heavy (more updates a step)
 SIZES = {"--steps": 3, "--groups": 4, "--group-size": 4, "--max-turns": 4}  # each run's steps and rollout
@@ -43,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--env-latency-s", type=float, default=0.3,
                     help="run a: mean seconds an environment step takes (a tool, a simulator)")
     ap.add_argument("--train-updates", type=int, default=40, help="run b: GRPO updates a step")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "coexec.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "coexec.json")
     args = ap.parse_args(argv)
     if args.steps < 2 or args.slo_factor < 1:
         ap.error("need --steps >= 2 and --slo-factor >= 1")

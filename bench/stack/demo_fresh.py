@@ -1,6 +1,6 @@
 """`make demo` as a new user runs it: a fresh clone of this commit, `make demo`, N times in a row.
 
-    .venv/bin/python bench/demo_fresh.py --runs 3      # ~8-12 min a run on 2 cores (warm pip cache)
+    .venv/bin/python -m bench.stack.demo_fresh --runs 3      # ~8-12 min a run on 2 cores (warm pip cache)
 
 Each run clones HEAD into a new directory, runs `make demo` there (set-up, models, stack, the
 serving-alone reference, the run under traffic), stops its stack (`make down`) and keeps the
@@ -15,15 +15,12 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, ROOT  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 
 def one_run(i: int, commit: str, workdir: Path, timeout_s: float) -> dict:
@@ -68,7 +65,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout-s", type=float, default=1800.0, help="per `make demo`")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "demo_fresh.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "demo_fresh.json")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be >= 1")

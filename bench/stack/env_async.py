@@ -14,20 +14,17 @@ the ratio is batched / trajectory rollout seconds.
 RollArt reports 1.23-2.27x under N(10 s, 1-10 s) per turn; mu here is scaled to this machine's
 turn time (--mean-s, default 0.2 s: a turn of the tiny policy takes ~0.1-0.5 s on 2 cores).
 
-    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/env_async.py [--reps 2] [--cvs 0.1,0.25,0.5,1]
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python -m bench.stack.env_async [--reps 2] [--cvs 0.1,0.25,0.5,1]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 MODES = ("trajectory", "batched")
 
@@ -41,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.01, help="sampling (near-greedy: same turns)")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "env_async.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "env_async.json")
     args = ap.parse_args(argv)
     try:
         args.cvs = [float(x) for x in args.cvs.split(",") if x.strip()]
@@ -60,7 +57,7 @@ def main(argv=None) -> None:
     from executors.workers.rollout_worker import RolloutWorkerPlugin, worker_state
     from rose.config import RolloutConfig, RunConfig, StackConfig, StepLatencyConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
-    from scheduler_ablation import ensure_models
+    from bench.lib.models import ensure_models
     from tasks.rollout import make_episodes
 
     started = time.perf_counter()

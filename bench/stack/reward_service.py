@@ -14,21 +14,18 @@ baseline, as dedicated reward workers up the whole step would have it (RollArt's
 GPUs held for the step and used only after the rollout). RollArt: rollout + reward 158 s ->
 77 s, reward GPU utilization 6% -> 88%.
 
-    ROSE_DATA_DIR=/tmp/rs .venv/bin/python bench/reward_service.py [--reps 2]
+    ROSE_DATA_DIR=/tmp/rs .venv/bin/python -m bench.stack.reward_service [--reps 2]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-from result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
 MODES = ("elastic", "batch")
 
@@ -47,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for flag, kind, default, text in OPTIONS:
         ap.add_argument(flag, type=kind, default=default, help=text)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "reward_service.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "reward_service.json")
     args = ap.parse_args(argv)
     if min(args.cost_s, args.reps, args.workers, args.threads) <= 0 or args.env_s < 0:
         ap.error("need --cost-s, --reps, --workers, --threads > 0 and --env-s >= 0")
@@ -82,7 +79,7 @@ def main(argv=None) -> None:
 
     from rose.config import StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
-    from scheduler_ablation import ensure_models
+    from bench.lib.models import ensure_models
 
     started, console = time.perf_counter(), Console()
     ensure_models(console)

@@ -10,13 +10,13 @@ callback only. Trajectories end after a random number of turns and are replaced,
 fresh placements are exercised too. Every `route()` call is timed with time.perf_counter_ns; so is
 the bookkeeping (turn start/end plus the admission push it triggers).
 
-    .venv/bin/python bench/scheduler.py [--decisions 200000] [--seed 0]
+    .venv/bin/python -m bench.stack.scheduler [--decisions 200000] [--seed 0]
 
-Part 2, ablation on the real local stack (bench/scheduler_ablation.py): pinned vs turn-wise vs
+Part 2, ablation on the real local stack (bench/stack/scheduler_ablation.py): pinned vs turn-wise vs
 turn-wise + affinity, rollout time and prefix-cache hit rate, and the same step with and without
 the lent worker:
 
-    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/scheduler.py --ablation [--reps 3]
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python -m bench.stack.scheduler --ablation [--reps 3]
 """
 
 from __future__ import annotations
@@ -24,25 +24,20 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
-import json
 import os
 import platform
 import random
-import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from executors.policies.router import TurnRouter, WorkerInfo  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -224,12 +219,6 @@ def print_latency_table(rows: list[dict], console: Console) -> None:
     console.print(table)
 
 
-def write_json(path: Path, payload: dict) -> None:
-    """Temp file + rename, so an interrupted run never leaves a half-written result."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(payload, indent=2))
-
-
 def latency_bench(decisions: int, seed: int, console: Console) -> dict:
     rows = [run_latency(case, decisions, seed) for case in latency_cases()]
     print_latency_table(rows, console)
@@ -259,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     console = Console(width=150)
     if args.ablation:
-        from bench.scheduler_ablation import ablation_bench
+        from bench.stack.scheduler_ablation import ablation_bench
 
         ablation_bench(args.reps, args.groups, args.group_size, args.cap, console, write_json,
                        args.lent)

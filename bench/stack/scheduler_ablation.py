@@ -1,4 +1,4 @@
-"""Scheduler ablation on the real local stack (`bench/scheduler.py --ablation`).
+"""Scheduler ablation on the real local stack (`bench/stack/scheduler.py --ablation`).
 
 One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
 when executors/coserving/executor.py exists, else a second rollout worker (rollout-1) standing in for
@@ -13,37 +13,24 @@ not use offset", so turn counts vary a little), each from a cold prefix cache:
 Repetitions are interleaved (the machine is shared); the table shows medians. Writes
 bench/results/scheduler_ablation.json.
 
-    ROSE_DATA_DIR=/tmp/me .venv/bin/python bench/scheduler.py --ablation [--reps 3]
+    ROSE_DATA_DIR=/tmp/me .venv/bin/python -m bench.stack.scheduler --ablation [--reps 3]
 """
 from __future__ import annotations
 
 import os
 import platform
-import shutil
 import statistics
 import time
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
+from bench.lib.models import ensure_models
+from bench.lib.results import RESULTS
+
 CASES = (("pinned", "pinned", True), ("turnwise", "turnwise", True),
          ("turnwise+affinity", "turnwise_affinity", True),
          ("rollout worker alone", "turnwise_affinity", False))
-
-
-def ensure_models(console: Console) -> None:
-    from rose.config import ModelsConfig, data_dir
-    from rose.models.build import build_models
-
-    if (ModelsConfig().policy_path() / "config.json").is_file():
-        return
-    if (PREBUILT / "policy" / "config.json").is_file():
-        shutil.copytree(PREBUILT, data_dir() / "models", dirs_exist_ok=True)
-    else:
-        console.print("building the tiny models (once)")
-        build_models(ModelsConfig())
 
 
 def step_episodes(cfg):
@@ -212,5 +199,5 @@ def ablation_bench(reps: int, groups: int, group_size: int, cap: int, console: C
     print_ablation(payload, console)
     name = "scheduler_ablation.json" if payload["lent_worker"]["kind"] == "serving" \
         else "scheduler_ablation_two_rollout.json"
-    write_json(Path(__file__).resolve().parent / "results" / name, payload)
+    write_json(RESULTS / name, payload)
     return payload

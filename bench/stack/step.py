@@ -1,6 +1,6 @@
 """Time per phase of one RL step, and the Prefect + Dask overhead as a share of the step.
 
-    python bench/step.py [--steps 3] [--groups 8] [--group-size 8]
+    python -m bench.stack.step [--steps 3] [--groups 8] [--group-size 8]
 
 Runs real steps on the local stack (started if needed). For each phase, the wall time seen
 by the flow (submit -> result, through Prefect's task machinery and Dask) is compared with
@@ -10,12 +10,8 @@ is orchestration overhead. Prints a table and writes bench/results/step.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -23,7 +19,7 @@ from rich.table import Table  # noqa: E402
 from rose.config import RolloutConfig, RunConfig  # noqa: E402
 from rose.launch import default_run_id, ensure_models, ensure_stack  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 def phase_rows(summaries: list[dict]) -> list[dict]:
@@ -76,9 +72,7 @@ def main() -> None:
     console.print("* median over steps after the first (the first pays engine warm-up)")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "step.json"
-    out.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "steps": rows,
-                               "median_after_first": med}, indent=2))
-    console.print(f"wrote {out}")
+    write_json(out, {"config": cfg.model_dump(mode="json"), "steps": rows, "median_after_first": med})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ bf16 bits: checksums do not care what the bits are) raw, as publish_weights does
 every bucket as a receiver does, --repeat times after a warm-up, one thread; per side the median
 seconds, CPU seconds and GB per CPU second.
 
-    .venv/bin/python bench/bucket_pack.py [--params 494e6] [--repeat 5]
+    .venv/bin/python -m bench.transfer.bucket_pack [--params 494e6] [--repeat 5]
 """
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +33,7 @@ def main() -> None:
         sys.exit("--params and --repeat must be >= 1")
     import numpy as np
     import torch
-    from bench.transfer_workloads import qwen_shapes
+    from bench.transfer.transfer_workloads import qwen_shapes
     from storage.weights.buckets import pack_buckets, verify_bucket
     from storage.weights.payloads import raw_encoder
 

@@ -9,7 +9,7 @@ the publisher does (encode_delta), then applies every payload in place as receiv
 (apply_delta), --repeat times after a warm-up; per side, the median seconds and CPU seconds
 and the dense GB per CPU second.
 
-    .venv/bin/python bench/codec_layer.py [--hidden 3584 --intermediate 18944 --kv 512]
+    .venv/bin/python -m bench.transfer.codec_layer [--hidden 3584 --intermediate 18944 --kv 512]
 """
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 
 
 def layer_shapes(hidden: int, intermediate: int, kv: int) -> list[tuple[str, tuple[int, int]]]:
@@ -50,7 +49,7 @@ def main() -> None:
     args = p.parse_args()
     if min(args.hidden, args.intermediate, args.kv, args.repeat) < 1:
         sys.exit("--hidden, --intermediate, --kv and --repeat must be >= 1")
-    from bench.transfer_workloads import adamw_versions
+    from bench.transfer.transfer_workloads import adamw_versions
     from storage.delta import apply_delta, encode_delta, kernels
 
     t0 = time.perf_counter()

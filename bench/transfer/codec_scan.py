@@ -9,15 +9,13 @@ flatnonzero on the bool mask) against kernels.scan_changes, and the apply as num
 (elias_fano.decode, then a fancy-index add on a copy) against kernels.ef_apply; every result
 is checked equal.
 
-    .venv/bin/python bench/codec_scan.py [--elements 64e6] [--repeat 3]
+    .venv/bin/python -m bench.transfer.codec_scan [--elements 64e6] [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 
@@ -25,10 +23,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from storage.delta import elias_fano, kernels  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 DENSITIES = (0.001, 0.01, 0.042, 0.15)  # 0.042: the 0.5B shape's AdamW delta at lr 1e-6
 
 
@@ -100,11 +97,9 @@ def main() -> None:
                       f"{r['apply_kernel_s'] * 1e3:.0f}", f"{r['apply_speedup']:.2f}x",
                       f"{r['apply_kernel_GBps']:.2f}")
     Console().print(table)
-    args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps({"bench": "codec_scan", "elements": n, "repeat": args.repeat,
-                                    "machine": platform.platform(), "cpus": os.cpu_count(),
-                                    "load_average": os.getloadavg(), "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, {"bench": "codec_scan", "elements": n, "repeat": args.repeat,
+                          "machine": platform.platform(), "cpus": os.cpu_count(),
+                          "load_average": os.getloadavg(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -2,21 +2,19 @@
 
 The demo policy (1.7 MB, one bucket) is published as `rose train` publishes it at a fast
 link (a delta all sent raw: pulled once complete), through the relay as `rose up` opens it
-(store client, tests' and bench/transfer.py's start_relay). One receiver pulls each version
+(store client, tests' and bench/transfer/transfer.py's start_relay). One receiver pulls each version
 with its manifest and buckets read together (storage/weights/first_read.py), another with
 the guess off (manifest, then buckets), and the dense path (apply_pipeline.pull_weights) beside
 them, alternating version by version so all three see the same machine. Median of
 `--repeat` pulls each; prints a table and writes JSON.
 
-    .venv/bin/python bench/first_read.py [--repeat 300]
+    .venv/bin/python -m bench.transfer.first_read [--repeat 300]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,17 +22,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.transfer_e2e import start_relay  # noqa: E402
-from bench.transfer_workloads import demo_policy_model  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
+from bench.transfer.transfer_workloads import demo_policy_model  # noqa: E402
 from storage.weights import first_read  # noqa: E402
 from storage.weights.apply_pipeline import pull_weights  # noqa: E402
 from storage.weights.publisher import publish_weights  # noqa: E402
 from storage.weights.receiver import WeightReceiver  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -78,10 +74,8 @@ def main() -> None:
     for label, m in medians.items():
         table.add_row(label, f"{m * 1e3:.3f}", f"{m / medians['one round trip']:.2f}")
     Console().print(table)
-    write_atomic(args.out, json.dumps({"bench": "first_read", "machine": platform.platform(),
-                                       "repeat": args.repeat, "median_s": medians,
-                                       "seconds": times}, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, {"bench": "first_read", "machine": platform.platform(),
+                          "repeat": args.repeat, "median_s": medians, "seconds": times})
 
 
 if __name__ == "__main__":

@@ -9,17 +9,15 @@ clients of the stack's store client (mooncake_client), which holds the objects, 
 one copy through memory shared with it (storage/relay/mooncake_pool.py). Starts its own
 Mooncake master, metadata server and store client on free loopback ports.
 
-    .venv/bin/python bench/relay.py [--buckets 4] [--bucket-mb 64] [--repeat 3]
+    .venv/bin/python -m bench.transfer.relay [--buckets 4] [--bucket-mb 64] [--repeat 3]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
 import socket
-import sys
 import threading
 import tempfile
 import time
@@ -28,8 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 def _reader(conn, master: str, metadata: str, client_addr: str | None = None) -> None:
@@ -285,10 +282,8 @@ def main() -> None:
         print(f"{name}: {value:.2f}x the socket's throughput")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "relay.json"
-    out.write_text(json.dumps({"buckets": args.buckets, "bucket_mb": args.bucket_mb,
-                               "repeat": args.repeat, "machine": platform.platform(),
-                               "cpus": os.cpu_count(), "rows": rows, "ratios": ratios}, indent=1))
-    print(f"wrote {out}")
+    write_json(out, {"buckets": args.buckets, "bucket_mb": args.bucket_mb, "repeat": args.repeat,
+                     "machine": platform.platform(), "cpus": os.cpu_count(), "rows": rows, "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -7,21 +7,19 @@ the same keys, one with staging (the relay's default `staging_bytes`) and one wi
 live in this process; their reads still cross the transfer engine's loopback TCP. Median of
 `--repeat` reads per size; prints a table and writes JSON.
 
-    .venv/bin/python bench/relay_small_reads.py [--repeat 100]
+    .venv/bin/python -m bench.transfer.relay_small_reads [--repeat 100]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
 from rose.stack.mooncake import start_mooncake  # noqa: E402
 from storage.relay.mooncake import MooncakeRelay  # noqa: E402
 
@@ -32,7 +30,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=100)
     p.add_argument("--out", type=Path,
-                   default=Path(__file__).parent / "results" / "relay_small_reads.json")
+                   default=RESULTS / "relay_small_reads.json")
     args = p.parse_args()
     t0 = time.perf_counter()
     rows = []

@@ -15,7 +15,7 @@ process (every thread: a large tensor's blocks are coded on threads of their own
 otherwise), since other jobs share this machine (wall times are in the JSON);
 speeds are GB/s of dense bytes. Every decode is checked bit-exact.
 
-Workloads (bench/transfer_workloads.py): (a) grpo: consecutive versions of our own GRPO run
+Workloads (bench/transfer/transfer_workloads.py): (a) grpo: consecutive versions of our own GRPO run
 (default: the newest run under $ROSE_DATA_DIR/runs with checkpoints; make one with
 `rose train --steps 3`); (b) synthetic: Qwen2.5-0.5B-shaped, AdamW at each --lrs for each
 --steps; --checkpoints OLD NEW: any two safetensors directories.
@@ -32,13 +32,12 @@ Defaults (about 8-10 minutes on 2 busy cores): --params 200e6 (the full 0.5B sha
 such as the demo policy, whose tens of ms a disturbance would swamp, runs 31 back-to-back pairs
 and also reports the median of their ratios).
 
-    .venv/bin/python bench/transfer.py
-    .venv/bin/python bench/transfer.py --params 494e6 --grpo-run /path/to/runs/r --no-e2e
+    .venv/bin/python -m bench.transfer.transfer
+    .venv/bin/python -m bench.transfer.transfer --params 494e6 --grpo-run /path/to/runs/r --no-e2e
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -48,13 +47,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import transfer_workloads as wl  # noqa: E402
-from bench.transfer_methods import CaseResult, codec_methods, measure_pair, shard_method  # noqa: E402
-from bench.transfer_report import print_cases, print_e2e  # noqa: E402
-from storage.atomic import write_atomic  # noqa: E402
+from bench.transfer import transfer_workloads as wl  # noqa: E402
+from bench.transfer.transfer_methods import CaseResult, codec_methods, measure_pair, shard_method  # noqa: E402
+from bench.transfer.transfer_report import print_cases, print_e2e  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 def run_synthetic(args, methods_for, console: Console) -> tuple[list[CaseResult], dict]:
@@ -102,11 +99,6 @@ def run_grpo(args, methods_for, console: Console) -> tuple[list[CaseResult], lis
     last = list(wl.pairs(versions))[-1:] if len(versions) >= 2 else []
     return cases, last, {"run": str(run), "versions": [v for v, _ in versions],
                          "params": wl.numel(versions[0][1]) if versions else 0}
-
-
-def write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(payload, indent=1))
 
 
 def split_cores() -> tuple[list[int], list[int]]:

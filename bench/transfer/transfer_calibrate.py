@@ -8,25 +8,23 @@ time = fixed + bytes / speed.
 Then two large tensors encoded and applied by 1 and 2 threads (storage/weights/parallel.py), for
 the speed-up the thread pool gets. Prints a table; JSON in bench/results/ (--out).
 
-    .venv/bin/python bench/transfer_calibrate.py
+    .venv/bin/python -m bench.transfer.transfer_calibrate
 """
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import transfer_workloads as wl  # noqa: E402
+from bench.transfer import transfer_workloads as wl  # noqa: E402
 from storage.delta import apply_delta, encode_delta, kernels, read_header  # noqa: E402
 from storage.delta.host_speed import (apply_in_place_seconds, best_seconds as _best,  # noqa: E402
                                       raw_trip_seconds)
 from storage.weights.parallel import ordered_map  # noqa: E402
+from bench.lib.results import RESULTS, write_json  # noqa: E402
 
 
 def per_tensor(lrs: list[float]) -> list[dict]:
@@ -84,7 +82,7 @@ def scaling(lr: float = 1e-6) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5, 5e-4])
-    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" /
+    p.add_argument("--out", type=Path, default=RESULTS /
                    "transfer_calibrate.json")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -97,9 +95,7 @@ def main() -> None:
               f"+ {f['apply_s']['gbps']:5.2f} GB/s")
     print("threads 1 -> 2: encode {encode_gbps_1:.2f} -> {encode_gbps_2:.2f} GB/s, apply "
           "{apply_gbps_1:.2f} -> {apply_gbps_2:.2f} GB/s".format(**scale))
-    args.out.write_text(json.dumps({"bench": "transfer_calibrate", "fits": fits,
-                                    "scaling": scale, "rows": rows}, indent=1))
-    print(f"wrote {args.out}")
+    write_json(args.out, {"bench": "transfer_calibrate", "fits": fits, "scaling": scale, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ the publisher, the GIL's cost itself.
 Needs py-spy (the dev extra) and permission to attach to a child of this process's parent:
 root, or kernel.yama.ptrace_scope = 0.
 
-    .venv/bin/python bench/transfer_gil.py [--params 494e6] [--workers 1 2] [--seconds 20]
+    .venv/bin/python -m bench.transfer.transfer_gil [--params 494e6] [--workers 1 2] [--seconds 20]
         [--relay mooncake|filesystem]
 """
 from __future__ import annotations
@@ -30,12 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 from storage.cores import available_cores  # noqa: E402
 from tests.pyspy_stacks import holders  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 
 
 def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> None:
@@ -45,7 +44,7 @@ def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> 
     the other (the same changes, sign flipped), over and over."""
     import torch
 
-    from bench.transfer_workloads import synthetic_model
+    from bench.transfer.transfer_workloads import synthetic_model
     from rose.stack.mooncake import start_mooncake
     from storage.delta import kernels
     from storage.relay.filesystem import FilesystemRelay
@@ -145,7 +144,7 @@ def main() -> None:
     args = p.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
-        sys.exit("bench/transfer_gil.py needs py-spy: .venv/bin/pip install py-spy (dev extra)")
+        sys.exit("bench/transfer/transfer_gil.py needs py-spy: .venv/bin/pip install py-spy (dev extra)")
 
     t0 = time.perf_counter()
     parent, child = mp.get_context("spawn").Pipe()

@@ -5,31 +5,29 @@ Before a delta goes out, the publisher judges whether every tensor goes raw (ten
 whose elements mostly all move (a GRPO run's), each publish's samples find raw again; the
 publisher keeps them (RawSamples) and stops sampling once a sample costs more than coding
 could be expected to save. Here the demo policy's delta (and back) is published over a 1 Gbps
-link (emulated pacing, as bench/transfer.py, so tensors are worth a look) through the relay
+link (emulated pacing, as bench/transfer/transfer.py, so tensors are worth a look) through the relay
 as `rose up` opens it, by two publishers turn about: one keeping its samples, one starting
 afresh every publish (as before). Median judge and publish times over `--publishes`, after
 five; prints a table and writes JSON.
 
-    .venv/bin/python bench/transfer_judge.py [--publishes 40] [--rounds 2]
+    .venv/bin/python -m bench.transfer.transfer_judge [--publishes 40] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 from tests.transfer_e2e import PacedRelay, start_relay  # noqa: E402
-from bench.transfer_workloads import demo_policy_model  # noqa: E402
+from bench.transfer.transfer_workloads import demo_policy_model  # noqa: E402
 from storage.weights.link_rate import LinkRate  # noqa: E402
 from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
 from storage.weights.tensor_form import RawSamples  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 
 
 def main() -> None:

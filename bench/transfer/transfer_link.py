@@ -25,24 +25,22 @@ snapshots on the slow link. The last scenario's rate is right (5 / 5): there `fi
 `oracle` is the time model's CPU costs as fitted against this host's probed speed. The JSON
 keeps the probe's factors (`host_speed`).
 
-    .venv/bin/python bench/transfer_link.py [--params 100e6] [--lr 1e-5] [--deltas 3]
+    .venv/bin/python -m bench.transfer.transfer_link [--params 100e6] [--lr 1e-5] [--deltas 3]
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
-from bench.transfer_workloads import synthetic_model  # noqa: E402
-from bench.result_file import write_result  # noqa: E402
+from bench.transfer.transfer_workloads import synthetic_model  # noqa: E402
+from bench.lib.results import write_result  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 POLICIES = ("fixed", "link", "measured", "oracle")
 
 

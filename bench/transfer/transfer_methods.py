@@ -1,4 +1,4 @@
-"""The methods bench/transfer.py compares, and per-case totals (see its docstring)."""
+"""The methods bench/transfer/transfer.py compares, and per-case totals (see its docstring)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""Rich tables of bench/transfer.py: the codec/shard comparison and the end-to-end runs."""
+"""Rich tables of bench/transfer/transfer.py: the codec/shard comparison and the end-to-end runs."""
 from __future__ import annotations
 
 from rich.console import Console

@@ -9,7 +9,7 @@ rate in --gbps (tests/transfer_e2e.PacedRelay). Per rate, medians over the publi
 seconds, link seconds (bytes put / rate), when the first bucket's put began, the seconds the
 link sat idle between the first and the last bucket, and publish / link.
 
-    .venv/bin/python bench/transfer_timeline.py [--params 100e6] [--gbps 0.05 0.2] [--repeat 5]
+    .venv/bin/python -m bench.transfer.transfer_timeline [--params 100e6] [--gbps 0.05 0.2] [--repeat 5]
 """
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.result_file import print_table, write_result  # noqa: E402
+from bench.lib.results import print_table, write_result  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.lib.results import RESULTS  # noqa: E402
 
 
 def timeline(relay, old: dict, new: dict, gbps: float, repeat: int, run: str) -> list[dict]:
@@ -73,7 +72,7 @@ def main() -> None:
     import torch
 
     from tests.transfer_e2e import start_relay
-    from bench.transfer_workloads import synthetic_model
+    from bench.transfer.transfer_workloads import synthetic_model
     from storage.delta import host_speed, kernels
 
     t0 = time.perf_counter()

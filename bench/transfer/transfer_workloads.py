@@ -1,4 +1,4 @@
-"""Workloads of bench/transfer.py: consecutive published bf16 versions of a model.
+"""Workloads of bench/transfer/transfer.py: consecutive published bf16 versions of a model.
 
 (a) grpo: our own GRPO training. A run's checkpoints (<run>/checkpoints/step-N/model.safetensors,
     fp32 master weights) cast to bf16, which is exactly what the trainer publishes

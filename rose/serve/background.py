@@ -1,7 +1,7 @@
 """Serving users while a run trains: an open-loop HTTP replay of the trace against the stack's
 serving endpoints, in a background thread, until the run ends (`rose demo`, the e2e test).
 
-Scaled as bench/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
+Scaled as bench/coserving/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
 `sample`, because on this 2-core machine the replay, the trainer and every worker's engines
 share the cores. The replay runs the trace from its start; a `window_s` longer than one pass
 plays it again, back to back, so a long run never runs out of users. A pass is the whole trace,

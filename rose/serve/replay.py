@@ -2,7 +2,7 @@
 
 Each request is sent at its planned time (rose/serve/trace.py) whatever happened to earlier
 ones (an open loop, like real traffic). Two senders: HTTP streaming to OpenAI-compatible
-endpoints (`rose serve replay`), and in-process to a co-serving executor (bench/coserving.py,
+endpoints (`rose serve replay`), and in-process to a co-serving executor (bench/coserving/coserving.py,
 which skips HTTP so the client does not compete with the engine for the 2 cores).
 Per request: TTFT = first streamed token - send; TPOT = (last token - first token) / (n - 1).
 """

@@ -8,7 +8,7 @@ The store client (`mooncake_client`, Mooncake's "real client") owns the segment 
 weights live in; every process of this host opens its relay as a "dummy" client of it
 (storage/relay/mooncake.py), handing it shared memory: a put or a get is then memory copies
 (into or out of that memory, and the store client's to or from its segment) instead of a TCP
-transfer between two processes (bench/relay.py). A reader on another host reaches the same
+transfer between two processes (bench/transfer/relay.py). A reader on another host reaches the same
 segment over TCP as before. If it cannot start, the relay works as before it existed (each
 publisher's own segment, gets over TCP), and `rose up` says so.
 """

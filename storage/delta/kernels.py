@@ -9,7 +9,7 @@ temporaries for each:
 The scan compares 64 elements into one bit mask (the compare loop vectorises) and visits only
 the set bits (count-trailing-zeros), so a block with no change costs one compare pass and a
 block with a few costs a few stores: 2.2x / 1.9x / 1.6x / 1.5x numpy's chunked flatnonzero
-scan at 0.1 / 1 / 4.2 / 15% changed, one thread on this project's machine (bench/codec_scan.py,
+scan at 0.1 / 1 / 4.2 / 15% changed, one thread on this project's machine (bench/transfer/codec_scan.py,
 results/codec_scan.json). The apply kernel decodes the positions straight into the scatter,
 never building the position array: 1.1-2.1x numpy's decode-then-fancy-index add.
 

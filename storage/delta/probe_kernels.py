@@ -6,7 +6,7 @@
                   of consecutive positions (payload.py's structure probe).
 Each was a dozen small numpy calls per tensor (strided views, compares, counts, linspace, logs),
 every one holding the GIL, which no other core can use meanwhile. One dispatch each now, and the
-work itself runs without the GIL (bench/transfer_gil.py: on 2 encoding threads, the GIL held
+work itself runs without the GIL (bench/transfer/transfer_gil.py: on 2 encoding threads, the GIL held
 28-31% of a 0.5B publish before, 22-26% after).
 """
 from __future__ import annotations

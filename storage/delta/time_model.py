@@ -12,13 +12,13 @@ while its next bucket is encoded: storage/weights/stream_pull.py), and on a smal
 both sides share the same cores, so the chooser takes the SUM of the three per tensor (what a
 tensor adds when the stages do not overlap): additive per tensor, so choosing per tensor is
 optimal for it. `pipelined_s` gives the issue's model of a fully pipelined path, the largest
-of the three each summed over the version, which bench/transfer.py reports next to the
+of the three each summed over the version, which bench/transfer/transfer.py reports next to the
 measured time.
 
 "raw" is the tensor's bytes as they are (storage.weights.payloads.raw_encoder: no header, no
 copy before the bucket, a view on the receiver): dense at its cheapest. Speeds are GB/s of
 dense bytes on one core, fixed costs per tensor, fitted on this project's 2-core CPU machine
-(bench/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
+(bench/transfer/transfer_calibrate.py: the demo policy's tensors and 64 KB-8 MB AdamW deltas at lr
 1e-6 to 5e-4, one thread, applied in place as receivers do; raw as its bytes' trip through
 fresh bucket memory and two hashes on each side) and rounded to the slow side. Two threads
 encode 1.7x as fast as one (bench/results/transfer_calibrate.json), but a model that fits in

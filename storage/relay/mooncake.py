@@ -14,7 +14,7 @@ Mooncake pitfalls handled here:
   segment (segment_bytes=0). A master restart loses every object.
 - With `client_addr` (the stack's store client, rose/stack/mooncake.py) it is a "dummy" client
   of it: objects live in its segment while it runs, and every transfer is copied through
-  memory shared with it (storage/relay/mooncake_pool.py), not sent over TCP (bench/relay.py).
+  memory shared with it (storage/relay/mooncake_pool.py), not sent over TCP (bench/transfer/relay.py).
   A store client that dies takes its values with it, and no reconnect mends its clients:
   their ops fail at once saying so (a TCP probe of it), rather than wait for a reconnect.
 - Plain put/get copy through `local_buffer_size`; payloads of zero_copy_min_bytes or more go
@@ -22,7 +22,7 @@ Mooncake pitfalls handled here:
   Registering and unregistering a buffer costs ~0.6-0.8 ms whatever its size, so a batch
   read of up to `staging_bytes` (4 MB) lands in one buffer registered once per client and is
   copied out: 2.3x faster for 100 KB, 1.29x for 1.7 MB (a small policy's bucket), 1.15x for
-  4 MB; past ~8 MB the copy costs what registering saves (bench/relay_small_reads.py,
+  4 MB; past ~8 MB the copy costs what registering saves (bench/transfer/relay_small_reads.py,
   results/relay_small_reads.json).
 """
 from __future__ import annotations

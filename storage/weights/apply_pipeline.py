@@ -13,7 +13,7 @@ thread decodes every bucket as soon as it is there, in whatever order they arriv
 decoding pool, into the held weights (`dest`). A delta is decoded into the held tensor it
 applies to, in place: no tensor-sized buffer is allocated (fresh memory is what a pull paid
 most for: every page of it faults in, 2-20x the cost of the decoding itself on this project's
-VM, bench/transfer.py). A raw payload becomes a view on its bucket (no copy at all), put in the
+VM, bench/transfer/transfer.py). A raw payload becomes a view on its bucket (no copy at all), put in the
 dict in place of the old tensor. So no second copy of the model is built (memory beyond the
 weights is at most `depth` buckets), and a caller that needs an earlier version intact while
 the next one is pulled must copy it (the co-serving executor's evict-and-reload baseline does).

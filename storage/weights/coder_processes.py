@@ -3,7 +3,7 @@
 Threads code a delta's tensors in parallel (storage/weights/parallel.py), but the Python around
 the kernels (the time model's judge, headers, the chooser) holds the GIL: ~0.25 ms per coded
 piece, 70-100 ms per 0.5B publish on this project's VM, which on a host of 8 cores and more is
-the publish's floor (bench/transfer_gil.py). Here the publisher hands a publish's pieces to
+the publish's floor (bench/transfer/transfer_gil.py). Here the publisher hands a publish's pieces to
 coder processes at its start, as one table per coder and a queue of piece numbers they take
 from in order (a pipe: each takes the next one when free), and its encoding threads only wait
 for the results in the order the buckets need them. A coder maps the version's arena and its

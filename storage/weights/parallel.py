@@ -3,8 +3,8 @@
 Threads, not processes: the codec's kernels are vectorised numpy, zstd and xxhash, which
 release the GIL for most of their work, so threads scale without pickling tensors to another
 process: on this project's 2-core machine two threads encode 1.4-1.9x as fast as one
-(bench/transfer_calibrate.py). The per-element passes are numba kernels that release the GIL
-(storage/delta/kernels.py, chosen over numpy by bench/codec_scan.py); applying is memory-bound
+(bench/transfer/transfer_calibrate.py). The per-element passes are numba kernels that release the GIL
+(storage/delta/kernels.py, chosen over numpy by bench/transfer/codec_scan.py); applying is memory-bound
 (its base copy and result checksum), so a second thread gains it little on this machine.
 
 Small tensors are grouped into tasks of at least `chunk_bytes`, since a task's hand-off

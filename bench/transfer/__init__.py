@@ -1,0 +1,1 @@
+"""Weight transfer benches: the codec, the relay, publish and pull end to end."""
