@@ -17,10 +17,23 @@ whose file is missing says so.
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 from bench.lib.results import RESULTS, ROOT
 from storage.atomic import write_atomic
+
+
+OLD_COMMAND = re.compile(r"python bench/(\w+)\.py")  # how a bench ran before bench/ had families
+
+
+def current_command(text: str) -> str:
+    """`text` with each `python bench/NAME.py` (text recorded or written before bench/ had families)
+    as the bench runs now, `python -m bench.FAMILY.NAME`."""
+    def module(m: re.Match) -> str:
+        found = sorted(RESULTS.parent.glob(f"*/{m.group(1)}.py"))
+        return f"python -m bench.{found[0].parent.name}.{m.group(1)}" if found else m.group(0)
+    return OLD_COMMAND.sub(module, text)
 
 
 def _pct(v) -> str:
@@ -135,7 +148,7 @@ def paper_section(doc: dict, name: str) -> list[str]:
             "(8, 8), 256 trajectories a step, 16 per rollout GPU at once, up to 16 borrowed serving GPUs; "
             "serving SLO = 2x serving-alone P99. Plots: "
             + ", ".join(f"[{p}](../bench/results/{p})" for p in png_names()) + ".",
-            "", report(doc), "", *[line for p in paper_findings(doc) for line in (p, "")]]
+            "", current_command(report(doc)), "", *[line for p in paper_findings(doc) for line in (p, "")]]
 
 
 def paper_findings(doc: dict) -> list[str]:
