@@ -131,14 +131,28 @@ def test_turnwise_moves_back_to_dedicated_when_capacity_frees():
         place(router, "a")
         assert place(router, "b", yes) == "serving-0"
         router.on_turn_end("b", "serving-0")
+        # while the dedicated worker is full, affinity keeps b on the serving worker that admits
+        assert router.route("b", yes) == "serving-0"
         router.on_turn_end("a", "rollout-0")  # the dedicated worker frees up
-        place(router, "a")  # a new turn of a, back on rollout-0; b is between turns
-        router.on_turn_end("a", "rollout-0")
-        # affinity keeps b on serving-0 while it admits; once it declines b moves back
-        admits = yes if mode == "turnwise" else no
-        assert router.route("b", admits) == "rollout-0"
+        # borrowed capacity is for the excess: b goes back even though serving-0 holds its prefix
+        assert router.route("b", yes) == "rollout-0"
         p = router.on_turn_start("b", "rollout-0")
         assert (p.turn, p.kind, p.affine) == (1, "rollout", False)
+
+
+def test_affinity_to_a_dedicated_worker_holds_within_its_excess_over_the_least_loaded():
+    for excess in (0, 2):
+        router = TurnRouter(cap_per_rollout_worker=8, affinity_max_excess=excess)
+        for i in range(2):
+            router.register_worker(WorkerInfo(f"rollout-{i}", "rollout"))
+        assert place(router, "t") == "rollout-0"
+        router.on_turn_end("t", "rollout-0")
+        for k in range(4):  # other trajectories' turns land on t's worker: rollout-1 stays idle
+            router.on_turn_start(f"x{k}", "rollout-0")
+            held = k + 1 <= excess  # rollout-0 runs k + 1 turns more than rollout-1
+            assert router.route("t") == ("rollout-0" if held else "rollout-1"), (excess, k)
+    with pytest.raises(ValueError, match="affinity_max_excess"):
+        TurnRouter(affinity_max_excess=-1)
 
 
 def test_pinned_stays_on_first_worker_and_queues():

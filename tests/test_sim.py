@@ -34,9 +34,10 @@ def test_event_loop_runs_in_time_then_schedule_order():
 def test_routing_mode_shows_in_placement():
     affine = _run(mode="turnwise_affinity")
     spread = _run(mode="turnwise")
-    assert affine["affinity_hit_rate"] > 0.9
-    assert spread["affinity_hit_rate"] < affine["affinity_hit_rate"] - 0.3
-    assert spread["prefix_hit_tokens"] < affine["prefix_hit_tokens"]
+    # affinity yields where its worker runs too many more turns than another, or where a borrowed
+    # serving worker holds the prefix while dedicated capacity is free (router.py, step 1)
+    assert affine["affinity_hit_rate"] > spread["affinity_hit_rate"] + 0.15
+    assert spread["prefix_hit_tokens"] < affine["prefix_hit_tokens"] - 0.1
 
 
 class _NoServing(TurnRouter):
@@ -51,7 +52,7 @@ class _NoServing(TurnRouter):
 
 def test_simulator_places_turns_with_the_router_object_it_is_given():
     base = ClusterSim(SimConfig(**SMALL)).run()
-    assert base["borrowed_share"] > 0.2  # the stock router lends turns to serving GPUs
+    assert base["borrowed_share"] > 0.05  # the stock router lends turns to serving GPUs
     router = _NoServing(16, "turnwise_affinity")
     changed = ClusterSim(SimConfig(**SMALL), router=router).run()
     assert _NoServing.calls >= changed["turns"]
