@@ -1,4 +1,4 @@
-"""The plain-PyTorch step timer behind `bench/sim/engine_profile.py --backend torch` (CPU here; the
+"""The plain-PyTorch step timer behind `python -m bench.sim.engine_profile --backend torch` (CPU here; the
 CUDA-graph half runs only on a GPU machine, where it measured sim/profiles/h100_*.json)."""
 from __future__ import annotations
 

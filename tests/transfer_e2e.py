@@ -31,7 +31,7 @@ set's digest against the trainer's. Each row also gives the issue's time model o
 publish, max(bytes / rate, sender CPU s / cores, receiver CPU s / cores), with the CPU seconds
 of each process (all threads) measured over the run; and that model with both processes'
 CPU seconds on the same cores, max(bytes / rate, (sender + receiver CPU s) / cores), which is
-how they run on one machine. With `reader_cores` (bench/transfer/transfer.py --split-cores) the two
+how they run on one machine. With `reader_cores` (python -m bench.transfer.transfer --split-cores) the two
 processes run on cores of their own, as two hosts would: the issue's model is then the one that
 applies, with each side's own cores, and the shared model is set equal to it.
 """

@@ -1,4 +1,4 @@
-"""`bench/coserving/coserving.py --sweep`: harvest at a measured SLO across serving loads.
+"""`python -m bench.coserving.coserving --sweep`: harvest at a measured SLO across serving loads.
 
 Loads: the Azure code trace (prompts x1/16, outputs as in the trace) replayed for --sweep-s
 seconds from trace second 600 (a fifth of the way into a shorter trace) at rates set in the

@@ -4,7 +4,7 @@ The same measurement a serving worker makes at start-up (executors/coserving/pro
 prefill against prompt length, whole and chunked, and decode step time against batch) on a
 model directory of your choice, written to sim/profiles/NAME.json with where and how it was
 measured. On a GPU machine (`ROSE_DEVICE=cuda`, the `gpu` extra) this is how a GPU-kind
-profile for `bench/sim/cluster_sim.py --rollout-profile NAME` is made: measured, not invented.
+profile for `python -m bench.sim.cluster_sim --rollout-profile NAME` is made: measured, not invented.
 
     .venv/bin/python -m bench.sim.engine_profile --model .rose/models/policy --name cpu_policy_new
     ROSE_DEVICE=cuda python -m bench.sim.engine_profile --model /models/qwen3-8b --name h100_qwen3_8b

@@ -62,7 +62,7 @@ def measure_torch(args: Namespace) -> dict:
     model_cfg = json.loads((args.model / "config.json").read_text())
     saved = json.loads(profile.to_json())
     saved.update({
-        "source": (f"measured by bench/sim/engine_profile.py --backend torch (executors/engine/hf_timer.py: "
+        "source": (f"measured by python -m bench.sim.engine_profile --backend torch (executors/engine/hf_timer.py: "
                    f"transformers {_version('transformers')}, torch {torch.__version__}, "
                    "SDPA with native grouped-query heads and no mask, "
                    f"bf16 random weights) on {device} at {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "

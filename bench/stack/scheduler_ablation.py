@@ -1,4 +1,4 @@
-"""Scheduler ablation on the real local stack (`bench/stack/scheduler.py --ablation`).
+"""Scheduler ablation on the real local stack (`python -m bench.stack.scheduler --ablation`).
 
 One rollout worker (rollout-0) plus one lent worker: serving-0 running the co-serving executor
 when executors/coserving/executor.py exists, else a second rollout worker (rollout-1) standing in for
