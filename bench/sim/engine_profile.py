@@ -26,7 +26,8 @@ import platform
 import time
 from pathlib import Path
 
-from sim.profiles import PROFILE_DIR  # noqa: E402
+from bench.lib.results import write_json
+from sim.profiles import PROFILE_DIR
 
 
 def main() -> None:
@@ -58,10 +59,9 @@ def main() -> None:
         from bench.sim.engine_profile_torch import measure_torch
         t0 = time.perf_counter()
         saved = measure_torch(args)
-        args.out.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(saved, indent=1))
+        write_json(out, saved)
         print(json.dumps({k: saved[k] for k in ("graphed_ms", "eager_ms", "errors")}, indent=1))
-        print(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+        print(f"measured in {time.perf_counter() - t0:.0f} s")
         return
 
     from executors.coserving.config import CoServingConfig
@@ -87,9 +87,9 @@ def main() -> None:
         "model": {k: model_cfg.get(k) for k in ("architectures", "hidden_size", "num_hidden_layers",
                                                 "num_attention_heads", "num_key_value_heads",
                                                 "intermediate_size", "vocab_size")}})
-    out.write_text(json.dumps(saved, indent=1))
+    write_json(out, saved)
     print(json.dumps(profile_summary(profile), indent=1))
-    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+    print(f"measured in {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

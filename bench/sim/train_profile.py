@@ -17,7 +17,8 @@ import statistics
 import time
 from pathlib import Path
 
-from sim.profiles import PROFILE_DIR  # noqa: E402
+from bench.lib.results import write_json
+from sim.profiles import PROFILE_DIR
 
 
 def step_seconds(model_dir: Path, device: str, layers: int, tokens: int, repeats: int) -> float:
@@ -78,8 +79,7 @@ def main() -> None:
                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: forward + backward + AdamW, "
                        f"bf16 random weights, {args.tokens} tokens, cut to {few} and {more} layers and "
                        f"fitted to {full_layers}; one GPU, no parallel communication"}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(saved, indent=1) + "\n")
+    write_json(args.out / f"{args.name}.json", saved)
     print(json.dumps(saved, indent=1))
 
 
