@@ -3,7 +3,8 @@
 Each serving worker's load comes from its own metrics (executors/coserving/plugin.coserving_load);
 the choice and the leases are executors/policies/borrow.py's, kept in the stack's lease table
 (rose/stack/serving_leases.py) that every run's driver shares. A worker the run did not hold a
-step ago missed its weight publishes: it loads the rollout's version before it takes turns.
+step ago missed its weight publishes: it loads the rollout's version before it takes turns (as
+does a held one found parked), which wakes a parked rollout engine.
 """
 from __future__ import annotations
 
@@ -32,28 +33,34 @@ def borrow_policy(cfg: RunConfig) -> BorrowPolicy:
     return BorrowPolicy(cfg.borrow.max_serving_workers, cfg.borrow.lease_ttl_s)
 
 
-def serving_loads(client: Client, names: list[str]) -> list[ServingLoad]:
-    """Each serving worker's load; one that does not answer in time counts as fully loaded."""
+def serving_loads(client: Client, names: list[str]) -> tuple[list[ServingLoad], set[str]]:
+    """Each serving worker's load (one that does not answer in time counts as fully loaded), and
+    the workers whose rollout engine is parked."""
     live = running_workers(client)
     futures = {n: client.submit(coserving_load, workers=[live[n]], allow_other_workers=False,
                                 pure=False) for n in names if n in live}
     deadline = time.monotonic() + LOAD_TIMEOUT_S
-    loads = []
+    loads, parked = [], set()
     for name in names:
         try:
             m = fetch_result(futures[name], max(0.1, deadline - time.monotonic()))
             loads.append(ServingLoad(name, m["kv_used"], m["ttft_p99_s"], m["slo_ttft_s"]))
+            if m.get("parked"):
+                parked.add(name)
         except Exception as e:  # noqa: BLE001 - starting, gone, or no executor: chosen last
             log.warning("no serving load from %s (%s): it is chosen last", name, e)
             loads.append(ServingLoad.unknown(name))
-    return loads
+    return loads, parked
 
 
 def borrow_for_step(client: Client, cfg: RunConfig, serving: list[str], version: int) -> Grant:
-    """Lease this step's serving workers to the run; fresh ones load policy `version` first (one
-    that cannot is dropped from the grant, its lease given back, and the note says why)."""
-    grant = stack_leases().grant(cfg.run_id, serving_loads(client, serving), borrow_policy(cfg))
-    failed = claim_engines(client, cfg, grant.fresh, version)
+    """Lease this step's serving workers to the run; fresh ones load policy `version` first, as
+    do held ones found parked (restarted since: a serving worker starts parked). One that cannot
+    is dropped from the grant, its lease given back, and the note says why."""
+    loads, parked = serving_loads(client, serving)
+    grant = stack_leases().grant(cfg.run_id, loads, borrow_policy(cfg))
+    claim = grant.fresh + [w for w in grant.workers if w in parked and w not in grant.fresh]
+    failed = claim_engines(client, cfg, claim, version)
     if failed:
         stack_leases().give_back(cfg.run_id, list(failed))
         grant = grant.without(failed)

@@ -39,7 +39,10 @@ def test_stack_lists_its_serving_endpoint(serving_stack):
     [url] = listed.stdout.split()
     stack = json.loads((data / "stack" / "stack.json").read_text())
     assert stack["endpoints"] == {"serving-0": url}
-    assert url in rose_cli(["status"], env).stdout
+    status = rose_cli(["status"], {**env, "COLUMNS": "250"}).stdout
+    assert url in status
+    # no run holds serving-0 yet: `rose up` parked its rollout engine, and the endpoint serves
+    assert "parked (gave back" in status, status
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     bad = httpx.post(f"{url}/v1/completions", json={"model": model, "prompt": "hi",

@@ -179,8 +179,8 @@ class Done:
 class FakeClient:
     """Workers serving-0/1 (serving-1 busier); each call runs the stand-in function at once."""
 
-    def __init__(self, kv: dict[str, float], sync_fails: tuple[str, ...] = ()) -> None:
-        self.kv, self.sync_fails, self.synced = kv, sync_fails, []
+    def __init__(self, kv: dict[str, float], sync_fails: tuple[str, ...] = (), parked: tuple[str, ...] = ()) -> None:
+        self.kv, self.sync_fails, self.synced, self.parked = kv, sync_fails, [], set(parked)
 
     def scheduler_info(self, n_workers=-1):
         return {"workers": {f"tcp://{n}": {"name": n, "status": "running"} for n in self.kv}}
@@ -189,7 +189,7 @@ class FakeClient:
         worker = workers[0].removeprefix("tcp://")
         if fn.__name__ == "coserving_load":
             return Done(lambda: {"worker": worker, "kv_used": self.kv[worker], "ttft_p99_s": None,
-                                 "slo_ttft_s": 0.5}, (), {})
+                                 "slo_ttft_s": 0.5, "parked": worker in self.parked}, (), {})
 
         def sync(*a, **k):
             if worker in self.sync_fails:
@@ -213,6 +213,33 @@ def test_a_step_borrows_by_load_and_a_fresh_worker_loads_the_runs_version(tmp_pa
     b = borrow_for_step(client, RunConfig(run_id="b"), ["serving-0", "serving-1"], version=1)
     assert b.workers == ["serving-0"] and b.held_elsewhere == {"serving-1": "a"}
     assert stack_leases().held_by("a") == ["serving-1"] and stack_leases().held_by("b") == ["serving-0"]
+
+
+def test_a_held_worker_found_parked_loads_the_runs_version_again(tmp_path, monkeypatch):
+    """A serving worker restarted between steps comes up parked: the run holding it claims it
+    again (its weight sync wakes the engine), or it would sit out the run unused."""
+    from rose.config import RunConfig
+    from tasks.borrow import borrow_for_step
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
+    client = FakeClient({"serving-0": 0.1})
+    a = RunConfig(run_id="a")
+    assert borrow_for_step(client, a, ["serving-0"], version=1).fresh == ["serving-0"]
+    client.parked.add("serving-0")
+    grant = borrow_for_step(client, a, ["serving-0"], version=2)
+    assert grant.workers == ["serving-0"] and grant.fresh == []
+    assert client.synced == [("serving-0", 1), ("serving-0", 2)]
+
+
+def test_a_step_asking_for_more_serving_workers_than_exist_says_so_in_its_summary(tmp_path, monkeypatch):
+    from rose.config import RunConfig
+    from tasks.borrow import borrow_for_step
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
+    client = FakeClient({"serving-0": 0.1})
+    grant = borrow_for_step(client, RunConfig(run_id="a", borrow={"max_serving_workers": 3}), ["serving-0"], 1)
+    assert grant.as_dict()["workers"] == ["serving-0"]
+    assert grant.as_dict()["note"] == "asked for 3 serving workers, 1 exist: borrowing what there is"
 
 
 def test_a_fresh_worker_that_cannot_load_the_version_is_given_back(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ def test_coserving_settings_reach_every_serving_worker(tmp_path):
     plugin = coserving_plugin(cfg.models, cfg.stack)
     assert {k: plugin.config[k] for k in ("mode", "kv_blocks", "reserve_fraction", "lease_s")} == \
         {"mode": "prefix", "kv_blocks": 200, "reserve_fraction": 0.3, "lease_s": 5.0}
+    assert plugin.start_parked  # no run holds a serving worker at `rose up`: its rollout engine parks
     # what the plugin builds on the serving worker (executors/coserving/plugin.py setup)
     from executors.coserving.config import CoServingConfig
 

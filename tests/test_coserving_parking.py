@@ -137,3 +137,27 @@ def test_plugin_parks_on_detach_where_configured_and_forgets_the_runs_weights(tm
     assert ex.park_state()["parked"] is park_when_idle
     assert forgot == ([1] if park_when_idle else [])  # the next borrower's sync loads in full
     assert plugin.weights_digest == ("" if park_when_idle else "abc")
+
+
+@pytest.mark.parametrize("start_parked, park_when_idle, parked", [(True, True, True), (True, False, False),
+                                                                   (False, True, False)])
+def test_a_stack_serving_worker_starts_parked_and_its_first_weights_wake_it(tmp_path, monkeypatch, start_parked,
+                                                                           park_when_idle, parked):
+    """`rose up`'s plugin (start_parked) parks the rollout engine it built, where park_when_idle
+    says so: no run holds the worker yet; a borrower's first weight load wakes it."""
+    import executors.coserving.executor as executor_module
+    import executors.engine.preload as preload
+
+    ex = executor(tmp_path, monkeypatch, park_when_idle=park_when_idle)
+    ex.rollout.live.clear()
+    monkeypatch.setattr(preload, "wait_for_engine_import", lambda: None)
+    monkeypatch.setattr(executor_module, "CoServingConfig", lambda *a, **k: ex.cfg)
+    monkeypatch.setattr(executor_module, "CoServingExecutor", lambda cfg, worker: ex)
+    plugin = CoServingPlugin(tmp_path, tmp_path, endpoint=False, start_parked=start_parked)
+    plugin.setup(SimpleNamespace(name="serving-0", state=SimpleNamespace(total_resources={"serving_gpu": 1})))
+    assert plugin.executor is ex and ex.park_state()["parked"] is parked
+    assert (ex.rollout is None) is parked and ex.admitting() is not parked  # no turn comes to a parked one
+    if parked:
+        assert ex.park_state()["pages_given_back"] == 50  # serving's KV pool whole from the start
+        ex.load_rollout_weights(1, {"model.embed_tokens.weight": torch.ones(2, 2)})
+        assert not ex.park_state()["parked"] and ex.park_state()["wakes"] == 1 and ex.rollout.version == 1

@@ -3,7 +3,8 @@ scheduler submits to serving workers, pinned by worker name.
 
 A serving worker is a co-serving worker from the start: the plugin is registered when the
 stack comes up (`rose up`, rose/stack/serving.py), builds the serving and rollout engines and
-opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains.
+opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains. The
+rollout engine is parked until a run borrows the worker (parking.py: no run holds it yet).
 A training run borrows the rollout side (weights pulled by executors/workers/weight_sync.py,
 turns routed by executors/scheduling/) and detaches it when it ends; serving never stops.
 executors/workers/rollout_worker.generate_turns dispatches here on workers holding this
@@ -32,9 +33,13 @@ class CoServingPlugin(WorkerPlugin):
 
     def __init__(self, serving_model_dir: str | Path, rollout_model_dir: str | Path,
                  endpoint: bool = True, api_keys: tuple[str, ...] = (),
-                 open_paths: tuple[str, ...] | None = None, **config) -> None:
+                 open_paths: tuple[str, ...] | None = None, start_parked: bool = False, **config) -> None:
         self.serving_model_dir, self.rollout_model_dir = str(serving_model_dir), str(rollout_model_dir)
         self.endpoint = endpoint
+        # the stack's serving workers: no run holds one when it starts (or restarts), so its
+        # rollout engine parks at once where `park_when_idle` is on; the first borrower's weight
+        # sync wakes it. Off for callers that drive the rollout engine without a weight sync.
+        self.start_parked = start_parked
         # the endpoint's API keys (executors/coserving/endpoint/api_keys.py); never logged
         self.api_keys, self.open_paths = tuple(api_keys), open_paths
         self.config = dict(config)  # CoServingConfig fields (mode, slo, kv_blocks, ...)
@@ -58,6 +63,8 @@ class CoServingPlugin(WorkerPlugin):
 
         cfg = CoServingConfig(Path(self.serving_model_dir), Path(self.rollout_model_dir), **self.config)
         self.executor = CoServingExecutor(cfg, worker=worker.name)
+        if self.start_parked:
+            self.park()  # before the endpoint opens: serving has the whole KV pool from its first user
         if self.endpoint:
             from executors.coserving.endpoint.app import start_endpoint
 
@@ -224,7 +231,8 @@ def coserving_state() -> dict:
 def coserving_load() -> dict:
     """Runs on a serving worker: its serving load for the borrowing policy
     (executors/policies/borrow.py): KV use by serving now, and TTFT P99 over the recent
-    requests (the executor's usage window) against the SLO."""
+    requests (the executor's usage window) against the SLO; and whether its rollout engine is
+    parked (a borrower's weight sync wakes it)."""
     import numpy as np
 
     ex = _plugin().executor
@@ -232,7 +240,7 @@ def coserving_load() -> dict:
     recent = [r.ttft_s for r in ex.served_since(time.monotonic() - ex.cfg.usage_window_s) if r.ok]
     return {"worker": get_worker().name, "kv_used": m["serving"]["used_blocks"] / max(1, ex.total),
             "ttft_p99_s": float(np.percentile(recent, 99)) if recent else None,
-            "slo_ttft_s": m["slo"]["ttft_s"]}
+            "slo_ttft_s": m["slo"]["ttft_s"], "parked": m["park"]["parked"]}
 
 
 def serving_endpoint(dask_worker=None) -> str | None:
