@@ -42,7 +42,7 @@ def step_table(summaries: list[dict], title: str = "ROSE: RL steps") -> Table:
 
 def serving_users_table(users, summaries: list[dict], alone=None,
                         first_s: float = 60.0, slo_note: str | None = None) -> tuple[Table, dict]:
-    """What the serving users saw (rose.serve.background.BackgroundReplay), against the serving
+    """What the serving users saw (replay.background.BackgroundReplay), against the serving
     workers' own SLO: with `alone` (the same traffic's first `first_s` seconds replayed before
     the run, nothing training) also those same requests while lent, side by side; and the
     share of rollout tokens the serving workers produced. The table and its figures."""

@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rose.stack.dask_security import DaskScheduler
+from coordination.dask_security import DaskScheduler
 from sim.cluster import ClusterSim
 from sim.config import CONFIGS, SimConfig
 from sim.fleet import load_fleet, sweep_settings
@@ -124,7 +124,7 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
 
 def stack_scheduler() -> DaskScheduler | None:
     """The local stack's scheduler (TLS to a cluster's as recorded) when one runs, else None."""
-    from rose.config import stack_dir
+    from core.config import stack_dir
     from rose.stack.local_stack import load_stack
 
     handle = load_stack(stack_dir())

@@ -6,7 +6,7 @@ share the rollout and trainer workers, and each RL step's two phases take permit
   train phase (train + publish)      `rose-group-NAME-train`
 
 A run waits for its turn on the pool (executors/policies/coexec_group.PhaseTurns: strict
-round robin within the group, kept in the stack's table, rose/stack/coexec_groups.py), then for
+round robin within the group, kept in the stack's table, coordination/coexec_groups.py), then for
 the permit; so run A rolls out while run B trains. The rollout driver runs on the trainer worker
 by name, not by its one `train_gpu` resource (which another run's train phase holds meanwhile).
 Another run's weights stay in each worker's host memory while one run holds the engine
@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from executors.policies.coexec_group import ROLLOUT, TRAIN, CoexecGroupError, Placement, PoolLimits, RunProfile
-from rose.config import RunConfig, stack_dir
-from rose.stack.coexec_groups import CoexecGroups
+from core.config import RunConfig, stack_dir
+from coordination.coexec_groups import CoexecGroups
 
 POOLS = (ROLLOUT, TRAIN)
 log = logging.getLogger(__name__)

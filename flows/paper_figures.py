@@ -26,7 +26,7 @@ from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.cluster_sim import stack_scheduler
-from rose.stack.dask_security import DaskScheduler
+from coordination.dask_security import DaskScheduler
 from sim.config import SimConfig
 from sim.paper_report import report, report_32b
 from sim.timed_run import simulate

@@ -22,7 +22,7 @@ from dashboards.artifacts import publish_step_artifacts
 from dashboards.events import emit
 from flows.coexec import ROLLOUT, TRAIN, active, phase_permit, record_step as record_phase_times
 from flows.pipeline import StepGates, active_gates, rollout_version
-from rose.config import RunConfig, data_dir
+from core.config import RunConfig, data_dir
 from storage.metrics.record import record_step
 from storage.trajectories.dataset import PART, TrajectoryStore
 from tasks.publish import publish

@@ -1,6 +1,6 @@
 """The `serving-replay` deployment: replay a window of a serving trace against endpoints.
 
-Wraps rose/serve/replay_job.py (the same code as `rose serve replay`); the request form is a
+Wraps replay/job.py (the same code as `rose serve replay`); the request form is a
 pydantic model, so the Prefect UI validates it, and the TTFT/TPOT percentiles and SLO
 attainment become a table artifact.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from rose.serve.replay_job import ReplayJob
+from replay.job import ReplayJob
 
 
 def summary_rows(summary: dict) -> list[dict]:
@@ -28,7 +28,7 @@ def serving_replay(request: ReplayJob) -> dict:
     from prefect.artifacts import create_table_artifact
     from rich.console import Console
 
-    from rose.serve.replay_job import run_replay
+    from replay.job import run_replay
 
     summary = run_replay(request, Console(width=120))
     create_table_artifact(summary_rows(summary), key="serving-replay",

@@ -24,11 +24,11 @@ from executors.workers.rollout_worker import RolloutWorkerPlugin
 from executors.workers.trainer import TrainerPlugin, trainer_version
 from flows.pipeline import run_pipelined
 from flows.rl_step import rl_step
-from rose.config import RunConfig
-from rose.stack.dask_security import DaskScheduler
-from rose.stack.run_lease import RunLease, driving
-from rose.stack.serving import start_serving
-from rose.stack.serving_leases import borrowing
+from core.config import RunConfig
+from coordination.dask_security import DaskScheduler
+from coordination.run_lease import RunLease, driving
+from executors.coserving.registration import start_serving
+from coordination.serving_leases import borrowing
 from storage.atomic import write_atomic
 from tasks.borrow import stack_leases
 from tasks.publish import publish_and_sync
@@ -43,7 +43,7 @@ def dask_scheduler(cfg: RunConfig) -> DaskScheduler:
     `rose up`, with the TLS files it recorded)."""
     if cfg.stack.dask_scheduler:
         return DaskScheduler(cfg.stack.dask_scheduler, cfg.stack.dask_tls)
-    from rose.config import stack_dir
+    from core.config import stack_dir
     from rose.stack.local_stack import load_stack
 
     handle = load_stack(stack_dir())
@@ -78,7 +78,7 @@ def detach_serving(scheduler: DaskScheduler, run: str) -> None:
     """The run is over: the serving workers it holds stop lending their rollout side (serving
     goes on; those another run holds go on lending to it)."""
     from executors.coserving.plugin import detach_coserving
-    from rose.stack.serving import serving_workers
+    from executors.coserving.registration import serving_workers
 
     held = set(stack_leases().held_by(run))
     with scheduler.client() as client:

@@ -14,9 +14,9 @@ from dashboards.web.links import DEFAULT_PORT, page_url
 from rose.cli_cluster import cluster_app
 from rose.cli_config import config_app
 from rose.cli_errors import clear_errors, console, err_console
-from rose.config import stack_dir
+from core.config import stack_dir
 from rose.config_file import load_run_config
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 
 app = typer.Typer(help="ROSE: agentic RL post-training on borrowed serving GPUs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -74,9 +74,9 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
 @clear_errors
 def down() -> None:
     """Stop every process of the stack; checks that none is left."""
-    from rose.stack.coexec_groups import CoexecGroups
+    from coordination.coexec_groups import CoexecGroups
     from rose.stack.local_stack import stop_stack
-    from rose.stack.serving_leases import ServingLeases
+    from coordination.serving_leases import ServingLeases
 
     stopped = stop_stack(stack_dir())
     ServingLeases(stack_dir()).release()  # no run holds a serving worker of a stopped stack
@@ -145,7 +145,7 @@ def demo(steps: int = typer.Option(5, help="RL steps."),
     """Build the tiny models, start the stack (a rollout and a serving worker), train a few steps
     while a replay of the code trace drives the serving endpoint; print both sides."""
     from rose.launch import default_run_id, run_training
-    from rose.serve.background import BackgroundTraffic
+    from replay.background import BackgroundTraffic
 
     cfg = load_run_config(config, {"steps": steps, "stack": {"serving_workers": serving_workers}})
     cfg.run_id = default_run_id("demo")
@@ -169,7 +169,7 @@ def query(sql: str = typer.Argument(..., help="SQL over the views `turns` (one r
 def dashboard(port: int = typer.Option(DEFAULT_PORT, help="Port on 127.0.0.1.")) -> None:
     """Browser dashboards, live while a run trains: runs, serving SLOs, routing, transfer."""
     from dashboards.web.app import serve
-    from rose.config import data_dir
+    from core.config import data_dir
     from rose.stack.ports import ensure_free
 
     console.print(f"dashboards on {page_url(port=ensure_free(port))} (also /serving, /routing, "
@@ -268,8 +268,8 @@ def serve_replay(
         max_model_len: Optional[int] = typer.Option(None, help="Context to clamp to (default: endpoint's)."),
         out: Path = typer.Option(Path("replay-results"), help="Output directory.")) -> None:
     """Replay a window of a serving trace (EOS ignored, synthetic prompts); TTFT/TPOT per request."""
-    from rose.serve.replay_job import ReplayJob, run_replay
-    from rose.serve.trace import DEFAULT_TRACE
+    from replay.job import ReplayJob, run_replay
+    from core.trace import DEFAULT_TRACE
 
     job = ReplayJob(endpoints=endpoint or _stack_endpoints(), trace=trace or DEFAULT_TRACE,
                     start_s=start, duration_s=duration, around_peak=around_peak,

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from rose.config_file import ConfigError, describe
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 
 F = TypeVar("F", bound=Callable)
 # Wide enough for the step table when piped (CI logs, `make demo | tee`).

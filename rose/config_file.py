@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
-from rose.config import MOVED_KEYS, RunConfig, data_dir, move_keys
+from core.config import MOVED_KEYS, RunConfig, data_dir, move_keys
 
 
 class ConfigError(ValueError):

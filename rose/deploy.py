@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.process import ManagedProcess, ProcessRecord, read_records, venv_binary
 
 POOL = "rose-process"
@@ -100,7 +100,7 @@ def start_worker(run_dir: Path, env: dict[str, str], timeout: float = 120.0) -> 
 
 def deploy(cfg, console) -> Deployed:
     """Stack (reused or started) -> pool -> deployments -> worker (reused if alive)."""
-    from rose.config import stack_dir
+    from core.config import stack_dir
     from rose.launch import ensure_stack
     from rose.stack.local_stack import stack_env
 

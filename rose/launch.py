@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rose.config import RunConfig, data_dir, stack_dir
+from core.config import RunConfig, data_dir, stack_dir
 from rose.config_file import ConfigError
 from storage.atomic import write_atomic
 
@@ -46,7 +46,7 @@ def ensure_serving(handle, cfg: RunConfig, console: Console) -> dict[str, str]:
     """Serving workers co-serve from the start: their engines and endpoints come up with the
     stack (a no-op when they already run); the endpoint URLs go into the stack file."""
     from rose.stack.local_stack import update_stack
-    from rose.stack.serving import serving_workers, start_serving
+    from executors.coserving.registration import serving_workers, start_serving
 
     with handle.scheduler().client() as client:
         if not serving_workers(client):
@@ -88,9 +88,9 @@ def check_trainer_layout(cfg: RunConfig) -> None:
 
 def run_training(cfg: RunConfig, console: Console | None = None, live: bool = True,
                  traffic=None) -> list[dict]:
-    """Models, stack, then the run. With `traffic` (rose.serve.background.BackgroundTraffic) and
+    """Models, stack, then the run. With `traffic` (replay.background.BackgroundTraffic) and
     serving workers, a background replay drives their endpoints while the run trains."""
-    from rose.stack.run_lease import driving
+    from coordination.run_lease import driving
 
     console = console or Console()
     with driving(cfg.run_dir(), cfg.run_id):  # refused now, not after the stack and models
@@ -108,7 +108,7 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
 
     from dashboards.progress import admission_table, live_progress, serving_users_table, step_table
     from flows.train import train
-    from rose.serve.background import BackgroundReplay
+    from replay.background import BackgroundReplay
 
     users = alone = slo_note = None
     if traffic is not None and handle.endpoints:
@@ -153,7 +153,7 @@ def derive_run_slo(handle, alone, console: Console):
     (slo_from_serving_alone over the reference replay's requests; the profile's SLO is the
     floor); the derivation is printed and goes into /metrics as the SLO's source."""
     from executors.policies.slo_admission import slo_from_serving_alone
-    from rose.stack.serving import current_slo, hold_serving_slo
+    from executors.coserving.registration import current_slo, hold_serving_slo
 
     ok = [r for r in alone.records if r.ok]
     with handle.scheduler().client() as client:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from rose.config import RunConfig, data_dir
+from core.config import RunConfig, data_dir
 from rose.config_file import ConfigError
 
 
@@ -53,7 +53,7 @@ def resume(run_id: str, steps: int | None = None, console=None) -> list[dict]:
     from rich.console import Console
 
     from rose.launch import run_training
-    from rose.stack.run_lease import driving
+    from coordination.run_lease import driving
 
     console = console or Console()
     cfg = saved_run_config(run_id, steps)

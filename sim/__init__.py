@@ -4,7 +4,7 @@ Engines are replaced by latency models (executors/policies/latency_profile.py cu
 router, load index, dual-SLO admission, step planning, KV memory policy and stall rule are the
 very objects the workers run, imported from executors.policies.
 
-May import: executors.policies (the plain-Python policies), rose.serve.trace (the serving
+May import: executors.policies (the plain-Python policies), core.trace (the serving
 trace), storage.trajectories (to fit workloads from the Arrow data), numpy/pyarrow/duckdb.
 Never: vLLM, torch, Dask (distributed), Prefect, Mooncake, web servers, or the executor layers
 that wrap engines and networks (executors.engine/coserving/scheduling/workers). Checked by

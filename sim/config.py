@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rose.modes import ROUTING_MODES
+from core.modes import ROUTING_MODES
 
 CONFIGS = ("fixed", "rose", "slo_unaware", "static", "elastic")
 ALGORITHMS = ("grpo", "dapo")

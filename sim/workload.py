@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose.serve.trace import DEFAULT_TRACE, load_trace
+from core.trace import DEFAULT_TRACE, load_trace
 
 QUANTILES = [i / 20 for i in range(21)]
 WORKLOAD_FILE = Path(__file__).resolve().parent / "profiles" / "workload_frozenlake.json"

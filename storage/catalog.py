@@ -13,8 +13,8 @@ import pyarrow as pa
 from storage.metrics.store import METRICS_DIR, StepMetricsStore
 from storage.trajectories.dataset import TrajectoryStore, run_sql
 
-TRAJECTORIES_DIR = "trajectories"  # as rose.config.RunConfig.trajectories_dir()
-RUNS_DIR = "runs"  # as rose.config.RunConfig.run_dir(): <data>/runs/<run>
+TRAJECTORIES_DIR = "trajectories"  # as core.config.RunConfig.trajectories_dir()
+RUNS_DIR = "runs"  # as core.config.RunConfig.run_dir(): <data>/runs/<run>
 VIEWS = ("turns", "steps", "serving", "kv_timeline", "transfer")
 # storage/weights/transfer_metrics.SCHEMA (not imported: it pulls in torch), for the empty view
 _TRANSFER_COLUMNS = (

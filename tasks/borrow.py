@@ -2,7 +2,7 @@
 
 Each serving worker's load comes from its own metrics (executors/coserving/plugin.coserving_load);
 the choice and the leases are executors/policies/borrow.py's, kept in the stack's lease table
-(rose/stack/serving_leases.py) that every run's driver shares. A worker the run did not hold a
+(coordination/serving_leases.py) that every run's driver shares. A worker the run did not hold a
 step ago missed its weight publishes: it loads the rollout's version before it takes turns (as
 does a held one found parked), which wakes a parked rollout engine.
 """
@@ -17,8 +17,8 @@ from executors.coserving.plugin import coserving_load
 from executors.policies.borrow import BorrowPolicy, Grant, ServingLoad
 from executors.workers.pinned import fetch_result, running_workers
 from executors.workers.weight_sync import sync_weights
-from rose.config import RunConfig, stack_dir
-from rose.stack.serving_leases import ServingLeases
+from core.config import RunConfig, stack_dir
+from coordination.serving_leases import ServingLeases
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 10.0  # a metrics answer is a small dict (ms) on a live worker

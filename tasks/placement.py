@@ -4,7 +4,7 @@ from __future__ import annotations
 from distributed import Client
 
 from executors.policies.hw_affinity import STANDARD_CLASS, HwAffinity
-from rose.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE
+from core.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE
 
 
 def workers_by_kind(client: Client) -> dict[str, str]:

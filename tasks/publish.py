@@ -43,7 +43,7 @@ from executors.workers.publishers import (
 )
 from executors.workers.trainer import local_trainer
 from executors.workers.weight_sync import start_pulls, wait_versions
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.weights.transfer_metrics import worker_reasons, write_transfer_metrics
 from storage.relay.pool import shared_relay
 from storage.shards.plan import assemble

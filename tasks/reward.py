@@ -6,8 +6,8 @@ import time
 import torch
 from prefect import task
 
-from rose.config import RunConfig
-from rose.grpo import group_advantages
+from core.config import RunConfig
+from core.grpo import group_advantages
 from storage.trajectories.dataset import TrajectoryStore
 from tasks.caching import STEP_CACHE
 from tasks.rollout import require_reward_pool, reward_service, score_rows

@@ -21,7 +21,7 @@ from executors.scheduling.scheduler import RolloutScheduler
 from executors.coserving.plugin import start_coserving_step
 from executors.workers.pinned import running_workers
 from executors.workers.weight_sync import sync_weights
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.atomic import write_atomic
 from storage.trajectories.dataset import TrajectoryStore
 from storage.trajectories.schema import trajectory_id
@@ -49,7 +49,7 @@ def group_factory(cfg: RunConfig, step: int, policy_version: int,
     with `hosts`, each trajectory's environment lives on an environment worker."""
     from transformers import AutoTokenizer
 
-    from rose.models.chat import ChatTokens
+    from core.chat import ChatTokens
 
     chat = ChatTokens(AutoTokenizer.from_pretrained(cfg.models.policy_path()))
     r = cfg.rollout
@@ -74,7 +74,7 @@ def reward_service(client, cfg: RunConfig, step: int) -> RewardService:
 
 def reward_pool_state() -> dict | None:
     """The stack's reward pool controller's record (None: the stack has no reward pool)."""
-    from rose.config import stack_dir
+    from core.config import stack_dir
     from rose.stack.reward_pool import read_pool_state
 
     return read_pool_state(stack_dir())

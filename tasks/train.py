@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from executors.workers.trainer import local_trainer
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.atomic import write_atomic
 from storage.checkpoints import checkpoint_steps
 from storage.trajectories.dataset import TrajectoryStore

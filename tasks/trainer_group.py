@@ -15,7 +15,7 @@ from typing import Any
 from distributed import Client
 
 from executors.workers.train_group import held_group, join_group, rendezvous_point
-from rose.config import RunConfig
+from core.config import RunConfig
 from tasks.placement import require, workers_by_kind
 
 

@@ -81,7 +81,7 @@ async def _flood(url: str, model: str, vocab: int, clients: int, max_tokens: int
 def flood(scheduler: str, worker: str, url: str, clients: int = 1000, max_tokens: int = 16,
           timeout_s: float = 120.0) -> dict:
     """`clients` streaming completions at once on `url`; a summary of what they got."""
-    from rose.serve.replay_job import endpoint_model
+    from replay.job import endpoint_model
 
     model = endpoint_model(url)
     slo, pid = _slo_and_pid(scheduler, worker)

@@ -1,4 +1,4 @@
-"""Serving users during a chaos run: the code-trace replay (rose/serve/background.py) against
+"""Serving users during a chaos run: the code-trace replay (replay/background.py) against
 the stack's endpoints while the run trains, and what the clients saw: requests that failed,
 split into those in flight when the fault struck and those sent after it."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ class ServingLoad:
     """`with ServingLoad(bed): train...`; then `report(fault_at)`."""
 
     def __init__(self, bed: Bed) -> None:
-        from rose.serve.background import BackgroundReplay, BackgroundTraffic
+        from replay.background import BackgroundReplay, BackgroundTraffic
 
         endpoints = list(bed.stack().get("endpoints", {}).values())
         # denser than the demo's replay (sample 1.0, not 0.25): a short run must have requests
@@ -95,7 +95,7 @@ class InFlightProbes:
     def __init__(self, url: str, n: int = 4, max_tokens: int = 1500) -> None:
         import threading
 
-        from rose.serve.replay_job import endpoint_model
+        from replay.job import endpoint_model
 
         self.url, self.model = url.rstrip("/"), endpoint_model(url)["id"]
         self.max_tokens = max_tokens

@@ -189,7 +189,7 @@ def weights_check(bed: Bed) -> dict:
 
     from storage.weights.digest import tensors_digest
     from executors.workers.trainer import Trainer
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from storage.checkpoints import load_latest_checkpoint
     from storage.trajectories.dataset import TrajectoryStore
 

@@ -45,7 +45,7 @@ def step_turns(step: int, trainer_version: int, n: int = 6) -> pa.Table:
 def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> None:
     from executors.training.megatron_trainer import MegatronTrainer
     from executors.training.process_group import join, leave
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     cfg = RunConfig.model_validate_json(cfg_json)
     os.environ["ROSE_DATA_DIR"] = os.path.join(out, "data")
@@ -64,7 +64,7 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
     """Train `steps` (resuming whatever checkpoint the run holds), checkpoint, save stats."""
     from executors.training.megatron_trainer import MegatronTrainer
     from executors.training.process_group import join, leave
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     cfg = RunConfig.model_validate_json(cfg_json)
     torch.set_num_threads(1)
@@ -86,7 +86,7 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
 def runs_rank(rank: int, runs: list[tuple[str, str, int, str, int, str]]) -> None:
     """(rank function name, config, port, out, steps, ROSE_DATA_DIR) runs in turn, each joining
     and leaving a group of its config's layout; a rank outside a run's world sits it out."""
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     for fn, cfg_json, port, out, steps, data_dir in runs:
         if rank < RunConfig.model_validate_json(cfg_json).train.parallel.world:

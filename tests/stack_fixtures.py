@@ -23,7 +23,7 @@ _BACKGROUND_BUILD: list[tuple[subprocess.Popen, Path]] = []  # (build process, i
 
 def build_models_into(root: str | Path) -> None:
     """The product's model build, into root/policy and root/serving (skipped when built)."""
-    from rose.config import ModelsConfig
+    from core.config import ModelsConfig
     from rose.models.build import build_models
 
     root = Path(root)
@@ -106,7 +106,7 @@ def in_process_stack(tmp_path_factory, name: str, stopped: list | None = None,
     stopped (what stop_stack stopped goes into `stopped`) and the environment restored."""
     old = dict(os.environ)
     os.environ["ROSE_DATA_DIR"] = str(new_data_dir(tmp_path_factory, name))
-    from rose.config import StackConfig, stack_dir
+    from core.config import StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
     handle = start_stack(config or StackConfig(rollout_workers=1), stack_dir())
@@ -137,7 +137,7 @@ class SharedStack:
 
     def start(self) -> Any:
         if self.handle is None:
-            from rose.config import StackConfig
+            from core.config import StackConfig
 
             self._exit = ExitStack()
             self.handle = self._exit.enter_context(in_process_stack(

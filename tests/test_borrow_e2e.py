@@ -93,9 +93,9 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
-    from rose.grpo import assemble_trajectory
-    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from core.config import RolloutConfig, RunConfig
+    from core.grpo import assemble_trajectory
+    from replay.background import BackgroundReplay, BackgroundTraffic
     from rose.stack.local_stack import apply_env, read_stack, stack_env
     from storage.trajectories.dataset import TrajectoryStore
     from tasks.borrow import claim_engines
@@ -247,9 +247,9 @@ def test_two_runs_share_one_serving_worker_and_stay_apart(serving_stack):
 
     from executors.workers.rollout_worker import worker_state
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
-    from rose.grpo import assemble_trajectory
-    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from core.config import RolloutConfig, RunConfig
+    from core.grpo import assemble_trajectory
+    from replay.background import BackgroundReplay, BackgroundTraffic
     from rose.stack.local_stack import apply_env, read_stack, stack_env
     from storage.trajectories.dataset import TrajectoryStore
 

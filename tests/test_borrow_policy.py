@@ -1,5 +1,5 @@
 """The borrowing policy (executors/policies/borrow.py) and the stack's serving leases
-(rose/stack/serving_leases.py): choice by serving load, one run per worker, cap, expiry,
+(coordination/serving_leases.py): choice by serving load, one run per worker, cap, expiry,
 release, and the note a run's step summary carries."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from executors.policies.borrow import BorrowPolicy, LeaseTable, ServingLoad
-from rose.stack.serving_leases import LEASES_FILE, ServingLeases, borrowing
+from coordination.serving_leases import LEASES_FILE, ServingLeases, borrowing
 
 ALL = BorrowPolicy()
 
@@ -104,7 +104,7 @@ def test_policy_refuses_bad_settings(bad):
 def test_run_config_refuses_a_cap_below_one_in_one_line():
     from pydantic import ValidationError
 
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     assert RunConfig(borrow={"max_serving_workers": 2}).borrow.max_serving_workers == 2
     with pytest.raises(ValidationError, match="must be >= 1 or unset") as e:
@@ -200,7 +200,7 @@ class FakeClient:
 
 
 def test_a_step_borrows_by_load_and_a_fresh_worker_loads_the_runs_version(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.borrow import borrow_for_step, stack_leases
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
@@ -218,7 +218,7 @@ def test_a_step_borrows_by_load_and_a_fresh_worker_loads_the_runs_version(tmp_pa
 def test_a_held_worker_found_parked_loads_the_runs_version_again(tmp_path, monkeypatch):
     """A serving worker restarted between steps comes up parked: the run holding it claims it
     again (its weight sync wakes the engine), or it would sit out the run unused."""
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.borrow import borrow_for_step
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
@@ -232,7 +232,7 @@ def test_a_held_worker_found_parked_loads_the_runs_version_again(tmp_path, monke
 
 
 def test_a_step_asking_for_more_serving_workers_than_exist_says_so_in_its_summary(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.borrow import borrow_for_step
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
@@ -243,7 +243,7 @@ def test_a_step_asking_for_more_serving_workers_than_exist_says_so_in_its_summar
 
 
 def test_a_fresh_worker_that_cannot_load_the_version_is_given_back(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.borrow import borrow_for_step, stack_leases
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))

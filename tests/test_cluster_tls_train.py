@@ -41,7 +41,7 @@ def _answers(url: str, headers: dict[str, str] | None = None) -> int:
 
 
 def test_a_tls_cluster_with_prefect_auth_trains_two_steps(tmp_path_factory):
-    from rose.config import RolloutConfig, RunConfig, stack_dir
+    from core.config import RolloutConfig, RunConfig, stack_dir
     from rose.stack.dask_cluster import worker_command, worker_env, worker_specs
     from rose.stack.ports import LOCALHOST, free_port
     from rose.stack.prefect_server import launch_prefect_server, prefect_env

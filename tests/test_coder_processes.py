@@ -178,7 +178,7 @@ def test_an_arena_is_held_until_its_last_view_goes_then_reused(tmp_path):
 
 def test_the_trainer_takes_its_snapshot_into_an_arena_bit_for_bit(tmp_path, monkeypatch):
     from executors.workers.trainer import Trainer
-    from rose.config import ModelsConfig, RunConfig
+    from core.config import ModelsConfig, RunConfig
     from test_tis import _tiny_policy
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
@@ -229,7 +229,7 @@ def test_a_dask_worker_process_runs_coder_processes(tmp_path):
 def test_coder_processes_is_checked():
     from pydantic import ValidationError
 
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     with pytest.raises(ValidationError, match="coder_processes"):
         RunConfig(publish={"coder_processes": -1})

@@ -31,7 +31,7 @@ def test_two_runs_in_a_group_take_turns_one_rolling_out_while_the_other_trains(s
 
     from flows.coexec import limit_name
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
+    from core.config import RolloutConfig, RunConfig
     from storage.trajectories.dataset import TrajectoryStore
 
     tag = uuid.uuid4().hex[:6]
@@ -75,7 +75,7 @@ def test_two_runs_in_a_group_take_turns_one_rolling_out_while_the_other_trains(s
 def test_a_run_that_cannot_fit_is_refused_naming_it_and_the_memory(stack):
     from executors.policies.coexec_group import CoexecGroupError
     from flows.train import train
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     cfg = RunConfig(run_id=f"huge-{uuid.uuid4().hex[:6]}", steps=1,
                     coexec={"group": "tiny", "host_memory_gib": 0.001})  # 1 MiB: not even its weights

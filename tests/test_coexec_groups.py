@@ -1,4 +1,4 @@
-"""The stack's co-execution group table (rose/stack/coexec_groups.py): admission through the
+"""The stack's co-execution group table (coordination/coexec_groups.py): admission through the
 policy, a refused run in a group of its own, a run that cannot fit anywhere named with the memory,
 phase turns shared through the file, silent members dropped, measured phase times kept."""
 import time
@@ -7,8 +7,8 @@ import pytest
 
 from executors.policies.coexec_group import ROLLOUT, TRAIN, CoexecGroupError, PoolLimits, RunProfile
 from flows.coexec import parked_bytes, run_shape
-from rose.config import RunConfig
-from rose.stack.coexec_groups import CoexecGroups
+from core.config import RunConfig
+from coordination.coexec_groups import CoexecGroups
 
 GIB = 2**30
 ROOM = PoolLimits(4 * GIB, 4 * GIB)

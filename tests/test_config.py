@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rose.config import RunConfig, SchedulerConfig
+from core.config import RunConfig, SchedulerConfig
 from rose.config_file import ConfigError, load_run_config
 
 
@@ -30,7 +30,7 @@ def test_a_moved_key_still_loads_at_its_new_place(tmp_path):
 
 
 def test_coserving_settings_reach_every_serving_worker(tmp_path):
-    from rose.stack.serving import coserving_plugin
+    from executors.coserving.registration import coserving_plugin
 
     cfg = load_run_config(_write(tmp_path, "stack:\n  serving_mode: prefix\n"
                                            "  coserving: {kv_blocks: 200, reserve_fraction: 0.3, lease_s: 5}\n"))
@@ -114,6 +114,6 @@ def test_the_config_offers_exactly_the_registered_environments():
     from typing import get_args
 
     from envs.registry import ENVS
-    from rose.config import RolloutConfig
+    from core.config import RolloutConfig
 
     assert set(get_args(RolloutConfig.model_fields["env"].annotation)) == set(ENVS)

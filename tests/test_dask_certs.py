@@ -15,11 +15,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 from typer.testing import CliRunner
 
-from rose.config import DaskTLS
+from core.config import DaskTLS
 from rose.config_file import ConfigError, load_run_config
 from rose.stack.certs import ROLES, CertFiles, make_certs
-from rose.stack.dask_security import DaskScheduler, security
-from rose.stack.errors import StackError
+from coordination.dask_security import DaskScheduler, security
+from coordination.errors import StackError
 
 SERVER, CLIENT = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from rose.config import DaskTLS
+from core.config import DaskTLS
 from rose.stack.certs import CertFiles, make_certs
 from rose.stack.dask_cluster import check_workers
-from rose.stack.dask_security import DaskScheduler
-from rose.stack.errors import StackError
+from coordination.dask_security import DaskScheduler
+from coordination.errors import StackError
 from rose.stack.ports import LOCALHOST, free_port
 
 DASK = str(Path(sys.executable).with_name("dask"))

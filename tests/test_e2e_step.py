@@ -26,8 +26,8 @@ def test_one_rl_step_end_to_end(stack):
     from storage.weights.digest import tensors_digest
     from executors.workers.trainer import local_trainer
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
-    from rose.grpo import assemble_trajectory
+    from core.config import RolloutConfig, RunConfig
+    from core.grpo import assemble_trajectory
     from storage.trajectories.dataset import TrajectoryStore
     from storage.trajectories.schema import TURN_SCHEMA
 

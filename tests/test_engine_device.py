@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from executors.engine.device import DeviceSpec, engine_setup
-from rose.config import StackConfig
+from core.config import StackConfig
 from rose.stack.dask_cluster import worker_env, worker_specs
 
 CPU_ONLY = ("VLLM_TARGET_DEVICE", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",

@@ -13,7 +13,7 @@ import torch
 
 from executors.turns import TurnRequest
 from executors.engine.vllm_engine import EngineLoop, EngineSpec, reload_weights
-from rose.config import ModelsConfig
+from core.config import ModelsConfig
 from rose.models.build import build_models
 from tests.tiny_models import TINY
 

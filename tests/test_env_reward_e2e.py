@@ -44,7 +44,7 @@ def _kill_env_worker_mid_step(scheduler: str, victim: str, killed: dict, stop: t
 
 def test_sokoban_on_env_workers_with_elastic_reward_survives_a_killed_env_worker(stack):
     from flows.train import train
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from storage.trajectories.dataset import TrajectoryStore
 
     run = f"env-reward-{uuid.uuid4().hex[:6]}"

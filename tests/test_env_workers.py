@@ -100,9 +100,9 @@ def test_the_scheduler_runs_trajectories_on_environment_workers(rollout_cluster)
 
 
 def test_the_stack_starts_environment_workers_with_their_resource():
-    from rose.config import StackConfig
+    from core.config import StackConfig
     from rose.stack.dask_cluster import worker_specs
-    from rose.worker_kinds import KIND_OF_RESOURCE
+    from core.worker_kinds import KIND_OF_RESOURCE
 
     envs = [s for s in worker_specs(1, 1, 0, env=2) if s.kind == "env"]
     assert [s.name for s in envs] == ["env-0", "env-1"]

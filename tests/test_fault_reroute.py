@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from rose.config import StackConfig
+    from core.config import StackConfig
 
     with in_process_stack(tmp_path_factory, "rose-fault",
                           config=StackConfig(rollout_workers=2, relay="filesystem")) as handle:
@@ -34,8 +34,8 @@ def stack(tmp_path_factory):
 
 def test_killed_rollout_worker_loses_no_trajectory(stack):
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
-    from rose.grpo import assemble_trajectory
+    from core.config import RolloutConfig, RunConfig
+    from core.grpo import assemble_trajectory
     from rose.stack.local_stack import read_stack
     from storage.trajectories.dataset import TrajectoryStore
     from tests.faults import KillMidRollout
@@ -83,7 +83,7 @@ def test_dynamic_sampling_step_keeps_whole_groups(stack):
     """DAPO dynamic sampling through the real flow: only kept groups reach the Arrow step,
     each whole, reward and train accept them, and the next step's launch target is saved."""
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
+    from core.config import RolloutConfig, RunConfig
     from storage.trajectories.dataset import TrajectoryStore
     from tasks.rollout import SAMPLING_FILE
 

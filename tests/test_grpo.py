@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rose.grpo import assemble_trajectory, group_advantages, grpo_loss, token_logprobs
+from core.grpo import assemble_trajectory, group_advantages, grpo_loss, token_logprobs
 from tasks.reward import advantages_by_trajectory
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rose.config import PublishConfig
+from core.config import PublishConfig
 from storage.delta import bits, encode_delta, host_speed, time_model as tm
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.receiver import WeightReceiver

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from executors.policies.hw_affinity import AffinityError
-from rose.config import RolloutConfig, RunConfig, StackConfig
+from core.config import RolloutConfig, RunConfig, StackConfig
 from rose.stack.dask_cluster import worker_command, worker_specs
 from tasks.placement import check_hw_affinity, device_classes, workers_by_kind
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from rose.config import PublishConfig
+from core.config import PublishConfig
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.link_rate import LinkRate, TransferClock
 from storage.weights.receiver import WeightReceiver

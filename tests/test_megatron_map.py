@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from executors.training.qwen_megatron import Heads, to_hf, to_megatron
-from rose.config import TrainConfig, TrainParallel
+from core.config import TrainConfig, TrainParallel
 from storage.shards.plan import split_full
 from storage.shards.rules import infer_rule
 

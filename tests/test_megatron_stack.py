@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from rose.config import StackConfig
+    from core.config import StackConfig
 
     with in_process_stack(tmp_path_factory, "rose-megatron",
                           config=StackConfig(trainers=2, rollout_workers=1, relay="mooncake")) as handle:
@@ -54,7 +54,7 @@ def test_tp2_group_trains_publishes_and_resumes_after_a_killed_rank(stack):
     from distributed import Client
 
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig, TrainConfig, TrainParallel
+    from core.config import RolloutConfig, RunConfig, TrainConfig, TrainParallel
     from storage.trajectories.dataset import TrajectoryStore
     from storage.weights.transfer_metrics import transfer_path
 

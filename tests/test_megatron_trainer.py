@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from megatron_ranks import launch, runs_rank, step_turns, tiny_policy
-from rose.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
+from core.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
 from rose.stack.ports import free_port
 
 pytest.importorskip("megatron.core", reason="megatron-core not importable", exc_type=ImportError)

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from rose.config import ModelsConfig
+from core.config import ModelsConfig
 from rose.models import build as build_mod
 from rose.models.build import BuildSpec, Dims, build_models
-from rose.models.chat import ChatTokens
+from core.chat import ChatTokens
 from rose.models.demos import Demo, corpus, demonstrations
 from rose.models.tokenizer import train_tokenizer
 from rose.models.warmup import encode_demo

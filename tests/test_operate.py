@@ -45,7 +45,7 @@ def test_prefect_yaml_deploys_every_flow_on_the_process_pool_with_pydantic_forms
 def test_train_form_defaults_are_run_config_defaults():
     from prefect.flows import load_flow_from_entrypoint
 
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     schema = load_flow_from_entrypoint("flows/train.py:train").parameters.model_dump()
     default = schema["properties"]["cfg"]["default"]
@@ -64,7 +64,7 @@ def test_worker_env_names_the_checkout_and_polls_fast():
 
 def test_flows_use_the_given_dask_scheduler_first(tmp_path, monkeypatch):
     from flows.train import dask_scheduler
-    from rose.config import RunConfig, StackConfig
+    from core.config import RunConfig, StackConfig
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
     cfg = RunConfig(stack=StackConfig(dask_scheduler="tcp://10.1.2.3:8786"))
@@ -87,7 +87,7 @@ def test_up_with_addresses_that_do_not_answer_fails_in_one_line(tmp_path):
 
 
 def test_resume_of_an_unknown_run_names_the_known_ones(tmp_path):
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     (tmp_path / "runs" / "r1").mkdir(parents=True)
     (tmp_path / "runs" / "r1" / "config.json").write_text(RunConfig(run_id="r1").model_dump_json())
@@ -97,7 +97,7 @@ def test_resume_of_an_unknown_run_names_the_known_ones(tmp_path):
 
 
 def test_saved_config_resumes_without_fault_injection_and_with_more_steps(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from rose.resume import saved_run_config
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
@@ -109,7 +109,7 @@ def test_saved_config_resumes_without_fault_injection_and_with_more_steps(tmp_pa
 
 
 def test_injected_train_fault_fires_once_per_run(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.train import InjectedFault, inject_fault
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))

@@ -13,7 +13,7 @@ import pytest
 
 from flows.pipeline import PipelineStopped, active_gates, rollout_version, run_pipelined
 from flows.rl_step import _gate, serving_lag_cfg
-from rose.config import RunConfig
+from core.config import RunConfig
 
 
 class FakeRun:

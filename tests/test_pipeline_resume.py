@@ -31,7 +31,7 @@ def _task(run, name: str):
 
 def test_stopped_with_a_rollout_in_flight_resumes_without_loss_or_recompute(stack):
     from flows.train import train
-    from rose.config import RolloutConfig, RunConfig
+    from core.config import RolloutConfig, RunConfig
     from rose.resume import saved_run_config
     from storage.trajectories.dataset import PART, TrajectoryStore
     from tasks.train import InjectedFault

@@ -11,7 +11,7 @@ import torch
 from distributed import Worker
 
 import tasks.publish
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.versions import latest_version

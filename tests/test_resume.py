@@ -42,7 +42,7 @@ def stack(shared_stack):
 
 
 def _cfg(**kw):
-    from rose.config import RolloutConfig, RunConfig
+    from core.config import RolloutConfig, RunConfig
 
     return RunConfig(run_id=RUN, steps=3, seed=7,
                      rollout=RolloutConfig(groups=2, group_size=4, max_turns=3), **kw)
@@ -131,7 +131,7 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    from rose.config import stack_dir
+    from core.config import stack_dir
     from rose.deploy import DEPLOYMENTS, WORKER, running_worker
 
     out = rose_cli(["deploy"], dict(os.environ), timeout=300)
@@ -156,7 +156,7 @@ def test_deployments_run_on_the_stack_with_validated_forms(stack):
     names, schema = asyncio.run(inspect())
     assert set(DEPLOYMENTS) <= set(names)
     form = schema["properties"]["cfg"]
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     assert form["default"]["rollout"]["groups"] == RunConfig().rollout.groups  # defaults fill it
     assert "RunConfig" in schema["definitions"]

@@ -63,7 +63,7 @@ def test_the_scorer_gives_the_environments_own_reward_from_seed_and_replies(env_
 
 
 def test_a_run_asking_for_the_pool_on_a_stack_without_one_is_told_how_to_start_it(tmp_path, monkeypatch):
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.rollout import require_reward_pool
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))  # its stack directory has no reward_pool.json

@@ -11,7 +11,7 @@ import pytest
 from envs.latency import StepLatency
 from executors.scheduling.reward_service import RewardService, RewardServiceError, pool_usage
 from rose.stack.dask_cluster import REPO_ROOT, start_scheduler
-from rose.stack.dask_security import DaskScheduler
+from coordination.dask_security import DaskScheduler
 from rose.stack.process import ManagedProcess
 from rose.stack.reward_pool import read_pool_state
 

@@ -342,7 +342,7 @@ def test_a_freed_slot_goes_to_the_trajectory_whose_prefix_is_there():
 
 def test_dynamic_sampling_config_and_the_persisted_launch_target(tmp_path, monkeypatch):
     import tasks.rollout as rollout_task
-    from rose.config import RolloutConfig, RunConfig
+    from core.config import RolloutConfig, RunConfig
 
     with pytest.raises(ValueError, match="dynamic_sampling_max_launch"):
         RolloutConfig(dynamic_sampling_oversample=3.0, dynamic_sampling_max_launch=2.0)
@@ -401,7 +401,7 @@ def test_a_worker_dying_with_finished_results_costs_a_reroute_not_a_hang(cluster
 
 
 def test_scheduler_config_is_validated_once():
-    from rose.config import SchedulerConfig
+    from core.config import SchedulerConfig
 
     with pytest.raises(ValueError, match="turn_timeout_s\n  Input should be greater than 0"):
         SchedulerConfig(turn_timeout_s=0)

@@ -1,4 +1,4 @@
-"""The run lease (rose/stack/run_lease.py): one driver per run, fault row 9 of issue 14.
+"""The run lease (coordination/run_lease.py): one driver per run, fault row 9 of issue 14.
 
 Fast: real processes hold the lease, the real `train` flow body and `rose resume` are refused
 while another driver runs, and a dead holder (SIGKILL, another host past its deadline) is taken
@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from rose.stack.run_lease import LEASE_FILE, RunLeaseHeld, driving, read_holder
+from coordination.run_lease import LEASE_FILE, RunLeaseHeld, driving, read_holder
 
 REPO = Path(__file__).resolve().parents[1]
 
 HOLD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from rose.stack.run_lease import driving
+    from coordination.run_lease import driving
     with driving(Path(sys.argv[1]), "r1", command="holder-under-test"):
         print("held", flush=True)
         time.sleep(600)
@@ -121,7 +121,7 @@ def test_holder_renews_and_notices_a_takeover(tmp_path):
 FIRST_DRIVER = textwrap.dedent("""
     import sys
     from flows.train import train
-    from rose.config import RunConfig
+    from core.config import RunConfig
     train.fn(RunConfig(run_id="r1", steps=1, stack={"dask_scheduler": sys.argv[1]}))
 """)
 
@@ -133,7 +133,7 @@ def test_second_driver_refused_while_the_train_flow_runs(tmp_path, monkeypatch):
 
     from flows.train import train
     from rose.cli import app
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     silent = socket.socket()  # a "scheduler" that accepts TCP but never answers: prepare() waits
     silent.bind(("127.0.0.1", 0))
@@ -169,7 +169,7 @@ def test_driver_command_names_what_the_user_ran(monkeypatch):
     """The refusal names the other driver as its user typed it: `python -m rose.cli ...` shows
     the interpreter's own arguments (sys.argv[0] is only cli.py there), a script its name, and
     a deployment's process its Prefect flow run."""
-    from rose.stack import run_lease
+    from coordination import run_lease
 
     monkeypatch.setattr(sys, "argv", ["/x/.venv/bin/rose", "train", "--steps", "5"])
     monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)

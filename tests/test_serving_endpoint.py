@@ -233,8 +233,8 @@ def test_a_flood_is_answered_503_with_retry_after_and_the_admitted_are_served(tm
 def test_http_replay_reads_the_token_stream(fake):
     """The replay's SSE reader against the real endpoint: tokens counted, TTFT/TPOT taken;
     a prompt past the context is a recorded HTTP 400, not a crash of the replay."""
-    from rose.serve.replay import replay_over_http
-    from rose.serve.trace import ReplayRequest
+    from replay.replayer import replay_over_http
+    from core.trace import ReplayRequest
 
     def req(i: int, prompt_len: int) -> ReplayRequest:
         return ReplayRequest(index=i, trace_row=i, trace_arrival_s=0.0, send_at_s=0.01 * i,

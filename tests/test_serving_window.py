@@ -6,8 +6,8 @@ import pytest
 
 from dashboards.progress import serving_users_table, step_table
 from executors.coserving.serving_window import ServedRequest, ServingLog, window_report
-from rose.serve.background import BackgroundTraffic
-from rose.serve.replay import RequestRecord
+from replay.background import BackgroundTraffic
+from replay.replayer import RequestRecord
 from tasks.rollout import share_by_kind
 from tasks.serving import serving_summary
 
@@ -82,7 +82,7 @@ def test_step_table_shows_what_serving_workers_served_and_lent():
 
 
 def test_serving_users_table_sets_lent_beside_alone_on_the_same_requests():
-    from rose.serve.replay import summarize
+    from replay.replayer import summarize
 
     class Users:
         def __init__(self, ttfts):
@@ -104,8 +104,8 @@ def test_serving_users_table_sets_lent_beside_alone_on_the_same_requests():
 
 
 def test_background_plan_plays_the_trace_again_when_the_run_outlasts_it():
-    from rose.serve.background import BackgroundReplay
-    from rose.serve.trace import load_trace
+    from replay.background import BackgroundReplay
+    from core.trace import load_trace
 
     span = load_trace().span_s
     users = BackgroundReplay.__new__(BackgroundReplay)  # the plan only: no endpoint here
@@ -122,7 +122,7 @@ def test_background_plan_plays_the_trace_again_when_the_run_outlasts_it():
 
 def test_background_plan_loops_the_reference_window_when_given_a_period():
     """The demo's users replay exactly the window serving alone was measured on, pass after pass."""
-    from rose.serve.background import BackgroundReplay
+    from replay.background import BackgroundReplay
 
     users = BackgroundReplay.__new__(BackgroundReplay)  # the plan only: no endpoint here
     users.model = {"max_model_len": 2048}

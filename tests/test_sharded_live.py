@@ -14,7 +14,7 @@ import tasks.publish
 from executors.workers import publishers
 from executors.workers.publishers import publish_sharded
 from storage.weights.digest import tensors_digest
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.relay import pool as relay_pool
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.versions import read_manifest

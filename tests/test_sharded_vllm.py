@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from rose.config import ModelsConfig
+from core.config import ModelsConfig
 from rose.models.build import build_models
 from rose.stack.ports import free_port
 from storage.relay.filesystem import FilesystemRelay

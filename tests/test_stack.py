@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rose.stack.errors import PortBusyError, StackError
+from coordination.errors import PortBusyError, StackError
 from rose.stack.ports import ensure_free, free_port, pick_port, port_answers
 from rose.stack.process import ManagedProcess, read_records
 
@@ -184,14 +184,14 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from rose.cli import app
-    from rose.config import StackConfig
+    from core.config import StackConfig
     from rose.stack.dask_cluster import worker_identity
     from rose.stack.local_stack import load_stack, read_stack, start_stack, stop_stack
     from rose.stack.mooncake import round_trip
     from rose.stack.process import group_members
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
-    run_dir = tmp_path / "stack"  # rose.config.stack_dir()
+    run_dir = tmp_path / "stack"  # core.config.stack_dir()
     handle = start_stack(StackConfig(rollout_workers=1), run_dir)
     pids = [p.pid for p in handle.processes]
     family = [q.pid for pid in pids for q in [psutil.Process(pid), *psutil.Process(pid).children(True)]]
@@ -290,7 +290,7 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
 
 def _relay_round_trip(client, placement: dict) -> int:
     """Bytes a worker put and got back through the stack's relay; 0 while it cannot yet."""
-    from rose.stack.errors import StackError
+    from coordination.errors import StackError
     from rose.stack.mooncake import round_trip
 
     try:
@@ -376,7 +376,7 @@ def test_cli_status_without_stack_in_a_real_process(tmp_path):
 
 
 def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch, capsys):
-    from rose.config import StackConfig
+    from core.config import StackConfig
     from rose.stack import local_stack
 
     def broken(run_dir, **_):
@@ -392,7 +392,7 @@ def test_mooncake_failure_falls_back_to_filesystem_loudly(tmp_path, monkeypatch,
 
 
 def test_a_store_client_that_did_not_start_is_said_loudly(tmp_path, monkeypatch, capsys):
-    from rose.config import StackConfig
+    from core.config import StackConfig
     from rose.stack import local_stack
     from rose.stack.mooncake import MooncakeServices, mooncake_env
 

@@ -1,14 +1,14 @@
 """`rose status`'s rendering of what runs hold (rose/stack/status.py): the run a serving worker is
-lent to (its lease, rose/stack/serving_leases.py) beside its rollout engine's park state, and the
-co-execution groups (rose/stack/coexec_groups.py) with the run holding each pool's permit."""
+lent to (its lease, coordination/serving_leases.py) beside its rollout engine's park state, and the
+co-execution groups (coordination/coexec_groups.py) with the run holding each pool's permit."""
 from __future__ import annotations
 
 from rich.console import Console
 
 from executors.policies.borrow import BorrowPolicy, ServingLoad
 from executors.policies.coexec_group import ROLLOUT, TRAIN, PoolLimits, RunProfile
-from rose.stack.coexec_groups import CoexecGroups
-from rose.stack.serving_leases import ServingLeases
+from coordination.coexec_groups import CoexecGroups
+from coordination.serving_leases import ServingLeases
 from rose.stack.status import coexec_table, rollout_cell
 
 PARK = {"parked": False, "wake_s": 3.94, "pages_given_back": 120, "bytes_given_back": 300 * 2**20}

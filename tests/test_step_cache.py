@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rose.config import RolloutConfig, RunConfig, StackConfig
+from core.config import RolloutConfig, RunConfig, StackConfig
 from tasks.caching import STEP_CACHE, RunStepInputs
 
 KEY = RunStepInputs()

@@ -8,7 +8,7 @@ import pytest
 from distributed import WorkerPlugin, get_worker
 
 from executors.policies.tail_handback import HandbackConfig, TailHandback
-from rose.config import SchedulerConfig
+from core.config import SchedulerConfig
 from executors.turns import TurnResult
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
@@ -104,7 +104,7 @@ def test_the_simulator_hands_back_through_the_same_policy(monkeypatch):
 def test_run_config_refuses_a_factor_that_would_hand_back_turns_before_they_could_finish():
     from pydantic import ValidationError
 
-    from rose.config import RolloutConfig
+    from core.config import RolloutConfig
 
     with pytest.raises(ValidationError, match="handback_factor"):
         RolloutConfig(handback_factor=0.5)

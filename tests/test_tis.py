@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rose.grpo import behaviour_tokens, grpo_loss, tis_weights
+from core.grpo import behaviour_tokens, grpo_loss, tis_weights
 
 
 def _case(seed: int = 0):
@@ -95,7 +95,7 @@ def _rows(version: int, rollout_lp: float):
 
 def test_trainer_applies_the_correction_only_to_older_versions(tmp_path, monkeypatch):
     from executors.workers.trainer import Trainer
-    from rose.config import ModelsConfig, RunConfig
+    from core.config import ModelsConfig, RunConfig
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
     cfg = RunConfig(models=ModelsConfig(policy_dir=_tiny_policy(tmp_path / "policy")))

@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rose.serve.replay import RequestRecord, replay, summarize, write_results
-from rose.serve.trace import (DEFAULT_TRACE, ReplayRequest, Scaling, Trace, busiest_bin,
+from replay.replayer import RequestRecord, replay, summarize, write_results
+from core.trace import (DEFAULT_TRACE, ReplayRequest, Scaling, Trace, busiest_bin,
                               load_trace, peak_window_start, plan, synthetic_prompt, trace_notice)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rose.config import ModelsConfig, RunConfig, StackConfig, TrainConfig, TrainParallel
+from core.config import ModelsConfig, RunConfig, StackConfig, TrainConfig, TrainParallel
 from rose.config_file import ConfigError, load_run_config
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rose.config import PublishConfig
+from core.config import PublishConfig
 from storage.delta import time_model as tm
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.parallel import ordered_map

@@ -30,8 +30,8 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.lib.results import ROOT, write_json  # noqa: E402
-from rose.serve.replay import RequestRecord, summarize  # noqa: E402
-from rose.serve.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,  # noqa: E402
+from replay.replayer import RequestRecord, summarize  # noqa: E402
+from core.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,  # noqa: E402
                               peak_window_start, plan, trace_notice)
 
 from bench.lib.results import RESULTS  # noqa: E402
@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--configs", default=None, help="comma-separated modes (default: all)")
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
                     help="serving trace: Azure LLM inference, BurstGPT CSV, Mooncake JSONL or a CSV with "
-                         "arrival_s, prompt_tokens, output_tokens (rose/serve/trace.py FORMATS)")
+                         "arrival_s, prompt_tokens, output_tokens (core/trace.py FORMATS)")
     ap.add_argument("--window-s", type=float, default=600.0, help="trace seconds around the peak")
     ap.add_argument("--time-scale", type=float, default=0.125, help="replay s per trace s")
     ap.add_argument("--length-scale", type=float, default=1 / 16, help="prompt scale")
@@ -150,8 +150,8 @@ def run_single(mode: str, spec: dict) -> dict:
     import asyncio
 
     from bench.coserving.rollout_stream import RolloutStream
-    from rose.config import ModelsConfig
-    from rose.serve.replay import executor_sender, replay
+    from core.config import ModelsConfig
+    from replay.replayer import executor_sender, replay
 
     args = argparse.Namespace(**{k: (Path(v) if k == "trace" else v) for k, v in spec.items()})
     if args.sweep:
@@ -217,8 +217,8 @@ def _run_sweep_single(mode: str, spec: dict, args) -> dict:
 
     from bench.coserving.coserving_sweep import drain, run_sweep_single
     from bench.coserving.rollout_stream import RolloutStream
-    from rose.config import ModelsConfig
-    from rose.serve.replay import executor_sender, replay
+    from core.config import ModelsConfig
+    from replay.replayer import executor_sender, replay
 
     models = ModelsConfig()
     serving_dir, policy_dir = models.serving_path(), models.policy_path()
@@ -368,7 +368,7 @@ def main(argv=None) -> None:
         args.result.write_text(json.dumps(res, default=str))
         return
     console = Console(width=None if Console().is_terminal else 160)
-    from rose.config import ModelsConfig
+    from core.config import ModelsConfig
 
     for path in (ModelsConfig().serving_path(), ModelsConfig().policy_path()):
         if not (path / "config.json").is_file():  # any build will do: the bench times engines

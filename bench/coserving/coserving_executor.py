@@ -33,7 +33,7 @@ PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
 
 
 def models_dir() -> Path:
-    from rose.config import ModelsConfig
+    from core.config import ModelsConfig
     from rose.models.build import build_models
 
     cfg = ModelsConfig()

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rose.serve.trace import ReplayRequest, Scaling, Trace, load_trace, plan
+from core.trace import ReplayRequest, Scaling, Trace, load_trace, plan
 
 SWEEP_CONFIGS = ("serving_only", "dedicated", "static_partition", "unaware", "prefix", "rose")
 TARGETS = (0.3, 0.5, 0.8)  # 10% busy needs ~400 s a configuration for 100 requests
@@ -267,7 +267,7 @@ async def drain(worker, timeout_s: float = 10.0) -> None:
 def report(runs: dict, slos: dict, args, console) -> dict:
     from rich.table import Table
 
-    from rose.serve.replay import RequestRecord, summarize
+    from replay.replayer import RequestRecord, summarize
 
     def recs(raw):
         return [RequestRecord(i, 0.0, 0.0, late, 0, n, n, ttft, tpot, ttft, ok)
@@ -332,7 +332,7 @@ def report(runs: dict, slos: dict, args, console) -> dict:
 
 
 def slos_from(alone: dict, factor: float) -> dict:
-    from rose.serve.replay import RequestRecord, summarize
+    from replay.replayer import RequestRecord, summarize
 
     out = {}
     for name, L in alone["loads"].items():

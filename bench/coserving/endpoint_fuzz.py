@@ -91,8 +91,8 @@ def main(argv=None) -> None:
 
     from executors.coserving.endpoint.app import start_endpoint, stop_endpoint
     from executors.coserving.executor import CoServingConfig, CoServingExecutor
-    from rose.config import ModelsConfig
-    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from core.config import ModelsConfig
+    from replay.background import BackgroundReplay, BackgroundTraffic
 
     models = ModelsConfig()
     serving = models.serving_path()

@@ -31,7 +31,7 @@ from bench.lib.results import print_table, write_result  # noqa: E402
 def poisson_requests(n: int, rate: float, seed: int) -> list:
     import numpy as np
 
-    from rose.serve.trace import ReplayRequest
+    from core.trace import ReplayRequest
 
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1 / rate, size=n))
@@ -42,7 +42,7 @@ def poisson_requests(n: int, rate: float, seed: int) -> list:
 
 def serve(executor, requests: list, vocab: int, during=None) -> list:
     """Replay `requests` on the executor; `during()` (e.g. a wake) runs on a thread at the middle."""
-    from rose.serve.replay import executor_sender, replay
+    from replay.replayer import executor_sender, replay
 
     async def main():
         task = None
@@ -68,8 +68,8 @@ def main(argv=None) -> None:
     from executors.coserving.engines import open_engine, release_engine
     from executors.coserving.executor import CoServingConfig, CoServingExecutor
     from safetensors.torch import load_file
-    from rose.config import ModelsConfig
-    from rose.serve.replay import summarize
+    from core.config import ModelsConfig
+    from replay.replayer import summarize
     from bench.lib.models import ensure_models
 
     started, console = time.perf_counter(), Console()

@@ -30,7 +30,7 @@ def _rank(_: int, device: str, policy: str, out: str, port: int) -> None:
 
     from executors.training.megatron_trainer import MegatronTrainer
     from executors.training.process_group import join, leave
-    from rose.config import ModelsConfig, RunConfig, TrainConfig
+    from core.config import ModelsConfig, RunConfig, TrainConfig
 
     os.environ["ROSE_DATA_DIR"] = str(Path(out) / f"data-{device}")
     cfg = RunConfig(run_id=f"gpu-check-{device}", models=ModelsConfig(policy_dir=Path(policy)),

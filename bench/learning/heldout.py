@@ -16,7 +16,7 @@ class HeldOut:
         from transformers import AutoTokenizer
 
         from executors.engine.vllm_engine import EngineLoop, EngineSpec
-        from rose.models.chat import ChatTokens
+        from core.chat import ChatTokens
 
         self.cfg, self.maps = cfg, maps
         policy = Path(cfg.models.policy_path())

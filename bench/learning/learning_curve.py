@@ -43,7 +43,7 @@ def curve(overrides: dict, steps: int, eval_every: int, eval_maps: int, policy: 
     import pyarrow as pa
 
     from executors.workers.trainer import Trainer
-    from rose.config import RunConfig
+    from core.config import RunConfig
     from tasks.reward import advantages_by_trajectory
     from tasks.rollout import env_seed
 
@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rose.config import data_dir
+    from core.config import data_dir
 
     policy = (args.policy or data_dir() / "models" / "policy").resolve()
     if not (policy / "config.json").is_file():

@@ -24,7 +24,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from bench.learning.heldout import HeldOut  # noqa: E402
-from rose.config import RunConfig  # noqa: E402
+from core.config import RunConfig  # noqa: E402
 
 from bench.lib.results import RESULTS, write_json  # noqa: E402
 MODES = ("fixed", "borrowed")
@@ -71,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=150)
     from rose.launch import ensure_models, ensure_stack
-    from rose.serve.background import BackgroundReplay, BackgroundTraffic
+    from replay.background import BackgroundReplay, BackgroundTraffic
 
     base = RunConfig.model_validate({"stack": {"serving_workers": 1}})
     ensure_models(base, console)

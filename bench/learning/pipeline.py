@@ -25,7 +25,7 @@ from rich.table import Table  # noqa: E402
 
 from bench.learning.heldout import HeldOut  # noqa: E402
 from bench.learning.learning_fidelity import spread, write  # noqa: E402
-from rose.config import RunConfig  # noqa: E402
+from core.config import RunConfig  # noqa: E402
 
 from bench.lib.results import RESULTS  # noqa: E402
 MODES = {"synchronous": 0, "one-step off-policy": 1}

@@ -68,7 +68,7 @@ def synthetic_turns(step: int, vocab: int, trajectories: int = 8):
 def _rank(rank: int, backend: str, policy: str, data: str, port: int, steps: int, out: str) -> None:
     import torch
 
-    from rose.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
+    from core.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
 
     os.environ["ROSE_DATA_DIR"] = data
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))  # a c
 
 def ensure_models(console: Console) -> None:
     """The demo's policy and reward models under the data dir: kept, copied from PREBUILT, or built."""
-    from rose.config import ModelsConfig, data_dir
+    from core.config import ModelsConfig, data_dir
     from rose.models.build import build_models
 
     if (ModelsConfig().policy_path() / "config.json").is_file():

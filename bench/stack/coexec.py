@@ -49,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def config(args: argparse.Namespace, name: str, run_id: str, seed: int, group: str = ""):
     """Run a rolls out slowly (its environment steps wait, the CPU is free), run b trains long."""
-    from rose.config import RunConfig
+    from core.config import RunConfig
 
     latency = {"mean_s": args.env_latency_s, "std_s": args.env_latency_s / 4} if name == "a" else None
     return RunConfig.model_validate({
@@ -90,9 +90,9 @@ def main(argv=None) -> None:
     from rich.console import Console
 
     from flows.coexec import active, pool_limits, run_shape
-    from rose.config import RunConfig, stack_dir
+    from core.config import RunConfig, stack_dir
     from rose.launch import ensure_models, ensure_stack
-    from rose.stack.coexec_groups import CoexecGroups
+    from coordination.coexec_groups import CoexecGroups
 
     started, console = time.perf_counter(), Console()
     base = RunConfig()

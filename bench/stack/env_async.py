@@ -55,7 +55,7 @@ def main(argv=None) -> None:
 
     from executors.scheduling.scheduler import RolloutScheduler
     from executors.workers.rollout_worker import RolloutWorkerPlugin, worker_state
-    from rose.config import RolloutConfig, RunConfig, StackConfig, StepLatencyConfig, stack_dir
+    from core.config import RolloutConfig, RunConfig, StackConfig, StepLatencyConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
     from bench.lib.models import ensure_models
     from tasks.rollout import make_episodes

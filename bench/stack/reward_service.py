@@ -53,7 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def one_step(mode: str, args) -> dict:
     from flows.train import train
-    from rose.config import RewardConfig, RolloutConfig, RunConfig, StepLatencyConfig
+    from core.config import RewardConfig, RolloutConfig, RunConfig, StepLatencyConfig
 
     cfg = RunConfig(run_id=f"reward-{mode}-{uuid.uuid4().hex[:6]}", steps=1, rollout=RolloutConfig(
         groups=args.groups, group_size=args.group_size, max_turns=args.max_turns,
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from rich.console import Console
 
-    from rose.config import StackConfig, stack_dir
+    from core.config import StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
     from bench.lib.models import ensure_models
 

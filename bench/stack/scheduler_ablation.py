@@ -70,7 +70,7 @@ def run_ablation(reps: int, groups: int, group_size: int, cap: int, console: Con
 
     from executors.scheduling.scheduler import RolloutScheduler
     from executors.workers.rollout_worker import RolloutWorkerPlugin, worker_state
-    from rose.config import RolloutConfig, RunConfig, StackConfig, stack_dir
+    from core.config import RolloutConfig, RunConfig, StackConfig, stack_dir
     from rose.stack.local_stack import apply_env, stack_env, start_stack, stop_stack
 
     def reset_prefix_cache() -> bool:  # nested: pickled by value (workers cannot import bench/)

@@ -16,7 +16,7 @@ import statistics
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from rose.config import RolloutConfig, RunConfig  # noqa: E402
+from core.config import RolloutConfig, RunConfig  # noqa: E402
 from rose.launch import default_run_id, ensure_models, ensure_stack  # noqa: E402
 
 from bench.lib.results import RESULTS, write_json  # noqa: E402

@@ -77,7 +77,7 @@ def run_synthetic(args, methods_for, console: Console) -> tuple[list[CaseResult]
 
 
 def run_grpo(args, methods_for, console: Console) -> tuple[list[CaseResult], list, dict]:
-    from rose.config import data_dir
+    from core.config import data_dir
 
     run = args.grpo_run or wl.find_grpo_run(data_dir())
     if run is None:

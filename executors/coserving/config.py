@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import ConfigDict, field_validator
 
 from executors.policies.slo_admission import SLOConfig
-from rose.config import CoServingSettings
-from rose.modes import SERVING_MODES, ServingMode
+from core.config import CoServingSettings
+from core.modes import SERVING_MODES, ServingMode
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,12 @@ WIRING: dict[str, Wiring] = {
     "unaware": Wiring(True, False, False, False, True, False, None, False),
     "evict_reload": Wiring(True, False, False, False, True, True, 0.5, True),
 }
-assert set(WIRING) == set(SERVING_MODES), "every serving mode (rose/modes.py) needs its wiring"
+assert set(WIRING) == set(SERVING_MODES), "every serving mode (core/modes.py) needs its wiring"
 
 
 class CoServingConfig(CoServingSettings):
     """One co-serving executor: its two models, its mode and SLO, and the settings a stack
-    config gives every serving worker (rose/config.py CoServingSettings, `stack.coserving`).
+    config gives every serving worker (core/config.py CoServingSettings, `stack.coserving`).
     Built as CoServingConfig(serving_model_dir, rollout_model_dir, mode=..., kv_blocks=...)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)

@@ -2,7 +2,7 @@
 scheduler submits to serving workers, pinned by worker name.
 
 A serving worker is a co-serving worker from the start: the plugin is registered when the
-stack comes up (`rose up`, rose/stack/serving.py), builds the serving and rollout engines and
+stack comes up (`rose up`, executors/coserving/registration.py), builds the serving and rollout engines and
 opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains. The
 rollout engine is parked until a run borrows the worker (parking.py: no run holds it yet).
 A training run borrows the rollout side (weights pulled by executors/workers/weight_sync.py,

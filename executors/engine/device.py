@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rose.modes import DEVICES
+from core.modes import DEVICES
 
 ROLES = ("serving", "rollout", "dedicated")  # co-serving pair, or a rollout worker's one engine
 DEVICE_ENV = "ROSE_DEVICE"

@@ -8,7 +8,7 @@ goes back to serving at the next step. A lease names the run and lapses unless r
 `ttl_s` (a driver that died frees its workers); a run releases its leases when it ends.
 
 Plain data: the table round-trips through JSON, so the product keeps it in a file shared by the
-runs' drivers (rose/stack/serving_leases.py) and the simulator can keep it in memory.
+runs' drivers (coordination/serving_leases.py) and the simulator can keep it in memory.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from typing import Literal, NamedTuple
 
 from executors.policies.hw_affinity import STANDARD_CLASS, HwAffinity
 from executors.policies.load_index import LoadIndex
-from rose.modes import ROUTING_MODES, RoutingMode
+from core.modes import ROUTING_MODES, RoutingMode
 
 # turns the cache-affine dedicated worker may run beyond the least-loaded one and keep a
 # trajectory: 0-2 were level with turn-wise routing on the simulated 8B workload, unbounded lost 3%

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from envs.base import MultiTurnEnv, StepResult
 from executors.turns import TurnRequest, TurnResult
-from rose.models.chat import ChatTokens
+from core.chat import ChatTokens
 
 
 class Episode:

@@ -19,7 +19,7 @@ from distributed import wait as wait_all
 from envs.latency import StepLatency
 from executors.policies.reward_pool import PoolUsage, Scored
 from executors.workers.reward_host import RewardJob, RewardResult, score_trajectory
-from rose.worker_kinds import KIND_RESOURCE
+from core.worker_kinds import KIND_RESOURCE
 
 RESOURCE = KIND_RESOURCE["reward"]
 

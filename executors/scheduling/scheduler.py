@@ -33,7 +33,7 @@ from executors.policies.hw_affinity import STANDARD_CLASS, HwAffinity
 from executors.policies.router import TurnRouter
 from executors.policies.tail_handback import HandbackConfig, TailHandback
 from executors.scheduling.worker_pool import WorkerPool
-from rose.config import SchedulerConfig
+from core.config import SchedulerConfig
 
 QUICK_FETCH_S = 1.0  # a finished batch's results from a live worker take ms
 

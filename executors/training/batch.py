@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from rose.grpo import assemble_trajectory, behaviour_tokens
+from core.grpo import assemble_trajectory, behaviour_tokens
 
 # (token ids, loss mask, advantage, rollout logprob per token, stale per token)
 Sample = tuple[list[int], list[int], float, list[float], list[bool]]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from executors.training.qwen_megatron import Heads, to_hf, to_megatron
-from rose.config import TrainParallel
+from core.config import TrainParallel
 from storage.shards.layout import layer_stages, stages_of
 from storage.shards.plan import split_full
 from storage.shards.rules import infer_rule

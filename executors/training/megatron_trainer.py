@@ -1,7 +1,7 @@
 """The megatron-core backend: one rank of a TP x PP x DP trainer group running GRPO updates.
 
 Every rank reads the same step's turns and builds the same micro-batches (executors/training/
-batch.py); data-parallel replica d trains micro-batches d, d+dp, ...; the loss is rose.grpo's,
+batch.py); data-parallel replica d trains micro-batches d, d+dp, ...; the loss is core.grpo's,
 weighted by each micro-batch's share of the whole step exactly as the Hugging Face backend
 weights it, so the summed gradients equal its gradient. fp32 master weights and AdamW per rank
 (elementwise, so a shard's update is the update's shard); the gradient norm is clipped over the
@@ -21,8 +21,8 @@ from executors.training import megatron_checkpoint
 from executors.training.batch import MicroBatch, micro_batches, pad, samples_from_turns
 from executors.training.megatron_model import RankModel
 from executors.training.pipeline import Stage
-from rose.config import RunConfig
-from rose.grpo import grpo_loss, tis_weights
+from core.config import RunConfig
+from core.grpo import grpo_loss, tis_weights
 from storage.shards.rules import infer_rule
 
 _STATS = ("loss", "clip_fraction", "kl", "train_tokens", "stale_tokens", "tis_weight_sum")
@@ -46,7 +46,7 @@ def hf_tensors(policy_dir: Path) -> tuple[object, dict[str, torch.Tensor]]:
 
 
 def token_logprobs(vocab_parallel_logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """rose.grpo.token_logprobs for logits split over TP ranks by vocabulary (each rank holds
+    """core.grpo.token_logprobs for logits split over TP ranks by vocabulary (each rank holds
     its rows of the output layer): log p(ids[:, t] | ids[:, <t]) as [B, T-1], never gathering
     the full vocabulary."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy

@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rose.config import TrainParallel
+from core.config import TrainParallel
 
 
 def join(rank: int, par: TrainParallel, addr: str, port: int, device: str = "cpu",

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rose.config import RunConfig
+from core.config import RunConfig
 from storage.relay.pool import shared_relay
 from storage.shards.grain import PublishLayout
 from storage.shards.layout import ParallelLayout

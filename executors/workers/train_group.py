@@ -13,7 +13,7 @@ import socket
 import threading
 from typing import Any
 
-from rose.config import RunConfig
+from core.config import RunConfig
 
 _held: dict[str, Any] = {}  # this process's membership: run, group, trainer
 _lock = threading.Lock()

@@ -16,8 +16,8 @@ import torch
 from distributed import WorkerPlugin
 
 from executors.training.batch import MicroBatch, micro_batches, pad, samples_from_turns
-from rose.config import RunConfig
-from rose.grpo import grpo_loss, tis_weights, token_logprobs
+from core.config import RunConfig
+from core.grpo import grpo_loss, tis_weights, token_logprobs
 from storage.weights.tensor_arena import arena_copy
 
 

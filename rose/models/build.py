@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from envs.registry import make_env
-from rose.config import ModelsConfig
-from rose.models.chat import ChatTokens
+from core.config import ModelsConfig
+from core.chat import ChatTokens
 from rose.models.demos import corpus, demonstrations
 from rose.models.tokenizer import train_tokenizer
 from rose.models.warmup import WarmupSpec, warmup

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from envs.registry import make_env
-from rose.models.chat import ChatTokens
+from core.chat import ChatTokens
 
 
 def load_policy(policy_dir: Path | str):

@@ -13,12 +13,12 @@ import os
 
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from rose.models.chat import IM_END, IM_START, PAD
+from core.chat import IM_END, IM_START, PAD
 
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
 
 # Qwen-style template; every message, then the generation prompt. Must render exactly the
-# pieces rose.models.chat.ChatTokens encodes.
+# pieces core.chat.ChatTokens encodes.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rose.models.chat import ChatTokens
+from core.chat import ChatTokens
 from rose.models.demos import Demo
 
 

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from storage.atomic import atomic_path
 
 ROLES = ("scheduler", "worker", "client")

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Literal
 
 from executors.coserving.plugin import PORT_ENV
-from rose.stack.dask_security import DaskScheduler
-from rose.stack.errors import StackError
+from coordination.dask_security import DaskScheduler
+from coordination.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, venv_binary
-from rose.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE, KIND_RESOURCE
+from core.worker_kinds import CLASS_RESOURCE_PREFIX, KIND_OF_RESOURCE, KIND_RESOURCE
 
 WorkerKind = Literal["trainer", "rollout", "serving", "env", "reward"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ def repo_pythonpath() -> str:
 
 
 def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[str, str]:
-    from rose.config import data_dir
+    from core.config import data_dir
 
     return {
         **base,

@@ -24,10 +24,10 @@ from typing import Literal
 from rich.console import Console
 from rich.panel import Panel
 
-from rose.config import DaskTLS, StackConfig, data_dir
+from core.config import DaskTLS, StackConfig, data_dir
 from rose.stack.dask_cluster import REPO_ROOT, check_workers, repo_pythonpath, start_dask, worker_specs
-from rose.stack.dask_security import DaskScheduler
-from rose.stack.errors import StackError
+from coordination.dask_security import DaskScheduler
+from coordination.errors import StackError
 from rose.stack.mooncake import MooncakeServices, mooncake_env, start_mooncake
 from rose.stack.ports import ensure_free, port_answers
 from rose.stack.prefect_server import check_prefect, launch_prefect_server, prefect_env, prefect_home

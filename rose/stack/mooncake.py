@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.ports import LOCALHOST, free_port, port_answers
 from rose.stack.process import ManagedProcess, venv_binary
 

@@ -6,7 +6,7 @@ import random
 import socket
 from pathlib import Path
 
-from rose.stack.errors import PortBusyError
+from coordination.errors import PortBusyError
 
 LOCALHOST = "127.0.0.1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
 from rose.stack.process import ManagedProcess, http_ok, venv_binary
 

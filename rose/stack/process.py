@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.ports import port_answers
 from storage.atomic import write_atomic
 

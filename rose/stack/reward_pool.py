@@ -30,9 +30,9 @@ from distributed.deploy.adaptive_core import AdaptiveCore
 
 from executors.policies.reward_pool import RewardPoolPolicy
 from rose.stack.dask_cluster import WorkerSpec, start_worker
-from rose.stack.dask_security import DaskScheduler
+from coordination.dask_security import DaskScheduler
 from rose.stack.process import ManagedProcess
-from rose.worker_kinds import KIND_RESOURCE
+from core.worker_kinds import KIND_RESOURCE
 from storage.atomic import write_atomic
 
 STATE_FILE = "reward_pool.json"

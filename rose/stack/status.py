@@ -9,11 +9,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from rose.stack.coexec_groups import CoexecGroups
-from rose.stack.dask_security import DaskScheduler
+from coordination.coexec_groups import CoexecGroups
+from coordination.dask_security import DaskScheduler
 from rose.stack.local_stack import StackHandle
 from rose.stack.process import http_ok
-from rose.stack.serving_leases import ServingLeases
+from coordination.serving_leases import ServingLeases
 
 
 def worker_rows(scheduler: DaskScheduler, timeout: float = 10.0, lent: dict[str, str] | None = None) -> list[dict]:

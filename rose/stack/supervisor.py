@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.ports import port_answers
 from rose.stack.process import ManagedProcess, ProcessRecord, group_members, http_ok
 from rose.stack.supervisor_launch import LOG, RECORD
@@ -250,7 +250,7 @@ def _abort_start(*_) -> None:
 def main() -> None:
     from rich.console import Console
 
-    from rose.config import StackConfig
+    from core.config import StackConfig
     from rose.stack import local_stack
 
     run_dir = Path(sys.argv[1]).resolve()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from rose.stack.errors import PortBusyError, StackError
+from coordination.errors import PortBusyError, StackError
 from rose.stack.process import ProcessRecord
 
 LOG = "supervisor.log"  # under the stack's logs/

@@ -27,7 +27,7 @@ def deployed(tmp_path_factory):
     with cli_stack_env(data) as env:
         out = rose_cli(["deploy"], env, timeout=400)
         assert out.returncode == 0, out.stderr[-2000:]
-        from rose.config import stack_dir
+        from core.config import stack_dir
         from rose.stack.local_stack import load_stack
 
         handle = load_stack(stack_dir())

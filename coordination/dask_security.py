@@ -10,8 +10,8 @@ import ssl
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rose.config import DaskTLS
-from rose.stack.errors import StackError
+from core.config import DaskTLS
+from coordination.errors import StackError
 
 if TYPE_CHECKING:
     from distributed import Client, Security

@@ -1,6 +1,6 @@
 """Replay a window of a serving trace against serving endpoints; record TTFT/TPOT per request.
 
-Each request is sent at its planned time (rose/serve/trace.py) whatever happened to earlier
+Each request is sent at its planned time (core/trace.py) whatever happened to earlier
 ones (an open loop, like real traffic). Two senders: HTTP streaming to OpenAI-compatible
 endpoints (`rose serve replay`), and in-process to a co-serving executor (bench/coserving/coserving.py,
 which skips HTTP so the client does not compete with the engine for the 2 cores).
@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 import numpy as np
 from httpx_sse import aconnect_sse
 
-from rose.serve.trace import ReplayRequest, synthetic_prompt
+from core.trace import ReplayRequest, synthetic_prompt
 from storage.atomic import atomic_path, write_atomic
 
 

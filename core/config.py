@@ -15,7 +15,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rose.modes import Device, RoutingMode, StackServingMode
+from core.modes import Device, RoutingMode, StackServingMode
 
 MB = 1 << 20
 BLOCK_SIZE = 32  # tokens per KV block (vLLM CPU attention wants multiples of 32)

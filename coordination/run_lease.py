@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from rose.stack.errors import StackError
+from coordination.errors import StackError
 from rose.stack.process import ProcessRecord
 from storage.atomic import write_atomic
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 # Shipped in the repository (traces/), with its NOTICE.md (CC BY 4.0 attribution) beside it.
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "azure2023_code.csv"
+DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "traces" / "azure2023_code.csv"
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
-from rose.config import data_dir
-from rose.serve.replay import auth_headers, replay_over_http, summarize, write_results
-from rose.serve.trace import (DEFAULT_TRACE, Scaling, load_trace, peak_window_start, plan,
+from core.config import data_dir
+from replay.replayer import auth_headers, replay_over_http, summarize, write_results
+from core.trace import (DEFAULT_TRACE, Scaling, load_trace, peak_window_start, plan,
                               trace_notice)
 
 

@@ -15,9 +15,9 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rose.serve.replay import RequestRecord, replay_over_http, summarize
-from rose.serve.replay_job import endpoint_model
-from rose.serve.trace import DEFAULT_TRACE, ReplayRequest, Scaling, load_trace, plan
+from replay.replayer import RequestRecord, replay_over_http, summarize
+from replay.job import endpoint_model
+from core.trace import DEFAULT_TRACE, ReplayRequest, Scaling, load_trace, plan
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Plain Python, so the policies (executors/policies/router.py), the executors
 (executors/coserving/config.py, executors/engine/device.py) and the pydantic config
-(rose/config.py) all take them from here.
+(core/config.py) all take them from here.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 whose turn each pool is, and the runs' measured phase times.
 
 One JSON file in the stack directory (<data dir>/stack/coexec_groups.json), read and changed only
-under an flock (as the serving leases, rose/stack/serving_leases.py), so every run's driver sees
+under an flock (as the serving leases, coordination/serving_leases.py), so every run's driver sees
 one table; admission and the round robin are executors/policies/coexec_group.py's. A member's
 driver renews its membership; one silent for `ttl_s` (a driver that died) is dropped, so the
 others never wait for its turns. Phase times are kept per run and per run shape (what a new run
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from executors.policies.coexec_group import (POOLS, CoexecGroup, PhaseTurns, Placement, PoolLimits, RunProfile,
                                             join_group)
-from rose.stack.run_lease import locked
+from coordination.run_lease import locked
 from storage.atomic import write_atomic
 
 GROUPS_FILE = "coexec_groups.json"

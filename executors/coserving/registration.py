@@ -15,7 +15,7 @@ from executors.coserving.endpoint.api_keys import load_keys
 from executors.coserving.plugin import (CoServingPlugin, serving_endpoint, serving_slo,
                                         set_serving_slo)
 from executors.policies.slo_admission import SLOConfig
-from rose.config import ModelsConfig, StackConfig
+from core.config import ModelsConfig, StackConfig
 
 
 def coserving_plugin(models: ModelsConfig, stack: StackConfig) -> CoServingPlugin:

@@ -1,7 +1,7 @@
 """The stack's serving-worker leases: which run holds which borrowed serving worker.
 
 One JSON file in the stack directory (<data dir>/stack/serving_leases.json), read and changed
-only under an flock (as the run lease, rose/stack/run_lease.py), so every run's driver and its
+only under an flock (as the run lease, coordination/run_lease.py), so every run's driver and its
 rollout task on the trainer see one table; the decisions are executors/policies/borrow.py's.
 A run's driver renews its leases every ttl / 4 (`borrowing`) and releases them when the run
 ends; `rose down` releases every lease; a driver that died stops renewing and its leases lapse.
@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from executors.policies.borrow import BorrowPolicy, Grant, LeaseTable, ServingLoad
-from rose.stack.run_lease import locked
+from coordination.run_lease import locked
 from storage.atomic import write_atomic
 
 LEASES_FILE = "serving_leases.json"

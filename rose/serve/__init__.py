@@ -1,1 +1,0 @@
-"""Serving side of ROSE: trace replay against serving endpoints."""
