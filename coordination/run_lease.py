@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from coordination.errors import StackError
-from rose.stack.process import ProcessRecord
+from coordination.processes import ProcessRecord
 from storage.atomic import write_atomic
 
 LEASE_FILE = "driver.json"

@@ -125,7 +125,7 @@ def cluster_sim(sweep: SimSweep = SimSweep()) -> list[dict]:
 def stack_scheduler() -> DaskScheduler | None:
     """The local stack's scheduler (TLS to a cluster's as recorded) when one runs, else None."""
     from core.config import stack_dir
-    from rose.stack.local_stack import load_stack
+    from coordination.stack_record import load_stack
 
     handle = load_stack(stack_dir())
     return handle.scheduler() if handle is not None else None

@@ -44,7 +44,7 @@ def dask_scheduler(cfg: RunConfig) -> DaskScheduler:
     if cfg.stack.dask_scheduler:
         return DaskScheduler(cfg.stack.dask_scheduler, cfg.stack.dask_tls)
     from core.config import stack_dir
-    from rose.stack.local_stack import load_stack
+    from coordination.stack_record import load_stack
 
     handle = load_stack(stack_dir())
     if handle is not None:

@@ -47,7 +47,8 @@ def up(trainers: Optional[int] = typer.Option(None, help="Trainer workers (train
        config: Optional[Path] = ConfigOpt) -> None:
     """Start the local stack (Prefect server, Mooncake, Dask scheduler + workers), or reuse it."""
     from rose.launch import dashboard_hint, ensure_models, ensure_serving
-    from rose.stack.local_stack import dead_parts, read_stack, start_stack
+    from coordination.stack_record import dead_parts, read_stack
+    from rose.stack.local_stack import start_stack
     from rose.stack.status import print_stack
 
     cfg = _config(config, trainers=trainers, rollout_workers=rollout_workers,
@@ -89,7 +90,7 @@ def down() -> None:
 @clear_errors
 def status() -> None:
     """Services and workers of the running stack."""
-    from rose.stack.local_stack import dead_parts, read_stack, recovering_parts
+    from coordination.stack_record import dead_parts, read_stack, recovering_parts
     from rose.stack.status import print_stack
 
     handle = read_stack(stack_dir())
@@ -227,7 +228,7 @@ app.add_typer(serve_app, name="serve")
 
 
 def _stack_endpoints() -> list[str]:
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     handle = read_stack(stack_dir())
     if handle is None:

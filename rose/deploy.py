@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coordination.errors import StackError
-from rose.stack.process import ManagedProcess, ProcessRecord, read_records, venv_binary
+from coordination.processes import ProcessRecord, read_records
+from rose.stack.process import ManagedProcess, venv_binary
 
 POOL = "rose-process"
 WORKER = "prefect-worker"  # process name in the stack's pids/ and logs/

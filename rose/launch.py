@@ -30,7 +30,8 @@ def ensure_models(cfg: RunConfig, console: Console) -> None:
 
 def ensure_stack(cfg: RunConfig, console: Console):
     """Reuse the running local stack (or the configured cluster addresses), else start one."""
-    from rose.stack.local_stack import apply_env, load_stack, stack_env, start_stack
+    from coordination.stack_record import load_stack
+    from rose.stack.local_stack import apply_env, stack_env, start_stack
 
     handle = load_stack(stack_dir())
     if handle is None:
@@ -79,7 +80,7 @@ def check_trainer_layout(cfg: RunConfig) -> None:
         check_layout(par, AutoConfig.from_pretrained(cfg.models.policy_path()))
     except ValueError as e:
         raise ConfigError(f"train.parallel: {e}") from None
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     if read_stack(stack_dir()) is None and not cfg.stack.dask_scheduler and cfg.stack.trainers < par.world:
         raise ConfigError(f"train.parallel tp={par.tp} pp={par.pp} dp={par.dp} needs {par.world} trainer "

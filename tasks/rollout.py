@@ -75,7 +75,7 @@ def reward_service(client, cfg: RunConfig, step: int) -> RewardService:
 def reward_pool_state() -> dict | None:
     """The stack's reward pool controller's record (None: the stack has no reward pool)."""
     from core.config import stack_dir
-    from rose.stack.reward_pool import read_pool_state
+    from coordination.reward_pool_state import read_pool_state
 
     return read_pool_state(stack_dir())
 

@@ -96,7 +96,8 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
     from core.config import RolloutConfig, RunConfig
     from core.grpo import assemble_trajectory
     from replay.background import BackgroundReplay, BackgroundTraffic
-    from rose.stack.local_stack import apply_env, read_stack, stack_env
+    from coordination.stack_record import read_stack
+    from rose.stack.local_stack import apply_env, stack_env
     from storage.trajectories.dataset import TrajectoryStore
     from tasks.borrow import claim_engines
 
@@ -250,7 +251,8 @@ def test_two_runs_share_one_serving_worker_and_stay_apart(serving_stack):
     from core.config import RolloutConfig, RunConfig
     from core.grpo import assemble_trajectory
     from replay.background import BackgroundReplay, BackgroundTraffic
-    from rose.stack.local_stack import apply_env, read_stack, stack_env
+    from coordination.stack_record import read_stack
+    from rose.stack.local_stack import apply_env, stack_env
     from storage.trajectories.dataset import TrajectoryStore
 
     data, env = serving_stack
@@ -335,7 +337,7 @@ def test_a_killed_serving_worker_comes_back_at_its_endpoint(serving_stack):
 
     import psutil
 
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     data, env = serving_stack
     before = read_stack(data / "stack")

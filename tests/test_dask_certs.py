@@ -178,7 +178,7 @@ def test_security_names_a_key_that_is_not_the_certificates(tmp_path):
 
 
 def test_stack_file_records_the_tls_files_for_later_clients(tmp_path):
-    from rose.stack.local_stack import StackHandle
+    from coordination.stack_record import StackHandle
 
     files = make_certs(tmp_path)
     handle = StackHandle(tmp_path, "http://h:4200/api", "http://h:4200", "tls://h:8786", None, None,

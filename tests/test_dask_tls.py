@@ -92,7 +92,8 @@ def test_rose_status_reaches_the_tls_workers_with_the_recorded_files(cluster, tm
     from typer.testing import CliRunner
 
     from rose.cli import app
-    from rose.stack.local_stack import StackHandle, write_stack
+    from coordination.stack_record import StackHandle
+    from rose.stack.local_stack import write_stack
 
     address, ours, _, _ = cluster
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))

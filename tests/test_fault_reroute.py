@@ -36,7 +36,7 @@ def test_killed_rollout_worker_loses_no_trajectory(stack):
     from flows.train import train
     from core.config import RolloutConfig, RunConfig
     from core.grpo import assemble_trajectory
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
     from storage.trajectories.dataset import TrajectoryStore
     from tests.faults import KillMidRollout
 

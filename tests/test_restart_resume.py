@@ -40,7 +40,7 @@ def _counts(store, run: str) -> tuple[dict[int, int], int, int]:
 def test_full_stack_restart_resumes_after_last_completed_step(data):
     data_dir, env = data
     from core.config import RolloutConfig, RunConfig, stack_dir
-    from rose.stack.local_stack import load_stack
+    from coordination.stack_record import load_stack
     from storage.checkpoints import checkpoint_steps
     from storage.trajectories.dataset import PART, TrajectoryStore
 

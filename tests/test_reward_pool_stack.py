@@ -13,7 +13,7 @@ from executors.scheduling.reward_service import RewardService, RewardServiceErro
 from rose.stack.dask_cluster import REPO_ROOT, start_scheduler
 from coordination.dask_security import DaskScheduler
 from rose.stack.process import ManagedProcess
-from rose.stack.reward_pool import read_pool_state
+from coordination.reward_pool_state import read_pool_state
 
 pytestmark = pytest.mark.slow
 

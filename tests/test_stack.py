@@ -11,8 +11,10 @@ import psutil
 import pytest
 
 from coordination.errors import PortBusyError, StackError
-from rose.stack.ports import ensure_free, free_port, pick_port, port_answers
-from rose.stack.process import ManagedProcess, read_records
+from coordination.probes import port_answers
+from rose.stack.ports import ensure_free, free_port, pick_port
+from coordination.processes import read_records
+from rose.stack.process import ManagedProcess
 
 
 @pytest.fixture
@@ -186,9 +188,10 @@ def test_whole_stack_up_status_down(tmp_path, monkeypatch):
     from rose.cli import app
     from core.config import StackConfig
     from rose.stack.dask_cluster import worker_identity
-    from rose.stack.local_stack import load_stack, read_stack, start_stack, stop_stack
+    from coordination.stack_record import load_stack, read_stack
+    from rose.stack.local_stack import start_stack, stop_stack
     from rose.stack.mooncake import round_trip
-    from rose.stack.process import group_members
+    from coordination.processes import group_members
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
     run_dir = tmp_path / "stack"  # core.config.stack_dir()
@@ -310,7 +313,7 @@ def _until(get, timeout: float = 60.0):
 
 
 def _restarted(run_dir: Path, name: str, n: int):
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     handle = read_stack(run_dir)
     seen = handle.services.get(name, {}) if handle else {}
@@ -318,7 +321,7 @@ def _restarted(run_dir: Path, name: str, n: int):
 
 
 def _failed(run_dir: Path, name: str):
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     handle = read_stack(run_dir)
     return handle if handle and handle.services.get(name, {}).get("state") == "failed" else None

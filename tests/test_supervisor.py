@@ -15,8 +15,10 @@ import psutil
 import pytest
 from rich.console import Console
 
-from rose.stack.local_stack import StackHandle, dead_parts, read_stack, recovering_parts, write_stack
-from rose.stack.process import ManagedProcess, ProcessRecord
+from coordination.stack_record import StackHandle, dead_parts, read_stack, recovering_parts
+from rose.stack.local_stack import write_stack
+from coordination.processes import ProcessRecord
+from rose.stack.process import ManagedProcess
 from rose.stack.supervisor import RestartPolicy, Service, Supervisor
 
 

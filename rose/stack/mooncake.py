@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordination.errors import StackError
-from rose.stack.ports import LOCALHOST, free_port, port_answers
+from coordination.probes import port_answers
+from rose.stack.ports import LOCALHOST, free_port
 from rose.stack.process import ManagedProcess, venv_binary
 
 START_TIMEOUT_S = 20.0

@@ -88,10 +88,3 @@ def pick_port(requested: int | None = None, host: str = LOCALHOST) -> int:
     return ensure_free(requested, host) if requested else free_port(host)
 
 
-def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from coordination.errors import StackError
 from rose.stack.ports import LOCALHOST, pick_port
-from rose.stack.process import ManagedProcess, http_ok, venv_binary
+from coordination.probes import http_ok
+from rose.stack.process import ManagedProcess, venv_binary
 
 START_TIMEOUT_S = 120.0  # ~10 s when idle; the 2-core machine may be busy
 

@@ -28,24 +28,16 @@ from pathlib import Path
 
 from distributed.deploy.adaptive_core import AdaptiveCore
 
+from coordination.dask_security import DaskScheduler
+from coordination.reward_pool_state import STATE_FILE
+from core.worker_kinds import KIND_RESOURCE
 from executors.policies.reward_pool import RewardPoolPolicy
 from rose.stack.dask_cluster import WorkerSpec, start_worker
-from coordination.dask_security import DaskScheduler
 from rose.stack.process import ManagedProcess
-from core.worker_kinds import KIND_RESOURCE
 from storage.atomic import write_atomic
 
-STATE_FILE = "reward_pool.json"
 INTERVAL_S = 0.5
 RESOURCE = KIND_RESOURCE["reward"]
-
-
-def read_pool_state(run_dir: Path) -> dict | None:
-    """The controller's record (None: no reward pool on this stack)."""
-    try:
-        return json.loads((Path(run_dir) / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 class RewardPool(AdaptiveCore):

@@ -11,8 +11,8 @@ from rich.table import Table
 
 from coordination.coexec_groups import CoexecGroups
 from coordination.dask_security import DaskScheduler
-from rose.stack.local_stack import StackHandle
-from rose.stack.process import http_ok
+from coordination.probes import http_ok
+from coordination.stack_record import StackHandle
 from coordination.serving_leases import ServingLeases
 
 
@@ -100,7 +100,7 @@ def restarts_cell(handle: StackHandle, name: str) -> str:
 
 def reward_pool_cell(run_dir) -> str:
     """The reward pool's workers up now of its cap, and its last scale-up's delay."""
-    from rose.stack.reward_pool import read_pool_state
+    from coordination.reward_pool_state import read_pool_state
 
     state = read_pool_state(run_dir)
     if state is None:

@@ -33,8 +33,9 @@ from pathlib import Path
 import psutil
 
 from coordination.errors import StackError
-from rose.stack.ports import port_answers
-from rose.stack.process import ManagedProcess, ProcessRecord, group_members, http_ok
+from coordination.probes import http_ok, port_answers
+from coordination.processes import ProcessRecord, group_members
+from rose.stack.process import ManagedProcess
 from rose.stack.supervisor_launch import LOG, RECORD
 from storage.atomic import write_atomic
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 from coordination.errors import PortBusyError, StackError
-from rose.stack.process import ProcessRecord
+from coordination.processes import ProcessRecord
 
 LOG = "supervisor.log"  # under the stack's logs/
 RECORD = "supervisor.json"  # the supervisor's pid, beside stack.json (not in pids/: see _stop_stack)
@@ -23,7 +23,7 @@ def launch(cfg, run_dir: Path, prefect_port: int | None,
            scheduler_port: int | None) -> tuple[str, object]:
     """Start the supervisor (it starts the services) and wait until it says they are up:
     (what the start said, e.g. a Mooncake warning; the StackHandle). Raises its StackError."""
-    from rose.stack.local_stack import read_stack
+    from coordination.stack_record import read_stack
 
     run_dir = Path(run_dir)
     log_path = run_dir / "logs" / LOG

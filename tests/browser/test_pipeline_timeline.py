@@ -39,7 +39,7 @@ def test_ui_shows_two_steps_overlapping(tmp_path_factory, tmp_path):
         out = rose_cli(["train", "-c", str(config)], env, timeout=900)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
         from core.config import stack_dir
-        from rose.stack.local_stack import load_stack
+        from coordination.stack_record import load_stack
 
         handle = load_stack(stack_dir())
         with prefect_for(handle):

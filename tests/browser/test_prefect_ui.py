@@ -28,7 +28,7 @@ def deployed(tmp_path_factory):
         out = rose_cli(["deploy"], env, timeout=400)
         assert out.returncode == 0, out.stderr[-2000:]
         from core.config import stack_dir
-        from rose.stack.local_stack import load_stack
+        from coordination.stack_record import load_stack
 
         handle = load_stack(stack_dir())
         with prefect_for(handle):
