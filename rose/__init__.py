@@ -1,9 +1,7 @@
-"""ROSE's operator side and its shared basics.
-
-Basics every layer uses, importing no other ROSE package (lint-imports checks it): config.py
-(pydantic RunConfig, StackConfig, ...), grpo.py (group advantages, the clipped loss, truncated importance weights),
-worker_kinds.py (worker kind <-> Dask resource). models/ builds the tiny policy and serving
-models locally. The operator side sits on top of everything: cli.py (`rose ...`, typer), launch.py
-(starts runs), resume.py, deploy.py (Prefect deployments), stack/ (starts and stops the local
-Prefect server, Mooncake, Dask scheduler and workers), serve/ (the serving trace replay).
+"""ROSE's operator side, on top of every other package: cli.py (`rose ...`, typer), config_file.py
+(a run config from YAML files and flags), launch.py (starts runs), resume.py, deploy.py (Prefect
+deployments), stack/ (starts and stops the local Prefect server, Mooncake, Dask scheduler and
+workers, and the reward pool's controller) and models/ (builds the tiny policy and serving models
+locally). Nothing below imports rose (lint-imports checks the layers rose > flows > tasks >
+coordination | replay > executors > storage > core | envs).
 """
