@@ -63,7 +63,8 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         self.closed_until: dict[str, float] = {}
         self.version: dict[str, int] = {}
         self.counts = dict(started=0, finished=0, turns=0, rerouted=0, affine=0, later_turns=0,
-                           tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0, dropped=0)
+                           tokens=0, borrowed_tokens=0, cached=0, prompt=0, handed_back=0, dropped=0,
+                           turn_s_dedicated=0.0, out_dedicated=0, turn_s_borrowed=0.0, out_borrowed=0)
         self.steps: list[dict] = []
         self._step_started, self._step_tokens, self._left = 0.0, 0, 0
         self._train_tokens = 0  # what the step's trainer is charged for (SimConfig.train_tokens)
@@ -211,7 +212,7 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         traj, k, context, _ = self.trajs[tid]
         self._turn_out(tid, name, k)
         placement = self.router.on_turn_start(tid, name)
-        turn = Turn(tid, context, traj.responses[k])
+        turn = Turn(tid, context, traj.responses[k], placed_at=self.loop.now)
         if placement.affine and k > 0:
             turn.cached = context - traj.obs[k - 1]  # the previous turn's prompt + response
         self.devices[name].submit(turn, placement.affine and k > 0)
@@ -227,6 +228,9 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         c["cached"] += turn.cached
         c["prompt"] += turn.context
         self._step_tokens += tokens
+        kind = "borrowed" if dev.borrowed else "dedicated"
+        c[f"turn_s_{kind}"] += self.loop.now - turn.placed_at
+        c[f"out_{kind}"] += turn.response
         if dev.borrowed:
             c["borrowed_tokens"] += tokens
         state = self.trajs[turn.tid]

@@ -40,6 +40,7 @@ class Turn:
     started: bool = False  # the engine computed some of it (aborting it loses work)
     cached: int = 0  # prompt tokens served from the prefix cache
     blocks: int = 0  # KV blocks it holds in a dedicated GPU's pool
+    placed_at: float = 0.0  # when the router placed it (its pace counts queueing on the device)
 
     @property
     def kv_tokens(self) -> int:

@@ -45,6 +45,9 @@ def summarize(sim: "ClusterSim", wall_s: float) -> dict:
         "borrowed_share": c["borrowed_tokens"] / c["tokens"] if c["tokens"] else 0.0,
         "affinity_hit_rate": c["affine"] / c["later_turns"] if c["later_turns"] else 0.0,
         "prefix_hit_tokens": c["cached"] / c["prompt"] if c["prompt"] else 0.0,
+        # a turn's pace where it ran: seconds from placement to its end per response token
+        "turn_s_per_token": {kind: c[f"turn_s_{kind}"] / c[f"out_{kind}"] if c[f"out_{kind}"] else None
+                             for kind in ("dedicated", "borrowed")},
         "serving_requests": len(served),
         "ttft_p99_s": p99([t for t, _ in served]), "tpot_p99_s": p99([t for _, t in served]),
         "slo_ttft_s": sim.slo.ttft_s, "slo_tpot_s": sim.slo.tpot_s,

@@ -87,7 +87,9 @@ def figures(args: Namespace) -> dict:
         "dapo": job(config(args, config="rose", **dapo, **slo_of(fixed["dapo"])), spec,
                     f"32B DAPO {DAPO_VALID:.0%} valid: ROSE"),
         "per_engine": job(config(args, config="rose", **per_engine, **slo_of(fixed["per_engine"])), spec,
-                          "32B ROSE, 16 per engine")})
+                          "32B ROSE, 16 per engine"),
+        **{f"table3_{mode}": job(config(args, config="rose", mode=mode, **slo), spec, f"32B ROSE, {mode}")
+           for mode in ("pinned", "turnwise")}})
     rows = {"fixed": fixed["fixed"], "rose": rose["rose"], "areal_style": rose["areal_style"],
             "rose_off_policy": rose["rose_off_policy"]}
     for r in rows.values():
@@ -111,6 +113,8 @@ def figures(args: Namespace) -> dict:
                          (PAPER_TRAIN_TOKENS, f, rows["rose"]),
                          ("every_turn", fixed["every_turn"], rose["every_turn"]))}},
             "fig7a": rows, "cap_sensitivity": cap,
+            "table3": {"pinned": rose["table3_pinned"], "turnwise": rose["table3_turnwise"],
+                       "turnwise_affinity": rows["rose"]},
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}

@@ -69,7 +69,8 @@ def _fig8b(ax, doc: dict) -> None:
 def _table3(ax, doc: dict) -> None:
     t3 = doc["table3"]
     ax.bar(list(t3), [(t3[m]["tokens_per_s"] or 0) / 1e3 for m in t3], color="tab:red")
-    ax.set_title("Table 3: ROSE routing ablation (paper: pinned < turn-wise < + affinity)")
+    paper = " < ".join(f"{x:.2f}" for x in doc["paper"]["table3"][0])
+    ax.set_title(f"Table 3: ROSE routing ablation, 8B (paper vs pinned: {paper})")
     ax.set_ylabel("thousand tokens/s")
 
 
