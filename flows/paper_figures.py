@@ -1,11 +1,13 @@
-"""The `paper-figures` deployment: bench/sim/paper_figures.py on Dask workers, one simulation a
-Prefect task, so the paper's figures (some 70 simulations, the 1,024-GPU one among them) fan out
-past one machine on the same engine as the RL steps and the cluster-sim sweep.
+"""The `paper-figures` deployment: the paper's figures (sim/paper_figures.py) on Dask workers, one
+simulation a Prefect task, so the paper's figures (some 70 simulations, the 1,024-GPU one among
+them) fan out past one machine on the same engine as the RL steps and the cluster-sim sweep.
 
-The bench's own code runs in the flow: each batch of simulations that do not depend on each
-other (the configurations judged at the SLO a fixed run sets wait for it) is submitted at once,
-and the rows, the printed report, the JSON and the PNGs are what `python -m bench.sim.paper_figures`
-with the same arguments gives (sim/timed_run.py runs each simulation either way).
+sim/paper_figures.py's write_figures runs in the flow: each batch of simulations that do not
+depend on each other (the configurations judged at the SLO a fixed run sets wait for it) is
+submitted at once, and the rows, the printed report, the JSON and the PNGs are what
+`python -m bench.sim.paper_figures` with the same arguments gives (sim/timed_run.py runs each
+simulation either way). The PNGs are drawn by bench/sim/paper_figures_plot.py in a process of its
+own, as the `benchmarks` deployment runs bench scripts (matplotlib is a dev dependency).
 
     .venv/bin/python -m flows.paper_figures --figures fig1 fig7a dapo 32b
     .venv/bin/python -m flows.paper_figures --only-32b
@@ -13,11 +15,11 @@ with the same arguments gives (sim/timed_run.py runs each simulation either way)
 from __future__ import annotations
 
 import argparse
-import importlib
+import json
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from types import ModuleType
 from typing import Literal, get_args
 
 from prefect import flow, task
@@ -25,25 +27,29 @@ from prefect.cache_policies import NO_CACHE
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field
 
+import sim.paper_figures as figures
 from flows.cluster_sim import stack_scheduler
 from coordination.dask_security import DaskScheduler
 from sim.config import SimConfig
 from sim.paper_report import report, report_32b
 from sim.timed_run import simulate
 from sim.workload import WorkloadSpec
+from storage.atomic import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
-Figure = Literal["fig1", "fig7a", "dapo", "sensitivity", "scale", "32b"]  # the bench's --figures
+RESULTS_JSON = ROOT / "bench" / "results" / "paper_figures.json"  # where `python -m bench.sim.paper_figures` writes
+Figure = Literal["fig1", "fig7a", "dapo", "sensitivity", "scale", "32b"]  # sim/paper_figures.py's FIGURES
 
 
 class PaperFiguresRequest(BaseModel):
-    """bench/sim/paper_figures.py's arguments (its --help), and where the Dask workers are."""
+    """sim/paper_figures.py's options (`python -m bench.sim.paper_figures --help`), and where the
+    Dask workers are."""
 
     model_config = ConfigDict(extra="forbid")
     steps: int = Field(3, ge=1)
     seed: int = 0
     fleet: str = "h100_qwen3_8b"
-    workload: str | None = None  # None: the bench's, the paper's Qwen3-8B FrozenLake workload
+    workload: str | None = None  # None: the paper's Qwen3-8B FrozenLake workload
     # fig7a: with Table 3, Fig. 14 and the concurrency table; scale (the 1,024-GPU timing run) needs fig7a
     figures: list[Figure] = Field(default_factory=lambda: list(get_args(Figure)), min_length=1)
     scale_gpus: int = Field(1024, ge=2)
@@ -66,24 +72,34 @@ def simulate_one(cfg: dict, spec: WorkloadSpec | None, own_slo: bool) -> dict:
 
 
 def _on_dask(jobs: dict) -> dict[str, dict]:
-    """A batch of the bench's jobs, one task each, all submitted before any is awaited."""
+    """A batch of the figures' jobs, one task each, all submitted before any is awaited."""
     futures = {name: simulate_one.with_options(task_run_name=j.label or j.cfg.config).submit(
         asdict(j.cfg), j.spec, j.own_slo) for name, j in jobs.items()}
     return {name: f.result() for name, f in futures.items()}
 
 
-def _bench() -> ModuleType:
-    """bench/sim/paper_figures.py (bench/ is a folder of scripts beside the packages, not installed)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    return importlib.import_module("bench.sim.paper_figures")
+def write_json(out: Path, doc: dict) -> None:
+    """`doc` into `out` atomically, as the bench writes its JSON (indent 1)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def plot(out: Path) -> None:
+    """The figures' PNGs beside `out`, by bench/sim/paper_figures_plot.py from the JSON there."""
+    done = subprocess.run([sys.executable, "-m", "bench.sim.paper_figures_plot", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    print(done.stdout.strip())
 
 
 @flow(name="paper-figures-runs")
 def figures_on_dask(argv: list[str]) -> dict:
-    bench = _bench()
-    with bench.runner(_on_dask):
-        return bench.main(argv)
+    args = figures.parser(RESULTS_JSON).parse_args(argv)
+    with figures.runner(_on_dask):
+        fields = figures.write_figures(args, write_json)
+    if fields["fig7a"] and not args.only_32b:  # the plots draw Fig. 7a's runs
+        plot(args.out)
+    return fields
 
 
 @flow(name="paper-figures", log_prints=True)
@@ -96,7 +112,7 @@ def paper_figures(request: PaperFiguresRequest = PaperFiguresRequest()) -> dict:
     runner = scheduler.task_runner() if scheduler else DaskTaskRunner()  # None: a local cluster
     fields = figures_on_dask.with_options(task_runner=runner)(request.argv())
     text = "\n".join(report_32b({"qwen3_32b": fields})) if request.only_32b else report(fields)
-    create_markdown_artifact(text, key="paper-figures", description="bench/sim/paper_figures.py on Dask (sim/)")
+    create_markdown_artifact(text, key="paper-figures", description="sim/paper_figures.py on Dask")
     return fields
 
 

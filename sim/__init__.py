@@ -5,7 +5,8 @@ router, load index, dual-SLO admission, step planning, KV memory policy and stal
 very objects the workers run, imported from executors.policies.
 
 May import: executors.policies (the plain-Python policies), core.trace (the serving
-trace), storage.trajectories (to fit workloads from the Arrow data), numpy/pyarrow/duckdb.
+trace), storage.trajectories (to fit workloads from the Arrow data), storage.cores (a result's
+header), numpy/pyarrow/duckdb.
 Never: vLLM, torch, Dask (distributed), Prefect, Mooncake, web servers, or the executor layers
 that wrap engines and networks (executors.engine/coserving/scheduling/workers). Checked by
 import-linter (pyproject.toml). The staleness rule lives in executors.workers.weight_sync, which

@@ -1,4 +1,4 @@
-"""The ROSE paper's published numbers the simulated figures are set beside (bench/paper_figures.py,
+"""The ROSE paper's published numbers the simulated figures are set beside (sim/paper_figures.py,
 sim/paper_report.py), each with the sentence it comes from: Qwen3-8B on FrozenLake (PAPER) and
 Qwen3-32B on ALFWorld (PAPER_32B)."""
 from __future__ import annotations

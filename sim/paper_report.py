@@ -1,4 +1,4 @@
-"""bench/paper_figures.py's figures as markdown tables beside the paper's numbers (printed by
+"""sim/paper_figures.py's figures as markdown tables beside the paper's numbers (printed by
 the bench, and docs/results.md's section through bench/results_doc.py)."""
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _scale(doc: dict) -> list[str]:
 
 
 def report_32b(doc: dict) -> list[str]:
-    """bench/paper_figures_32b.py's rows beside the paper's 32B numbers."""
+    """sim/paper_figures_32b.py's rows beside the paper's 32B numbers."""
     d = doc.get("qwen3_32b")
     if not d:
         return []

@@ -5,7 +5,7 @@ small parametric model: log-normal distributions (median, sigma) written as the 
 WorkloadSpec reads. Every parameter carries its source in the file's "citations": a sentence of
 the ROSE paper ("ROSE: Rollout On Serving GPUs via Cooperative Elasticity for Agentic RL", the
 section named), or "chosen" with the reason where the paper gives no number. Two parameters are
-fitted, each to one published number, by `python bench/paper_figures.py --fit`, which rewrites
+fitted, each to one published number, by `python -m bench.sim.paper_figures --fit`, which rewrites
 the file (the response median to the prefill-token share, the turn median to the 8-GPU rollout
 time); the other published statistics are then predictions the figures check. The file keeps
 the parameters it was written from ("paper_params"): `PaperWorkload.load` reads them back.

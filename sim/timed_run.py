@@ -1,8 +1,8 @@
 """One simulation as a figure runs it: its summary, the router's decision times, the CPU seconds it
 took, and, for a fixed configuration that sets the SLO, judged at 2x its own serving P99s.
 
-The same function runs in bench/paper_figures.py's process and as one Prefect task on a Dask
-worker (flows/paper_figures.py), so both give the same rows.
+The same function runs in one process (sim/paper_figures.py's runs()) and as one Prefect task on a
+Dask worker (flows/paper_figures.py), so both give the same rows.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The paper-figures flow runs bench/sim/paper_figures.py's simulations as Prefect tasks on Dask
+"""The paper-figures flow runs sim/paper_figures.py's simulations as Prefect tasks on Dask
 (flows/paper_figures.py), as tests/test_cluster_sim_flow.py does for the sweep.
 
 Slow-ish (Prefect's temporary server and a local Dask cluster start, ~30 s): a tiny configuration
 (one step of the small fitted FrozenLake workload, Fig. 1 and Fig. 7 under DAPO: 8 simulations
 in 3 batches, the DAPO ROSE runs judged at the SLO their fixed runs set); one task per
-simulation, and the figures equal those of the bench run in this process.
+simulation, and the figures equal those of the same run in this process.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from flows.paper_figures import PaperFiguresRequest, _bench
+import sim.paper_figures as figures
+from flows.paper_figures import PaperFiguresRequest
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +29,11 @@ def _untimed(x):
     return x
 
 
-def test_the_request_is_the_benchs_arguments():
-    args = _bench().parser().parse_args(TINY.argv())
+def test_the_request_is_the_figures_options():
+    args = figures.parser().parse_args(TINY.argv())
     assert (args.steps, args.workload, args.figures, args.fleet) == (1, "workload_frozenlake", ["fig1", "dapo"],
                                                                      "h100_qwen3_8b")
-    assert _bench().parser().parse_args(PaperFiguresRequest().argv()).figures == list(_bench().FIGURES)
+    assert figures.parser().parse_args(PaperFiguresRequest().argv()).figures == list(figures.FIGURES)
     with pytest.raises(ValueError):
         PaperFiguresRequest(figures=["fig9"])
 
@@ -45,14 +46,18 @@ def test_the_flow_runs_one_task_per_simulation_and_matches_a_local_run(monkeypat
     from flows.paper_figures import paper_figures
 
     monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))  # no local stack here
-    bench, batches = _bench(), []
+    batches = []
 
     def one_by_one(jobs):
         batches.append(len(jobs))
-        return bench._one_by_one(jobs)
+        return figures._one_by_one(jobs)
 
-    with bench.runner(one_by_one):
-        local = bench.main(TINY.model_copy(update={"out": str(tmp_path / "local.json")}).argv())
+    def write(out, doc):
+        out.write_text(json.dumps(doc))
+
+    with figures.runner(one_by_one):
+        args = figures.parser().parse_args(TINY.model_copy(update={"out": str(tmp_path / "local.json")}).argv())
+        local = figures.write_figures(args, write)
     assert batches == [2, 3, 3]  # Fig. 1's two; DAPO's fixed runs, then ROSE at the SLO each set
     with prefect_test_harness(), \
             LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
@@ -68,5 +73,5 @@ def test_the_flow_runs_one_task_per_simulation_and_matches_a_local_run(monkeypat
     assert fields["fig7_dapo"] and all(d["rose"]["slo_ttft_s"] == d["fixed"]["slo_ttft_s"]
                                        for d in fields["fig7_dapo"])
     assert _untimed(fields) == _untimed(local)
-    written = json.loads((tmp_path / "flow.json").read_text())  # the bench's JSON, written by the flow
+    written = json.loads((tmp_path / "flow.json").read_text())  # the figures' JSON, written by the flow
     assert _untimed(written["fig7_dapo"]) == _untimed(json.loads((tmp_path / "local.json").read_text())["fig7_dapo"])

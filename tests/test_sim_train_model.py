@@ -53,7 +53,7 @@ def test_the_papers_32b_setting_trains_each_final_sequence_once():
 
 
 def test_the_papers_8b_rows_train_each_final_sequence_once_too():
-    from bench.sim.paper_figures import base_config, parser
+    from sim.paper_figures import base_config, parser
 
     args = parser().parse_args([])
     assert base_config(args).train_tokens == PAPER_TRAIN_TOKENS

@@ -10,7 +10,7 @@ Every TURN is routed afresh (not every trajectory), in this order:
      borrowed serving GPU runs rollout only in serving's slack. On the paper's 8B workload in the
      simulator, affinity without these bounds kept 17% of tokens on serving GPUs (9.5% without
      affinity) and lost 5% of throughput over 5 seeds; with them it is level with turn-wise
-     routing (bench/sim/paper_figures.py, Table 3);
+     routing (sim/paper_figures.py, Table 3);
   2. else the least-loaded dedicated rollout worker below its cap, of the device class the
      trajectory's environment tag prefers (hw_affinity.py) while one of that class has room, else
      of any class;

@@ -1,4 +1,4 @@
-"""The paper's Qwen3-32B / ALFWorld rows, simulated beside its numbers (run by bench/sim/paper_figures.py;
+"""The paper's Qwen3-32B / ALFWorld rows, simulated beside its numbers (run by sim/paper_figures.py;
 `--only-32b` runs these alone and keeps the 8B figures of the JSON it updates).
 
 Setting (sim/paper_workloads.py qwen3_32b_setting, paper §6): rollout TP 4, so one simulated device
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 
-from bench.sim.paper_figures import job, runs, slo_of, train_row
+from sim.paper_figures import job, runs, slo_of, train_row
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.fleet import load_fleet, train_parallelism
