@@ -3,8 +3,9 @@ scheduler submits to serving workers, pinned by worker name.
 
 A serving worker is a co-serving worker from the start: the plugin is registered when the
 stack comes up (`rose up`, executors/coserving/registration.py), builds the serving and rollout engines and
-opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains. The
-rollout engine is parked until a run borrows the worker (parking.py: no run holds it yet).
+opens the worker's OpenAI-compatible endpoint, which serves whether or not a run trains. With
+`start_parked` (stack.coserving.park_at_start) the rollout engine is parked until a run borrows
+the worker (parking.py: no run holds it yet).
 A training run borrows the rollout side (weights pulled by executors/workers/weight_sync.py,
 turns routed by executors/scheduling/) and detaches it when it ends; serving never stops.
 executors/workers/rollout_worker.generate_turns dispatches here on workers holding this

@@ -20,12 +20,14 @@ from core.config import ModelsConfig, StackConfig
 
 def coserving_plugin(models: ModelsConfig, stack: StackConfig) -> CoServingPlugin:
     """The plugin every serving worker of this stack runs: its models, mode, SLO and the
-    co-serving settings (stack.coserving); its rollout engine parked until a run borrows it."""
+    co-serving settings (stack.coserving); its rollout engine parked from the start where
+    stack.coserving.park_at_start says so."""
     slo = None
     if stack.serving_slo_ttft_s is not None and stack.serving_slo_tpot_s is not None:
         slo = SLOConfig(ttft_s=stack.serving_slo_ttft_s, tpot_s=stack.serving_slo_tpot_s)
     return CoServingPlugin(models.serving_path(), models.policy_path(), mode=stack.serving_mode,
-                           slo=slo, api_keys=load_keys(stack.serving_api_keys_file), start_parked=True,
+                           slo=slo, api_keys=load_keys(stack.serving_api_keys_file),
+                           start_parked=stack.coserving.park_at_start,
                            open_paths=tuple(stack.serving_open_paths), **stack.coserving.model_dump())
 
 
