@@ -123,11 +123,10 @@ class CoServingSettings(Strict):
     # no run holds the worker: its rollout engine is torn down (KV pages and weights given back
     # to serving) and rebuilt with the next borrowing run's weights (executors/coserving/parking.py)
     park_when_idle: bool = True
-    # park from `rose up` on, before any run borrows the worker (an idle stack lends serving
-    # nothing). Off by default: the first borrower's wake would rebuild the engine while users are
-    # served (on a CPU machine that build delays some requests' first token); off, the engine is
-    # built at `rose up`, before serving traffic, and parks once a run that held it ends
-    park_at_start: bool = False
+    # park from `rose up` on, before any run borrows the worker, so an idle stack lends serving
+    # nothing (the first borrower's weight sync wakes it); off, the engine is built at `rose up`
+    # and parks once a run that held it ends
+    park_at_start: bool = True
     seed: int = 0
 
     @model_validator(mode="after")

@@ -26,12 +26,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def serving_stack(tmp_path_factory):
     data = new_data_dir(tmp_path_factory, "rose-borrow")
-    # parked from `rose up` on (opt-in): the runs below wake it, the first by borrowing it
-    config = data / "park_at_start.yaml"
-    config.write_text("stack:\n  coserving: {park_at_start: true}\n")
     with cli_stack_env(data) as env:
-        up = rose_cli(["up", "--rollout-workers", "1", "--serving-workers", "1", "-c", str(config)], env,
-                      timeout=900)
+        up = rose_cli(["up", "--rollout-workers", "1", "--serving-workers", "1"], env, timeout=900)
         assert up.returncode == 0, up.stdout + up.stderr
         yield data, env
 
@@ -45,7 +41,7 @@ def test_stack_lists_its_serving_endpoint(serving_stack):
     assert stack["endpoints"] == {"serving-0": url}
     status = rose_cli(["status"], {**env, "COLUMNS": "250"}).stdout
     assert url in status
-    # no run holds serving-0 yet: `rose up` parked its rollout engine (park_at_start), the endpoint serves
+    # no run holds serving-0 yet: `rose up` parked its rollout engine, and the endpoint serves
     assert "parked (gave back" in status, status
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]

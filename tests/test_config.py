@@ -37,9 +37,9 @@ def test_coserving_settings_reach_every_serving_worker(tmp_path):
     plugin = coserving_plugin(cfg.models, cfg.stack)
     assert {k: plugin.config[k] for k in ("mode", "kv_blocks", "reserve_fraction", "lease_s")} == \
         {"mode": "prefix", "kv_blocks": 200, "reserve_fraction": 0.3, "lease_s": 5.0}
-    assert not plugin.start_parked  # by default the rollout engine is built at `rose up` and kept
-    opted_in = load_run_config(_write(tmp_path, "stack:\n  coserving: {park_at_start: true}\n"))
-    assert coserving_plugin(opted_in.models, opted_in.stack).start_parked
+    assert plugin.start_parked  # no run holds a serving worker at `rose up`: its rollout engine parks
+    kept = load_run_config(_write(tmp_path, "stack:\n  coserving: {park_at_start: false}\n"))
+    assert not coserving_plugin(kept.models, kept.stack).start_parked
     # what the plugin builds on the serving worker (executors/coserving/plugin.py setup)
     from executors.coserving.config import CoServingConfig
 

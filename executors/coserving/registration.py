@@ -20,8 +20,8 @@ from core.config import ModelsConfig, StackConfig
 
 def coserving_plugin(models: ModelsConfig, stack: StackConfig) -> CoServingPlugin:
     """The plugin every serving worker of this stack runs: its models, mode, SLO and the
-    co-serving settings (stack.coserving); its rollout engine parked from the start where
-    stack.coserving.park_at_start says so."""
+    co-serving settings (stack.coserving); its rollout engine parked from the start
+    unless stack.coserving.park_at_start is off."""
     slo = None
     if stack.serving_slo_ttft_s is not None and stack.serving_slo_tpot_s is not None:
         slo = SLOConfig(ttft_s=stack.serving_slo_ttft_s, tpot_s=stack.serving_slo_tpot_s)
