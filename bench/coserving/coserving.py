@@ -29,12 +29,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from bench.lib.results import ROOT, write_json  # noqa: E402
-from replay.replayer import RequestRecord, summarize  # noqa: E402
-from core.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,  # noqa: E402
+from bench.lib.results import RESULTS, ROOT, write_json
+from replay.replayer import RequestRecord, summarize
+from core.trace import (DEFAULT_TRACE, Scaling, busiest_bin, load_trace,
                               peak_window_start, plan, trace_notice)
 
-from bench.lib.results import RESULTS  # noqa: E402
 CONFIGS = [  # (mode, label, table group)
     ("serving_only", "serving alone", "reference"),
     ("dedicated", "dedicated rollout worker", "reference"),

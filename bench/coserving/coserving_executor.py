@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 
-import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import numpy as np
+from rich.console import Console
+from rich.table import Table
 
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 PREBUILT = Path(os.environ.get("ROSE_PREBUILT_MODELS", "/tmp/rd/models"))
 
 

@@ -25,8 +25,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 KEY = "sk-bench-fuzz"
 

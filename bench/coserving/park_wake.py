@@ -24,8 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 
 def poisson_requests(n: int, rate: float, seed: int) -> list:

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
-from bench.learning.train_backends import SHAPES, synthetic_turns, write_policy  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
+from bench.learning.train_backends import SHAPES, synthetic_turns, write_policy
 
 LOSS_RTOL = 3e-2  # bf16 compute against fp32: ~3 significant digits
 WEIGHT_ATOL = 5e-4  # one step at lr 1e-4: an update differs by at most about lr x a few

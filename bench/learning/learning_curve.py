@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 
-from bench.learning.heldout import HeldOut  # noqa: E402
+from bench.learning.heldout import HeldOut
 
 
 def parse_set(items: list[str]) -> dict:

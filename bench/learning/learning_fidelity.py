@@ -20,13 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from bench.learning.heldout import HeldOut  # noqa: E402
-from core.config import RunConfig  # noqa: E402
+from bench.learning.heldout import HeldOut
+from core.config import RunConfig
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 MODES = ("fixed", "borrowed")
 
 

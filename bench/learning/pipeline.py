@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from bench.learning.heldout import HeldOut  # noqa: E402
-from bench.learning.learning_fidelity import spread, write  # noqa: E402
-from core.config import RunConfig  # noqa: E402
+from bench.learning.heldout import HeldOut
+from bench.learning.learning_fidelity import spread, write
+from core.config import RunConfig
 
-from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import RESULTS
 MODES = {"synchronous": 0, "one-step off-policy": 1}
 
 

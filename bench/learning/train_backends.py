@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 SHAPES = {  # Qwen3 dims: the demo policy (rose/models/build.py) and a ~100M-parameter model
     "demo": dict(vocab_size=408, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,

@@ -29,15 +29,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.lib.results import RESULTS, ROOT, write_json  # noqa: E402
+from bench.lib.results import RESULTS, ROOT, write_json
 
-from executors.policies.slo_admission import SLOConfig  # noqa: E402
-from sim.cluster import ClusterSim  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
-from sim.fleet import fleet_settings, load_fleet, sweep_settings  # noqa: E402
-from sim.report import judged_at, rate_text, speedup  # noqa: E402
-from sim.workload import fit_data_directory  # noqa: E402
-from sim.profiles import PROFILE_DIR  # noqa: E402
+from executors.policies.slo_admission import SLOConfig
+from sim.cluster import ClusterSim
+from sim.config import SimConfig
+from sim.fleet import fleet_settings, load_fleet, sweep_settings
+from sim.report import judged_at, rate_text, speedup
+from sim.workload import fit_data_directory
+from sim.profiles import PROFILE_DIR
 
 OUT = RESULTS / "cluster_sim.json"
 FIDELITY = RESULTS / "learning_fidelity.json"

@@ -14,11 +14,10 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
-from sim.coexec_cluster import PLACEMENTS, simulate  # noqa: E402
-from sim.coexec_jobs import MIXES, draw_jobs  # noqa: E402
+from sim.coexec_cluster import PLACEMENTS, simulate
+from sim.coexec_jobs import MIXES, draw_jobs
 
 # RollMux's own numbers (docs: "RollMux: ..." §7.4-7.5, the extracted text at these places)
 PAPER = {

@@ -24,16 +24,15 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
-from bench.lib.results import print_table, write_result  # noqa: E402
-from executors.policies.hw_affinity import HwAffinity  # noqa: E402
-from sim.config import SimConfig  # noqa: E402
-from sim.engine_cost import ContextCost  # noqa: E402
-from sim.fleet import sweep_settings  # noqa: E402
-from sim.hw_affinity import ROLLART_AFFINITY, AffinitySim, DeviceClass, kv_blocks  # noqa: E402
-from sim.profiles import load_profile  # noqa: E402
-from sim.roofline import H20, H100_SXM, H800, DeviceSpec, ModelShape, scale_profile, speedups  # noqa: E402
+from executors.policies.hw_affinity import HwAffinity
+from sim.config import SimConfig
+from sim.engine_cost import ContextCost
+from sim.fleet import sweep_settings
+from sim.hw_affinity import ROLLART_AFFINITY, AffinitySim, DeviceClass, kv_blocks
+from sim.profiles import load_profile
+from sim.roofline import H20, H100_SXM, H800, DeviceSpec, ModelShape, scale_profile, speedups
 
 OUT = RESULTS / "hw_affinity.json"
 FLEET = "h100_qwen3_8b"  # Qwen3-8B rollouts: RollArt's FrozenLake / GEM-Math model (Fig. 4)

@@ -25,13 +25,13 @@ import argparse
 import json
 
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from tests.chaos_faults import FAULTS  # noqa: E402
-from tests.chaos_run import run_config, run_fault  # noqa: E402
+from tests.chaos_faults import FAULTS
+from tests.chaos_run import run_config, run_fault
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 OUT = RESULTS / "chaos.json"
 
 

@@ -25,8 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 RUNS = ("a", "b")  # a: rollout-heavy (slow environment steps), b: training-heavy (more updates a step)
 SIZES = {"--steps": 3, "--groups": 4, "--group-size": 4, "--max-turns": 4}  # each run's steps and rollout

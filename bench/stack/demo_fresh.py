@@ -19,8 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS, ROOT  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, ROOT, print_table, write_result
 
 
 def one_run(i: int, commit: str, workdir: Path, timeout_s: float) -> dict:

@@ -23,8 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 MODES = ("trajectory", "batched")
 

@@ -24,8 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.lib.results import RESULTS  # noqa: E402
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
 MODES = ("elastic", "batch")
 

@@ -35,9 +35,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from executors.policies.router import TurnRouter, WorkerInfo  # noqa: E402
+from executors.policies.router import TurnRouter, WorkerInfo
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ import argparse
 import statistics
 
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from core.config import RolloutConfig, RunConfig  # noqa: E402
-from rose.launch import default_run_id, ensure_models, ensure_stack  # noqa: E402
+from core.config import RolloutConfig, RunConfig
+from rose.launch import default_run_id, ensure_models, ensure_stack
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 
 
 def phase_rows(summaries: list[dict]) -> list[dict]:

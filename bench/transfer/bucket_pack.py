@@ -18,9 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
-from bench.lib.results import RESULTS  # noqa: E402
 
 
 def main() -> None:

@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.lib.results import print_table, write_result  # noqa: E402
-from storage.cores import available_cores  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
+from storage.cores import available_cores
 
-from bench.lib.results import RESULTS  # noqa: E402
 
 
 def layer_shapes(hidden: int, intermediate: int, kv: int) -> list[tuple[str, tuple[int, int]]]:

@@ -23,9 +23,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from storage.delta import elias_fano, kernels  # noqa: E402
+from storage.delta import elias_fano, kernels
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 DENSITIES = (0.001, 0.01, 0.042, 0.15)  # 0.042: the 0.5B shape's AdamW delta at lr 1e-6
 
 

@@ -22,15 +22,15 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tests.transfer_e2e import start_relay  # noqa: E402
-from bench.transfer.transfer_workloads import demo_policy_model  # noqa: E402
-from storage.weights import first_read  # noqa: E402
-from storage.weights.apply_pipeline import pull_weights  # noqa: E402
-from storage.weights.publisher import publish_weights  # noqa: E402
-from storage.weights.receiver import WeightReceiver  # noqa: E402
-from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
+from tests.transfer_e2e import start_relay
+from bench.transfer.transfer_workloads import demo_policy_model
+from storage.weights import first_read
+from storage.weights.apply_pipeline import pull_weights
+from storage.weights.publisher import publish_weights
+from storage.weights.receiver import WeightReceiver
+from storage.weights.sparse_publisher import SparsePublisher
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.lib.results import RESULTS, print_table, write_result  # noqa: E402
-from rose.stack.mooncake import start_mooncake  # noqa: E402
-from storage.relay.mooncake import MooncakeRelay  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
+from rose.stack.mooncake import start_mooncake
+from storage.relay.mooncake import MooncakeRelay
 
 SIZES = [100_000, 1_700_000, 4 << 20, 8 << 20, 16 << 20]  # 1.7 MB: the demo policy's bucket
 

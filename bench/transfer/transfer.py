@@ -47,11 +47,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from bench.transfer import transfer_workloads as wl  # noqa: E402
-from bench.transfer.transfer_methods import CaseResult, codec_methods, measure_pair, shard_method  # noqa: E402
-from bench.transfer.transfer_report import print_cases, print_e2e  # noqa: E402
+from bench.transfer import transfer_workloads as wl
+from bench.transfer.transfer_methods import CaseResult, codec_methods, measure_pair, shard_method
+from bench.transfer.transfer_report import print_cases, print_e2e
 
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from bench.lib.results import RESULTS, write_json
 
 
 def run_synthetic(args, methods_for, console: Console) -> tuple[list[CaseResult], dict]:

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.transfer import transfer_workloads as wl  # noqa: E402
-from storage.delta import apply_delta, encode_delta, kernels, read_header  # noqa: E402
-from storage.delta.host_speed import (apply_in_place_seconds, best_seconds as _best,  # noqa: E402
+from bench.transfer import transfer_workloads as wl
+from storage.delta import apply_delta, encode_delta, kernels, read_header
+from storage.delta.host_speed import (apply_in_place_seconds, best_seconds as _best,
                                       raw_trip_seconds)
-from storage.weights.parallel import ordered_map  # noqa: E402
-from bench.lib.results import RESULTS, write_json  # noqa: E402
+from storage.weights.parallel import ordered_map
+from bench.lib.results import RESULTS, write_json
 
 
 def per_tensor(lrs: list[float]) -> list[dict]:

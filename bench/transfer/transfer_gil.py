@@ -30,11 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import print_table, write_result  # noqa: E402
-from storage.cores import available_cores  # noqa: E402
-from tests.pyspy_stacks import holders  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
+from storage.cores import available_cores
+from tests.pyspy_stacks import holders
 
-from bench.lib.results import RESULTS  # noqa: E402
 
 
 def _publisher(conn, params: float, lr: float, gbps: float, relay_kind: str) -> None:

@@ -20,14 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import print_table, write_result  # noqa: E402
-from tests.transfer_e2e import PacedRelay, start_relay  # noqa: E402
-from bench.transfer.transfer_workloads import demo_policy_model  # noqa: E402
-from storage.weights.link_rate import LinkRate  # noqa: E402
-from storage.weights.sparse_publisher import SparsePublisher  # noqa: E402
-from storage.weights.tensor_form import RawSamples  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
+from tests.transfer_e2e import PacedRelay, start_relay
+from bench.transfer.transfer_workloads import demo_policy_model
+from storage.weights.link_rate import LinkRate
+from storage.weights.sparse_publisher import SparsePublisher
+from storage.weights.tensor_form import RawSamples
 
-from bench.lib.results import RESULTS  # noqa: E402
 
 
 def main() -> None:

@@ -36,11 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.transfer_e2e import PacedRelay, _reader, start_relay  # noqa: E402
-from bench.transfer.transfer_workloads import synthetic_model  # noqa: E402
-from bench.lib.results import write_result  # noqa: E402
+from tests.transfer_e2e import PacedRelay, _reader, start_relay
+from bench.transfer.transfer_workloads import synthetic_model
+from bench.lib.results import RESULTS, write_result
 
-from bench.lib.results import RESULTS  # noqa: E402
 POLICIES = ("fixed", "link", "measured", "oracle")
 
 

@@ -20,9 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.lib.results import print_table, write_result  # noqa: E402
+from bench.lib.results import RESULTS, print_table, write_result
 
-from bench.lib.results import RESULTS  # noqa: E402
 
 
 def timeline(relay, old: dict, new: dict, gbps: float, repeat: int, run: str) -> list[dict]:
