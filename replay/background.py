@@ -3,19 +3,25 @@ serving endpoints, in a background thread, until the run ends (`rose demo`, the 
 
 Scaled as bench/coserving/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
 `sample`, because on this 2-core machine the replay, the trainer and every worker's engines
-share the cores. The replay runs the trace from its start; a `window_s` longer than one pass
+share the cores. The users run in their own process, as real users run on other machines: in
+the driver's process they would wait on its interpreter lock whenever the run's own work held it,
+and count that wait as the server's TTFT. The replay runs the trace from its start; a `window_s` longer than one pass
 plays it again, back to back, so a long run never runs out of users. A pass is the whole trace,
 or its first `period_s` trace seconds: the demo replays exactly the window it measured serving
 alone on, so the run's users are held to the traffic their SLO was derived from.
 """
 from __future__ import annotations
 
+import json
 import math
+import multiprocessing
+import tempfile
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from replay.replayer import RequestRecord, replay_over_http, summarize
+from storage.atomic import write_atomic
 from replay.job import endpoint_model
 from core.trace import DEFAULT_TRACE, ReplayRequest, Scaling, load_trace, plan
 
@@ -52,7 +58,7 @@ class BackgroundReplay:
         self.model = endpoint_model(self.endpoints[0])  # fails now, loudly, if none answers
         self.records: list[RequestRecord] = []
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._stop = _SPAWN.Event()
         self._thread = threading.Thread(target=self._run, name="rose-serving-replay", daemon=True)
 
     def _plan(self) -> list[ReplayRequest]:
@@ -72,9 +78,8 @@ class BackgroundReplay:
 
     def _run(self) -> None:
         try:
-            self.records = replay_over_http(self._plan(), self.endpoints, self.model["id"],
-                                            int(self.model["vocab_size"]), self.traffic.seed,
-                                            stop=self._stop.is_set)
+            self.records = _replay_in_own_process(self._plan(), self.endpoints, self.model,
+                                                  self.traffic.seed, self._stop)
         except BaseException as e:  # noqa: BLE001 - reported by stop(), never kills the run
             self.error = e
 
@@ -112,3 +117,34 @@ class BackgroundReplay:
         if self.error is not None:
             raise RuntimeError(f"the serving replay failed: {self.error}") from self.error
         return self
+
+
+_SPAWN = multiprocessing.get_context("spawn")  # a fresh interpreter: no lock or thread of the driver's
+
+
+def _replay_in_own_process(plan: list[ReplayRequest], endpoints: list[str], model: dict, seed: int,
+                           stop) -> list[RequestRecord]:
+    """Run the replay in a child process until `stop` (a multiprocessing Event) is set and the
+    requests in flight end; its records come back through a JSON file."""
+    with tempfile.TemporaryDirectory(prefix="rose-users-") as tmp:
+        out = Path(tmp) / "records.json"
+        child = _SPAWN.Process(target=_users_process, name="rose-serving-users", daemon=True,
+                               args=(plan, endpoints, model["id"], int(model["vocab_size"]), seed, stop, str(out)))
+        child.start()
+        child.join()
+        if not out.exists():
+            raise RuntimeError(f"the serving users' process exited with code {child.exitcode} "
+                               "and no records")
+        doc = json.loads(out.read_text())
+    if doc.get("error"):
+        raise RuntimeError(doc["error"])
+    return [RequestRecord(**r) for r in doc["records"]]
+
+
+def _users_process(plan, endpoints, model_id, vocab_size, seed, stop, out: str) -> None:
+    try:
+        records = replay_over_http(plan, endpoints, model_id, vocab_size, seed, stop=stop.is_set)
+        doc = {"records": [asdict(r) for r in records]}
+    except BaseException as e:  # noqa: BLE001 - the parent raises it, named
+        doc = {"records": [], "error": f"{type(e).__name__}: {e}"}
+    write_atomic(Path(out), json.dumps(doc))

@@ -123,7 +123,7 @@ def test_train_borrows_the_serving_worker_while_it_serves(serving_stack):
 
     rows = [r for s in (1, 2)
             for r in TrajectoryStore(cfg.trajectories_dir()).read_step(run, s).to_pylist()]
-    assert {r["worker"] for r in rows} == {"rollout-0", "serving-0"}
+    assert {r["worker"] for r in rows} == {"rollout-0", "serving-0"}, [s.get("serving") for s in summaries]
     for tid in {(r["step"], r["trajectory"]) for r in rows}:
         turns = sorted((r for r in rows if (r["step"], r["trajectory"]) == tid),
                        key=lambda r: r["turn"])

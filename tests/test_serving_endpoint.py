@@ -246,3 +246,26 @@ def test_http_replay_reads_the_token_stream(fake):
     ok, too_long = records[:2], records[2]
     assert all(r.ok and r.output_tokens == 5 and r.ttft_s > 0 and r.tpot_s > 0 for r in ok)
     assert not too_long.ok and too_long.error.startswith("HTTP 400")
+
+
+def test_background_users_run_in_their_own_process_and_stop_on_request(fake):
+    """The demo's users: a child process replays the trace against the endpoint (the driver's
+    interpreter lock is not theirs to wait on); stop() ends the sending and returns the
+    records of every request sent, each answered."""
+    import multiprocessing
+
+    from replay.background import BackgroundReplay, BackgroundTraffic
+
+    users = BackgroundReplay([fake[0].url], BackgroundTraffic(sample=1.0, window_s=10_000.0))
+    with users:
+        deadline = time.time() + 60
+        while not any(p.name == "rose-serving-users" for p in multiprocessing.active_children()):
+            assert time.time() < deadline, "no users' process started"
+            time.sleep(0.05)
+        time.sleep(3.0)
+    summary = users.summary
+    planned = len(users._plan())
+    assert 0 < summary["requests"] < planned  # stopped long before the window's end
+    assert summary["ok"] == summary["requests"] and summary["output_tokens"] > 0
+    assert all(r.endpoint == fake[0].url for r in users.records)
+    assert not any(p.name == "rose-serving-users" for p in multiprocessing.active_children())
