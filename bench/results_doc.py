@@ -121,9 +121,9 @@ def demo_section(doc: dict, name: str) -> list[str]:
                 f"{w.get('rollout_admitted', 0)}, denied "
                 f"{sum(w.get(k) or 0 for k in w if k.startswith('rollout_denied_'))}, users yielded to "
                 f"{w.get('rollout_yielded_to_users') or 0})" for step, w in worst))
-    deriv = {r["slo_derivation"] for r in doc["rows"] if r.get("slo_derivation")}
+    deriv = [f"run {r['run']}: {r['slo_derivation']}" for r in doc["rows"] if r.get("slo_derivation")]
     out += ["", "How each run's SLO was derived (printed in its table caption): "
-            + "; ".join(sorted(deriv)) if deriv else "", ""]
+            + "; ".join(deriv) if deriv else "", ""]
     ok = [(r["lent_60s"] is not None and r["alone_60s"] is not None and r["alone_60s"] - r["lent_60s"] <= 0.01
            and r["alone_60s"] - r["lent_whole"] <= 0.01, r["refused"] == 0, r["borrowed_share"] >= 0.2,
            r["alone_60s"] is not None and r["alone_60s"] >= 0.995) for r in doc["rows"]]

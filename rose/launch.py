@@ -137,16 +137,33 @@ def _run_training(cfg: RunConfig, console: Console, live: bool, traffic) -> list
         table, served = serving_users_table(users, summaries, alone, BASELINE_S, slo_note)
         console.print(table)
         console.print(admission_table(summaries))
+        keep_user_requests(cfg, traffic, {"serving_alone": alone, "serving_users": users})
     write_atomic(cfg.run_dir() / "summary.json", json.dumps(
         {"run": cfg.run_id, "steps": summaries, "serving_users": served}, indent=1, default=str))
     data = cfg.trajectories_dir() / f"run={cfg.run_id}"
     console.print(f"[bold]trajectories[/] (Arrow/Parquet): {data}")
     console.print(f"[bold]summary[/] (steps, serving users): {cfg.run_dir() / 'summary.json'}")
+    if users is not None:
+        console.print(f"[bold]serving users' requests[/]: {cfg.run_dir() / 'serving_users' / 'requests.parquet'}")
     console.print(f"[bold]query them[/]: rose query \"SELECT step, avg(trajectory_reward) "
                   f"FROM turns WHERE run='{cfg.run_id}' GROUP BY step ORDER BY step\"")
     console.print(f"[bold]Prefect UI[/]: {handle.prefect_ui_url}  (flow runs: rl_step, train)")
     console.print("stop the stack with [bold]rose down[/]")
     return summaries
+
+
+def keep_user_requests(cfg: RunConfig, traffic, replays: dict) -> None:
+    """Each replay's requests (send time, lateness, TTFT, TPOT, errors) as
+    `<run dir>/<name>/requests.parquet` beside its summary and the trace's notice: when the
+    users missed their SLO, which requests did, and when."""
+    from core.trace import trace_notice
+    from replay.replayer import write_results
+
+    notice = trace_notice(traffic.trace, required=False)
+    for name, replay in replays.items():
+        write_results(cfg.run_dir() / name, replay.records, replay.summary, notice,
+                      {"run": cfg.run_id, "replay": name, "period_s": traffic.period_s,
+                       "time_scale": traffic.time_scale, "sample": traffic.sample})
 
 
 def derive_run_slo(handle, alone, console: Console):

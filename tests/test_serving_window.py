@@ -140,3 +140,32 @@ def test_background_plan_loops_the_reference_window_when_given_a_period():
         assert [r.send_at_s for r in part] == pytest.approx([r.send_at_s + k * period for r in reference])
     with pytest.raises(ValueError, match="period_s"):
         BackgroundTraffic(period_s=0)
+
+
+def test_a_demo_keeps_each_replays_requests_beside_its_summary(tmp_path, monkeypatch):
+    """`rose demo`'s users: every request (send time, lateness, TTFT) in the run directory, so a
+    missed SLO can be traced to the requests and the moment that missed it."""
+    import pyarrow.parquet as pq
+
+    from core.config import RunConfig
+    from replay.replayer import summarize
+    from rose.launch import keep_user_requests
+
+    class Replay:
+        def __init__(self, ttfts):
+            self.records = [RequestRecord(i, 0, 0.5 * i, 0.01 * i, 8, 4, output_tokens=4, ttft_s=t,
+                                          tpot_s=0.01, ok=t < 1) for i, t in enumerate(ttfts)]
+
+        @property
+        def summary(self):
+            return summarize(self.records)
+
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path))
+    cfg = RunConfig(run_id="users")
+    keep_user_requests(cfg, BackgroundTraffic(period_s=480.0),
+                       {"serving_alone": Replay((0.05, 0.06)), "serving_users": Replay((0.05, 0.9, 2.0))})
+    lent = pq.read_table(cfg.run_dir() / "serving_users" / "requests.parquet").to_pylist()
+    assert [r["ttft_s"] for r in lent] == [0.05, 0.9, 2.0] and [r["ok"] for r in lent] == [True, True, False]
+    assert [r["late_s"] for r in lent] == pytest.approx([0.0, 0.01, 0.02])
+    assert len(pq.read_table(cfg.run_dir() / "serving_alone" / "requests.parquet")) == 2
+    assert (cfg.run_dir() / "serving_users" / "NOTICE.md").read_text()
