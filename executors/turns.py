@@ -48,7 +48,6 @@ class TurnResult:
     queued_s: float = 0.0  # waiting inside the worker before the first schedule
     prefill_s: float = 0.0  # scheduled -> first token
     decode_s: float = 0.0  # first token -> last token
-    engine_waiting: int = 0  # requests its dedicated engine held waiting for KV as the batch returned
 
     @property
     def ok(self) -> bool:

@@ -60,7 +60,6 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         self.queue: deque[str] = deque()
         self.trajs: dict[str, list] = {}  # tid -> [trajectory, turn index, context tokens, group]
         self.flags: dict[str, bool] = {}
-        self.saturated: dict[str, bool] = {}  # dedicated engines whose KV pool is full
         self.closed_until: dict[str, float] = {}
         self.version: dict[str, int] = {}
         self.counts = dict(started=0, finished=0, turns=0, rerouted=0, affine=0, later_turns=0,
@@ -122,8 +121,6 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
     def _add(self, dev: Device) -> None:
         self.devices[dev.name] = dev
         self.router.register_worker(WorkerInfo(dev.name, "rollout"))
-        if dev.kv_pool is not None:  # its engine says when its KV is full, as the scheduler's poll does
-            dev.on_iter = self._on_rollout_iter
 
     # ---- run --------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -287,14 +284,6 @@ class ClusterSim(HandbackSide, RedundantSampling, TailBatching, ElasticSide):
         if flag != self.flags[dev.name]:
             self._set_flag(dev.name, flag)
             if flag and self.queue:
-                self._dispatch()
-
-    def _on_rollout_iter(self, dev: Device) -> None:
-        full = bool(dev.waiting)  # a turn waits inside the engine: no KV for it
-        if full != self.saturated.get(dev.name, False):
-            self.saturated[dev.name] = full
-            self.router.set_saturated(dev.name, full)
-            if not full and self.queue:
                 self._dispatch()
 
     def _set_flag(self, name: str, flag: bool) -> None:

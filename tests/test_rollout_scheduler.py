@@ -84,8 +84,7 @@ def fake_generate(requests):
         ids = enc("win" if r.trajectory_id in WINNERS else "lose") + [2]
         kind = "serving" if name.startswith("serving") else "rollout"
         out.append(TurnResult(r.request_id, r.trajectory_id, ids, [-0.5] * len(ids), "stop", name,
-                              kind, 0, len(r.prompt_ids), 0, 0.001, 0.002, 0.003,
-                              engine_waiting=int(BEHAVIOUR.get(name) == "kv_full")))
+                              kind, 0, len(r.prompt_ids), 0, 0.001, 0.002, 0.003))
     time.sleep(0.02)
     return out
 
@@ -206,24 +205,6 @@ def test_excess_turns_spill_to_an_admitting_serving_worker(cluster):
     assert {r["worker_kind"] for r in alone.rows} == {"rollout"}
     lent = scheduler(client, workers, cap_per_worker=1, admits=lambda n: True).run(episodes(1, 4))
     assert {r["worker_kind"] for r in lent.rows} == {"rollout", "serving"}
-
-
-def test_a_dedicated_engine_reporting_waiting_requests_is_marked_saturated_while_it_has_turns(cluster):
-    """A batch's results say the engine held requests waiting for KV: the router hears it (and
-    routes elsewhere, tests/test_router.py), and hears it lifted once the worker has no turn."""
-    _, client = cluster
-    BEHAVIOUR["rollout-0"] = "kv_full"
-    sched = scheduler(client, TWO, cap_per_worker=4)
-    calls: list[tuple[str, bool, int]] = []
-    mark = sched.router.set_saturated
-    sched.router.set_saturated = lambda name, full: (calls.append((name, full, sched.router.load(name))),
-                                                     mark(name, full))
-    report = sched.run(episodes(2, 4))
-    assert len(report.episodes) == 8 and {r["status"] for r in report.rows} == {"ok"}
-    assert any(full for name, full, _ in calls if name == "rollout-0")
-    assert all(load > 0 for name, full, load in calls if full)  # never a worker with no turn
-    assert not any(full for name, full, _ in calls if name == "rollout-1")
-    assert sched.router.route("new", None) is not None  # nothing left saturated at the end
 
 
 def test_a_serving_worker_still_pulling_serves_within_the_staleness_bound(cluster):

@@ -155,32 +155,6 @@ def test_affinity_to_a_dedicated_worker_holds_within_its_excess_over_the_least_l
         TurnRouter(affinity_max_excess=-1)
 
 
-def test_a_saturated_dedicated_engine_gets_no_turn_until_it_has_kv_again():
-    """Its requests wait inside the engine for KV: turns go to an admitting serving worker, or
-    wait in the caller's queue, and the affinity to it lapses while it is full."""
-    router = make(rollout=2, serving=1, cap=4)
-    assert place(router, "a") == "rollout-0"
-    router.on_turn_end("a", "rollout-0")
-    router.set_saturated("rollout-0", True)
-    assert router.route("a", yes) == "rollout-1"  # affine to rollout-0, which is full
-    router.set_saturated("rollout-1", True)
-    assert router.route("a", yes) == "serving-0"
-    assert router.route("a", no) is None
-    place(router, "b", yes)
-    router.on_turn_end("b", "serving-0")
-    assert router.route("b", yes) == "serving-0"  # serving-affine: no dedicated engine has room
-    router.set_saturated("rollout-1", False)
-    router.set_saturated("rollout-1", False)  # a repeated report changes nothing
-    assert router.route("a", yes) == "rollout-1" and router.route("b", yes) == "rollout-1"
-    router.set_saturated("rollout-0", False)
-    assert router.route("a", yes) == "rollout-0"
-    assert router.load("rollout-0") == 0
-    with pytest.raises(ValueError, match="only rollout engines"):
-        router.set_saturated("serving-0", True)
-    with pytest.raises(KeyError, match="unknown worker"):
-        router.set_saturated("rollout-9", True)
-
-
 def test_pinned_stays_on_first_worker_and_queues():
     pinned = make(rollout=2, serving=0, cap=1, mode="pinned")
     turnwise = make(rollout=2, serving=0, cap=1, mode="turnwise")
@@ -273,7 +247,6 @@ def test_random_workload_keeps_loads_exact_and_bounded():
             worker = router.route(tid, flags.get)
             if worker is not None and worker.startswith("serving"):
                 assert flags[worker] and worker not in closed  # only an open, admitting worker
-            assert worker not in closed  # nor a saturated dedicated one
             if worker is not None:
                 router.on_turn_start(tid, worker)
                 running[tid] = worker
@@ -282,11 +255,6 @@ def test_random_workload_keeps_loads_exact_and_bounded():
             name, admitting = rng.choice(serving), rng.random() < 0.5
             router.set_admitting(name, admitting)
             (closed.discard if admitting else closed.add)(name)
-        if step % 70 == 0:  # a dedicated engine runs out of KV, or has room again
-            rollout = [w.name for w in router.workers() if w.kind == "rollout"]
-            name, full = rng.choice(rollout), rng.random() < 0.5
-            router.set_saturated(name, full)
-            (closed.add if full else closed.discard)(name)
         if step % 500 == 499:  # kill a worker, then bring a fresh one up
             victim = rng.choice(router.workers())
             lost = router.remove_worker(victim.name)

@@ -61,7 +61,6 @@ class EngineLoop(EngineOwner):
         self._live: dict[str, tuple[TurnRequest, Future, float]] = {}
         self.failure: BaseException | None = None  # set when the engine itself broke
         self.last_progress = time.monotonic()
-        self._waiting_after_step = 0
         self._start(f"engine-{worker}")  # builds the engine on the owner thread
 
     # ---- public API (any thread) ----
@@ -74,19 +73,8 @@ class EngineLoop(EngineOwner):
         return fut
 
     def generate(self, requests: Iterable[TurnRequest]) -> list[TurnResult]:
-        """The turns' results, each stamped with the engine's waiting requests as the batch
-        returns: the router's view of this engine's KV saturation (TurnRouter.set_saturated)."""
         futures = [self.submit(r) for r in requests]
-        results = [f.result() for f in futures]
-        waiting = self.num_waiting()
-        for r in results:
-            r.engine_waiting = waiting
-        return results
-
-    def num_waiting(self) -> int:
-        """Requests vLLM's scheduler left waiting after its last step (no KV or sequence slot
-        for them, or preempted); 0 where the engine core runs in another process."""
-        return self._waiting_after_step
+        return [f.result() for f in futures]
 
     def abort(self, request_ids: Iterable[str]) -> None:
         self._post(("abort", list(request_ids)))
@@ -144,15 +132,11 @@ class EngineLoop(EngineOwner):
                         request, fut, _ = self._live.pop(rid)
                         fut.set_result(self._empty(request, "abort"))
         if self._live:
-            outputs = self.engine.step()
-            self._waiting_after_step = _waiting(self.engine)  # before a result wakes its caller
-            for out in outputs:
+            for out in self.engine.step():
                 self.last_progress = time.monotonic()
                 if out.finished and out.request_id in self._live:
                     request, fut, _ = self._live.pop(out.request_id)
                     fut.set_result(self._result(request, out))
-        else:
-            self._waiting_after_step = 0
         self._busy = bool(self._live)  # turns running: step again without sleeping
 
     def _idle_wait(self) -> float:
@@ -209,14 +193,6 @@ class EngineLoop(EngineOwner):
                           self.worker, self.worker_kind, self.policy_version,
                           len(request.prompt_ids), int(out.num_cached_tokens or 0),
                           queued, prefill, decode)
-
-
-def _waiting(engine) -> int:
-    """Requests the in-process engine core's scheduler holds waiting; 0 where the core runs in
-    another process (its queue is not readable from here)."""
-    core = getattr(getattr(engine, "engine_core", None), "engine_core", None)
-    counts = getattr(getattr(core, "scheduler", None), "get_request_counts", None)
-    return int(counts()[1]) if counts is not None else 0
 
 
 def reload_weights(engine, tensors: dict[str, torch.Tensor]) -> None:

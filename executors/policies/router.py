@@ -17,9 +17,7 @@ Every TURN is routed afresh (not every trajectory), in this order:
   3. else the least-loaded serving worker whose admission accepts;
   4. else None: the caller queues the turn and asks again when a turn ends.
 Plain Python, no engine, no network: the rollout proxy reports turn starts, ends, aborts and dead
-workers, and may push each co-serving executor's admission changes (`set_admitting`) and each
-dedicated engine's KV saturation (`set_saturated`: requests wait inside the engine for KV; a
-turn sent there would only queue behind them, or push vLLM into preempting and recomputing).
+workers, and may push each co-serving executor's admission changes (`set_admitting`).
 
 Cost of a decision: O(1) for steps 1-2; step 3 walks the serving workers not marked closed, in
 load order, and calls `admits` once per declining one. A closed worker drains to load 0 and would
@@ -84,7 +82,7 @@ class StaleTurnError(ValueError):
 class _Worker:
     info: WorkerInfo
     epoch: int  # a re-registered name is a new incarnation with an empty prefix cache
-    indexed: bool = True  # False: a serving worker admitting nothing, a rollout worker out of KV
+    indexed: bool = True  # False for a serving worker whose executor said it admits nothing
     in_flight: dict[str, None] = field(default_factory=dict)  # trajectory ids, in start order
 
 
@@ -144,7 +142,7 @@ class TurnRouter:
             raise KeyError(f"unknown worker {name!r}")
         if worker.indexed:
             self._index[worker.info.kind].discard(name, len(worker.in_flight))
-        if worker.indexed and worker.info.kind == "rollout" and self._class_index is not None:
+        if worker.info.kind == "rollout" and self._class_index is not None:
             self._class_index[worker.info.device_class].discard(name, len(worker.in_flight))
         lost = list(worker.in_flight)
         for tid in lost:
@@ -164,23 +162,6 @@ class TurnRouter:
         worker.indexed = admitting
         index = self._index["serving"]
         (index.add if admitting else index.discard)(name, len(worker.in_flight))
-
-    def set_saturated(self, name: str, saturated: bool) -> None:
-        """A dedicated rollout engine's KV pool is full (requests wait in its own queue): no turn
-        is routed there until it has room again, so turns go to admitting serving workers or wait
-        in the caller's queue instead of behind the engine's, where vLLM would preempt for them."""
-        worker = self._worker(name)
-        if worker.info.kind != "rollout":
-            raise ValueError(f"worker {name!r} is a {worker.info.kind} worker; only rollout engines saturate")
-        if worker.indexed != saturated:
-            return
-        worker.indexed = not saturated
-        load = len(worker.in_flight)
-        indices = [self._index["rollout"]]
-        if self._class_index is not None:
-            indices.append(self._class_index[worker.info.device_class])
-        for index in indices:
-            (index.discard if saturated else index.add)(name, load)
 
     def workers(self) -> list[WorkerInfo]:
         return [w.info for w in self._workers.values()]
@@ -238,7 +219,7 @@ class TurnRouter:
 
     def _has_room(self, worker: _Worker, accepts: Admits) -> bool:
         if worker.info.kind == "rollout":
-            return worker.indexed and len(worker.in_flight) < self.cap
+            return len(worker.in_flight) < self.cap
         return worker.indexed and accepts(worker.info.name)
 
     def _live(self, ref: tuple[str, int] | None) -> _Worker | None:
@@ -304,7 +285,7 @@ class TurnRouter:
             index = self._index[w.info.kind]
             index.discard(w.info.name, load)
             index.add(w.info.name, load + delta)
-        if w.indexed and w.info.kind == "rollout" and self._class_index is not None:
+        if w.info.kind == "rollout" and self._class_index is not None:
             index = self._class_index[w.info.device_class]
             index.discard(w.info.name, load)
             index.add(w.info.name, load + delta)

@@ -237,8 +237,6 @@ class RolloutScheduler:
                 self._give_back(tid, result.finished_reason)
                 continue
             self.router.on_turn_end(tid, worker)
-            if self.kinds.get(worker) == "rollout":  # its KV full: turns go elsewhere until it is not
-                self.router.set_saturated(worker, result.engine_waiting > 0 and self.router.load(worker) > 0)
             if self.handback is not None and self.kinds.get(worker) == "rollout":
                 self.handback.on_dedicated_turn(time.monotonic() - sent)
             self.last_worker[tid] = worker
