@@ -235,8 +235,8 @@ def _table3_finding(doc: dict) -> list[str]:
         out.append(
             f"Table 3, 32B: turn-wise {y['turnwise']:.2f}x pinned, + affinity {y['turnwise_affinity']:.2f}x (the "
             "paper 1.08x and 1.48x): affinity adds, as in the paper, but pinning wins, a miss. Turn by turn: "
-            "routing sends a turn to a dedicated engine whenever one is below its 16-turn cap, so the 4 dedicated "
-            "TP-4 engines run full with long contexts and a turn there paces at "
+            "routing sends a turn to a dedicated engine whenever one is below its cap (16 turns a GPU, 64 an "
+            "engine), so the 4 dedicated TP-4 engines run full with long contexts and a turn there paces at "
             f"{_pace(aff, 'dedicated')} per response token against {_pace(aff, 'borrowed')} on the 16 borrowed "
             f"serving engines (serving {aff['serving_busy_mean']:.0%} busy); pinned trajectories stay where their "
             f"first turn went, spread over all 20 engines ({_pace(pin, 'dedicated')} and "
@@ -247,8 +247,14 @@ def _table3_finding(doc: dict) -> list[str]:
             "EWMA, handed-back turns counted at their pace so far) raised 32B + affinity from 52.5k to "
             "74.8-76.1k tokens/s (pinned 81.9k) but cut 8B from 17.7k to 8.6-14.7k: at 8B a serving GPU's "
             "finished turns pace as well as a dedicated one's (12 against 16 ms a token), while the long turns "
-            "sent there stall in serving's TPOT slack and end the step late. A rule that knows which turns will "
-            "run long (their context, the trajectory's earlier responses) is what this needs; not built.")
+            "sent there stall in serving's TPOT slack and end the step late. Also tried, not kept (the whole "
+            "figure set, 6a51641): skipping a dedicated engine whose vLLM queue holds requests waiting for KV "
+            "(the engine reporting its waiting requests with each batch) raised 32B + affinity to 54.0k tokens/s "
+            "(1.46x fixed, turn-wise 51.9k; pinned 78.5k) but cut the 8B 1,024-GPU run by 16% (rollout 678 "
+            "against 561 s) and put + affinity below turn-wise at 16 GPUs: the long prompts a full dedicated pool "
+            "could not admit went to serving GPUs, where they run in serving's slack; flagging only preempted "
+            "requests changed neither model. A rule that knows which turns will run long (their context, the "
+            "trajectory's earlier responses) is what this needs; not built.")
     return out
 
 
