@@ -1,5 +1,6 @@
 """Serving users while a run trains: an open-loop HTTP replay of the trace against the stack's
-serving endpoints, in a background thread, until the run ends (`rose demo`, the e2e test).
+serving endpoints, from a process of its own watched by a background thread, until the run
+ends (`rose demo`, the e2e test).
 
 Scaled as bench/coserving/coserving.py scales it (x8 faster, prompts x1/16, outputs x1) and thinned by
 `sample`, because on this 2-core machine the replay, the trainer and every worker's engines
