@@ -36,10 +36,9 @@ TEST_MODELS := .rose/test-models
 test: setup check
 	$(KERNELS)
 	@rm -rf $(TEST_MODELS) && mkdir -p .rose
-	@($(BIN)/python -c "import sys; from tests.stack_fixtures import build_models_into; build_models_into(sys.argv[1])" \
-	  $(TEST_MODELS) > $(TEST_MODELS).log 2>&1; echo $$? > $(TEST_MODELS).rc) & \
-	$(BIN)/pytest -q --timeout 900 -m "not slow and not browser" -n 3 tests; fast=$$?; wait; \
-	if [ "$$(cat $(TEST_MODELS).rc)" != 0 ]; then tail -40 $(TEST_MODELS).log; echo "building the test models failed"; exit 1; fi; \
+	@$(BIN)/python -m tests.stack_fixtures $(TEST_MODELS) > $(TEST_MODELS).log 2>&1 & build=$$!; \
+	$(BIN)/pytest -q --timeout 900 -m "not slow and not browser" -n 3 tests; fast=$$?; \
+	wait $$build || { tail -40 $(TEST_MODELS).log; echo "building the test models failed"; exit 1; }; \
 	ROSE_TEST_MODELS_DIR=$(CURDIR)/$(TEST_MODELS) $(BIN)/pytest -q --timeout 900 --durations=15 -m "slow and not browser" tests; slow=$$?; \
 	exit $$(( fast || slow ))
 

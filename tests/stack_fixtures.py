@@ -38,8 +38,7 @@ def start_model_build(tmp_path_factory) -> None:
     root = tmp_path_factory.getbasetemp() / "rose-models"
     log = tmp_path_factory.getbasetemp() / "rose-models-build.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; from tests.stack_fixtures import "
-                                 "build_models_into; build_models_into(sys.argv[1])", str(root)],
+        proc = subprocess.Popen([sys.executable, "-m", "tests.stack_fixtures", str(root)],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     _BACKGROUND_BUILD.append((proc, log))
 
@@ -272,3 +271,7 @@ def engine_mismatches(scheduler: str, run_id: str, worker: str = "rollout-0",
     if HEAD not in trained:  # a tied head: the engine's GEMM copy must equal the embeddings
         trained[HEAD] = trained["model.embed_tokens.weight"]
     return [n for n in sorted(set(engine) | set(trained)) if engine.get(n) != trained.get(n)]
+
+
+if __name__ == "__main__":  # `python -m tests.stack_fixtures DIR`: the test models, built ahead (Makefile)
+    build_models_into(sys.argv[1])
