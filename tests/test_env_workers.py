@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from distributed import Client, Scheduler, SpecCluster, Worker
 
+from envs.latency import StepLatency
 from envs.registry import make_env
 from executors.scheduling.remote_env import EnvHosts, EnvLost
 from executors.workers.env_host import env_close
@@ -59,7 +60,7 @@ def test_an_instance_lost_with_its_worker_is_rebuilt_elsewhere_by_replay(env_clu
     assert remote.worker != first and hosts.relaunches == 1 and hosts.failed_on == {first: 1}
 
 
-def test_a_dead_worker_is_given_up_on_after_the_step_timeout(env_cluster):
+def test_a_step_for_a_worker_that_left_is_relaunched_elsewhere(env_cluster):
     c, client = env_cluster
     hosts = EnvHosts(client, ["env-0", "env-1"], step_timeout_s=2.0, backoff_s=0.0)
     local, remote = make_env("frozenlake"), hosts.env("frozenlake")
@@ -68,6 +69,29 @@ def test_a_dead_worker_is_given_up_on_after_the_step_timeout(env_cluster):
     client.retire_workers(names=[first], close_workers=True)  # its steps can go nowhere now
     assert remote.step("Down") == local.step("Down")
     assert remote.worker != first and hosts.relaunches == 1
+
+
+@pytest.mark.timeout(60)  # without the check, the step would wait out its 600 s timeout
+def test_a_step_in_flight_when_its_worker_dies_is_relaunched_without_waiting_out_the_timeout(env_cluster):
+    """Dask leaves such a step `no-worker` for good (its restriction names the dead incarnation):
+    the hosts notice the worker gone within a poll interval and relaunch the trajectory."""
+    import threading
+
+    c, client = env_cluster
+    hosts = EnvHosts(client, ["env-0", "env-1"], latency=StepLatency(mean_s=3.0), step_timeout_s=600.0,
+                     backoff_s=0.0, poll_s=0.2)
+    local, remote = make_env("frozenlake"), hosts.env("frozenlake")
+    remote.reset(7), local.reset(7)
+    first = remote.worker
+    stepped: list = []
+    stepping = threading.Thread(target=lambda: stepped.append(remote.step("Down")))
+    stepping.start()
+    while not any(client.processing(workers=[first]).values()):  # the step is running there
+        stepping.join(timeout=0.05)
+    c.sync(c.workers[first].close)
+    stepping.join()
+    assert stepped == [local.step("Down")]
+    assert remote.worker != first and hosts.relaunches == 1 and hosts.failed_on == {first: 1}
 
 
 def test_no_worker_left_is_an_error_that_names_the_environment(env_cluster):

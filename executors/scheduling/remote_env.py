@@ -8,6 +8,12 @@ timeout) is retried with backoff on another environment worker, where the trajec
 environment is rebuilt by replaying its replies from its seed (environments are deterministic
 given the seed and the replies); an error the environment itself raises is the caller's, as it
 would be in-process. `EnvHosts` picks the workers and counts the relaunches for the step summary.
+
+A step in flight when its worker dies is not rerun by Dask: the restarted worker (same name, new
+address) does not match the task's restriction, which stays `no-worker`. So a step still waiting
+after a poll interval checks whether its worker is still the incarnation it was sent to (one
+scheduler round trip a poll interval for all the trajectories, not one each) and is relaunched at
+once if not, instead of after the whole step timeout.
 """
 from __future__ import annotations
 
@@ -37,15 +43,23 @@ class EnvLost(RuntimeError):
     """A trajectory's environment failed on every environment worker it was tried on."""
 
 
+class WorkerLeft(LookupError):
+    """The worker a step was sent to died or restarted with the step in flight."""
+
+
 class EnvHosts:
     def __init__(self, client: Client, workers: list[str], *, latency: StepLatency | None = None,
-                 step_timeout_s: float = 60.0, attempts: int = 3, backoff_s: float = 0.5) -> None:
+                 step_timeout_s: float = 60.0, attempts: int = 3, backoff_s: float = 0.5,
+                 poll_s: float = 1.0) -> None:
         if not workers:
             raise ValueError("no environment workers to host environments on")
-        if attempts < 1 or step_timeout_s <= 0 or backoff_s < 0:
-            raise ValueError("need attempts >= 1, step_timeout_s > 0 and backoff_s >= 0")
+        if attempts < 1 or step_timeout_s <= 0 or backoff_s < 0 or poll_s <= 0:
+            raise ValueError("need attempts >= 1, step_timeout_s > 0, backoff_s >= 0 and poll_s > 0")
         self.client, self.workers, self.latency = client, sorted(workers), latency
         self.step_timeout_s, self.attempts, self.backoff_s = step_timeout_s, attempts, backoff_s
+        self.poll_s = poll_s
+        self._addresses: dict[str, str] = {}  # worker name -> address, as last asked of the scheduler
+        self._addresses_at = -float("inf")
         self._turn = itertools.count()
         self._lock = threading.Lock()  # environment threads pick and count at once
         self.relaunches = 0
@@ -64,13 +78,39 @@ class EnvHosts:
             return ok[next(self._turn) % len(ok)]
 
     def call(self, worker: str, fn, *args, **kwargs):
+        sent_to = self._address_of(worker)
         fut = self.client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False,
                                  retries=0, **kwargs)
+        deadline = time.monotonic() + self.step_timeout_s
         try:
-            return fut.result(timeout=self.step_timeout_s)
+            while True:
+                left = deadline - time.monotonic()
+                try:
+                    return fut.result(timeout=max(0.0, min(self.poll_s, left)))
+                except TimeoutError:
+                    if left <= self.poll_s:
+                        raise TimeoutError(f"no answer from {worker} within {self.step_timeout_s} s") from None
+                    now = self._address_of(worker)
+                    if now is None or (sent_to is not None and now != sent_to):
+                        raise WorkerLeft(f"{worker} {'left' if now is None else 'restarted'} "
+                                         "with the step in flight") from None
         except BaseException:
             fut.cancel()
             raise
+
+    def _address_of(self, worker: str) -> str | None:
+        """The worker's address (None: not in the cluster) as the scheduler knew it at most a
+        poll interval ago: asked once a poll interval for all the threads, not once each."""
+        with self._lock:
+            if time.monotonic() - self._addresses_at >= self.poll_s:
+                names = set(self.workers)
+
+                def addresses(dask_scheduler) -> dict[str, str]:  # nested: pickled by value
+                    return {ws.name: addr for addr, ws in dask_scheduler.workers.items() if ws.name in names}
+
+                self._addresses = self.client.run_on_scheduler(addresses)
+                self._addresses_at = time.monotonic()
+            return self._addresses.get(worker)
 
     def failed(self, worker: str) -> None:
         with self._lock:
