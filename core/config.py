@@ -32,6 +32,13 @@ def stack_dir() -> Path:
     return data_dir() / "stack"
 
 
+def vllm_cache_dir(models_root: Path | None = None) -> Path:
+    """vLLM's caches beside the models (default <data_dir>/models), so that every stack and engine
+    of them reuses them: vLLM inspects a model class in a subprocess that imports vLLM (~10 s of
+    a core here) unless cached, and on cuda compiles graphs."""
+    return (Path(models_root) if models_root else data_dir() / "models") / ".vllm-cache"
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

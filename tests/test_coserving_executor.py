@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from core.config import vllm_cache_dir
 from executors.coserving.config import CoServingConfig
 from tests.stack_fixtures import shared_models
 from executors.coserving.profile import load_or_measure, profile_path
@@ -154,7 +155,7 @@ def models(tmp_path_factory):
     dst = tmp_path_factory.mktemp("coserving-models")  # fresh: profiles are measured here
     for name in ("policy", "serving"):
         shutil.copytree(src / name, dst / name)
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_dir(src)))
     return dst
 
 

@@ -46,9 +46,12 @@ def test_fractions_are_configurable_and_checked():
         DeviceSpec("tpu")
 
 
-def test_cpu_worker_keeps_its_cpu_settings(tmp_path):
+def test_cpu_worker_keeps_its_cpu_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROSE_DATA_DIR", str(tmp_path / "data"))
     spec = next(s for s in worker_specs(1, 1, 1, ncores=2) if s.kind == "serving")
-    env = worker_env(spec, tmp_path, {})
+    env = worker_env(spec, tmp_path / "stack", {})
+    # vLLM's caches outlive a stack: beside the models, where the next stack finds them
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "data" / "models" / ".vllm-cache")
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_OMP_THREADS_BIND"] == str(spec.core)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["ROSE_DEVICE"] == "cpu"
     kwargs, _ = _setup("serving", DeviceSpec.from_env(env), kv_blocks=64)

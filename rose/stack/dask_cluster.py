@@ -79,14 +79,14 @@ def worker_specs(trainers: int = 1, rollout: int = 1, serving: int = 0, *, env: 
     return specs
 
 
-def vllm_env(spec: WorkerSpec, run_dir: Path) -> dict[str, str]:
+def vllm_env(spec: WorkerSpec) -> dict[str, str]:
     """One-process vLLM engines on the worker's device, offline; on CPU a small KV cache and
     OpenMP bound to its own core, on cuda none of that (executors/engine/device.py)."""
+    from core.config import vllm_cache_dir
     from executors.engine.device import DeviceSpec, engine_env
 
     device = DeviceSpec(spec.device)
-    return {**device.worker_env(),
-            **engine_env(device, spec.core, Path(run_dir) / "vllm-cache")}
+    return {**device.worker_env(), **engine_env(device, spec.core, vllm_cache_dir())}
 
 
 def repo_pythonpath() -> str:
@@ -99,7 +99,7 @@ def worker_env(spec: WorkerSpec, run_dir: Path, base: dict[str, str]) -> dict[st
 
     return {
         **base,
-        **vllm_env(spec, run_dir),
+        **vllm_env(spec),
         "DASK_TEMPORARY_DIRECTORY": str(Path(run_dir).resolve() / "dask"),
         "DASK_DISTRIBUTED__WORKER__DAEMON": "False",  # engines/trainers may start subprocesses
         "PYTHONPATH": repo_pythonpath(),
