@@ -49,7 +49,8 @@ def group_members(pgid: int) -> list[psutil.Process]:
 
 
 def stop_group(pid: int, grace: float = 10.0) -> None:
-    """SIGTERM the process group led by `pid`, wait `grace` s, then SIGKILL all that remain."""
+    """SIGTERM (and SIGCONT) the process group led by `pid`, wait `grace` s, then SIGKILL all that
+    remain."""
     try:
         leader = psutil.Process(pid)
         family = {p.pid: p for p in [leader, *leader.children(recursive=True)]}
@@ -60,6 +61,9 @@ def stop_group(pid: int, grace: float = 10.0) -> None:
     if not family:
         return
     _signal_all(pid, family.values(), signal.SIGTERM)
+    # a stopped (SIGSTOPped, frozen) process holds SIGTERM until continued: continue it now
+    # rather than wait out the grace period for the SIGKILL
+    _signal_all(pid, family.values(), signal.SIGCONT)
     _, alive = psutil.wait_procs(list(family.values()), timeout=grace)
     if alive or group_members(pid):
         _signal_all(pid, [*alive, *group_members(pid)], signal.SIGKILL)

@@ -121,6 +121,24 @@ def test_what_a_dead_service_leaves_in_its_group_goes_before_the_restart(tmp_pat
         sup.stop_all()
 
 
+def test_a_frozen_process_is_stopped_by_its_sigterm_not_left_for_the_sigkill(tmp_path):
+    """`rose down` on a SIGSTOPped service (chaos fault 1b freezes a restarting worker): it is
+    continued, so the SIGTERM acts now, rather than the grace period passing before a SIGKILL."""
+    import subprocess
+
+    from coordination.processes import stop_group
+
+    termed = tmp_path / "termed"
+    proc = subprocess.Popen([sys.executable, "-c", (
+        "import pathlib, signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path({str(termed)!r}).touch(), sys.exit(0)))\n"
+        "print('up', flush=True); time.sleep(300)")], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"up\n"
+    os.kill(proc.pid, signal.SIGSTOP)
+    stop_group(proc.pid, grace=120)  # without the SIGCONT: 120 s, then a SIGKILL
+    assert termed.exists()  # its SIGTERM handler ran
+
+
 def test_five_exits_in_a_minute_mark_it_failed_and_the_rest_runs_on(supervised):
     sup, log = supervised
     svc, other = sup.services
