@@ -1,12 +1,12 @@
-"""Stop the whole stack in the middle of a 5-step run, start it again, resume: as a user does.
+"""Stop the whole stack in the middle of a 3-step run, start it again, resume: as a user does.
 
-`rose train` (5 steps) fails in train of step 4, i.e. after step 3 completed and after step 4's
+`rose train` (3 steps) fails in train of step 2, i.e. after step 1 completed and after step 2's
 rollout and reward finished; `rose down` stops every process; `rose up` starts a fresh stack
 (new ports, new engines, empty relay) on the same data directory; `rose resume` continues.
-Checked: steps 1-3 are not run again, step 4's rollout comes back `Cached` across the restart
-(Prefect's database and result store live in the data directory), steps 4 and 5 complete, no
+Checked: step 1 is not run again, step 2's rollout comes back `Cached` across the restart
+(Prefect's database and result store live in the data directory), steps 2 and 3 complete, no
 (trajectory, turn) row is duplicated in the Arrow dataset, and the trainer (reloaded from its
-step-3 checkpoint), its checkpoints and the rollout worker (fed through the new relay) agree.
+step-1 checkpoint), its checkpoints and the rollout worker (fed through the new relay) agree.
 """
 from __future__ import annotations
 
@@ -44,16 +44,16 @@ def test_full_stack_restart_resumes_after_last_completed_step(data):
     from storage.checkpoints import checkpoint_steps
     from storage.trajectories.dataset import PART, TrajectoryStore
 
-    cfg = RunConfig(run_id=RUN, steps=5, seed=3, fault_injection={"train": 4},
+    cfg = RunConfig(run_id=RUN, steps=3, seed=3, fault_injection={"train": 2},
                     rollout=RolloutConfig(groups=2, group_size=4, max_turns=3))
     cfg_file = data_dir / "run.json"
     cfg_file.write_text(cfg.model_dump_json())
     first = rose_cli(["train", "--config", str(cfg_file)], env)
-    assert first.returncode == 1 and "fault injected into train at step 4" in first.stderr
+    assert first.returncode == 1 and "fault injected into train at step 2" in first.stderr
     store = TrajectoryStore(cfg.trajectories_dir())
-    assert store.steps(RUN) == [1, 2, 3, 4]
-    assert checkpoint_steps(cfg.run_dir() / "checkpoints")[-1] == 3
-    step4 = file_fingerprint(store.step_dir(RUN, 4) / PART)
+    assert store.steps(RUN) == [1, 2]
+    assert checkpoint_steps(cfg.run_dir() / "checkpoints")[-1] == 1
+    step2 = file_fingerprint(store.step_dir(RUN, 2) / PART)
     counts_before, _, _ = _counts(store, RUN)
 
     down = rose_cli(["down"], env, timeout=120)
@@ -63,27 +63,26 @@ def test_full_stack_restart_resumes_after_last_completed_step(data):
     assert up.returncode == 0, up.stderr
     resumed = rose_cli(["resume", RUN], env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "last checkpoint step 3" in resumed.stdout
+    assert "last checkpoint step 1" in resumed.stdout
 
     counts, rows, distinct = _counts(store, RUN)
     assert rows == distinct  # no (trajectory, turn) twice
-    assert sorted(counts) == [1, 2, 3, 4, 5]
-    assert {s: counts[s] for s in (1, 2, 3, 4)} == counts_before
-    assert file_fingerprint(store.step_dir(RUN, 4) / PART) == step4
-    assert checkpoint_steps(cfg.run_dir() / "checkpoints") == [3, 4, 5]
+    assert sorted(counts) == [1, 2, 3]
+    assert {s: counts[s] for s in (1, 2)} == counts_before
+    assert file_fingerprint(store.step_dir(RUN, 2) / PART) == step2
+    assert checkpoint_steps(cfg.run_dir() / "checkpoints") == [1, 2, 3]
     assert json.loads((cfg.run_dir() / "config.json").read_text())["fault_injection"] == {}
 
     handle = load_stack(stack_dir())
     with prefect_for(handle):
-        for step in (1, 2, 3):  # not run again after the restart
-            [run] = flow_runs(f"{RUN}-step-{step}")
-            assert run.state.is_completed()
-        failed, done4 = flow_runs(f"{RUN}-step-4")
-        assert failed.state.is_failed() and done4.state.is_completed()
-        assert task_states(done4) == {"rollout": "Cached", "reward": "Cached",
+        [run] = flow_runs(f"{RUN}-step-1")  # not run again after the restart
+        assert run.state.is_completed()
+        failed, done2 = flow_runs(f"{RUN}-step-2")
+        assert failed.state.is_failed() and done2.state.is_completed()
+        assert task_states(done2) == {"rollout": "Cached", "reward": "Cached",
                                       "train": "Completed", "publish": "Completed"}
-        [done5] = flow_runs(f"{RUN}-step-5")
-        assert set(task_states(done5).values()) == {"Completed"}
+        [done3] = flow_runs(f"{RUN}-step-3")
+        assert set(task_states(done3).values()) == {"Completed"}
     trainer, worker = trainer_and_worker_state(handle.dask_scheduler, RUN)
-    assert trainer["version"] == worker["version"] == 5
+    assert trainer["version"] == worker["version"] == 3
     assert trainer["digest"] == worker["digest"]
