@@ -29,18 +29,19 @@ demo: setup
 	$(KERNELS)
 	$(BIN)/rose demo --steps $(STEPS)
 
-# The fast tests wait more than they compute (Mooncake masters, sockets, timeouts: a third of 2 cores
-# busy), so 3 run at once while the end-to-end tests' models build beside them; then the end-to-end
-# tests one at a time on those models. No -x: one failure must not hide the rest; both parts always run.
+# The tests that need no models wait more than they compute (Mooncake masters, sockets, timeouts:
+# a third of 2 cores busy), so 3 run at once while the models build beside them; then the tests
+# that load the models (`models`: engines, trainers, whole stacks) one at a time on them.
+# No -x: one failure must not hide the rest; both parts always run.
 TEST_MODELS := .rose/test-models
 test: setup check
 	$(KERNELS)
 	@rm -rf $(TEST_MODELS) && mkdir -p .rose
 	@$(BIN)/python -m tests.stack_fixtures $(TEST_MODELS) > $(TEST_MODELS).log 2>&1 & build=$$!; \
-	$(BIN)/pytest -q --timeout 900 -m "not slow and not browser" -n 3 tests; fast=$$?; \
+	$(BIN)/pytest -q --timeout 900 -m "not models and not browser" -n 3 tests; first=$$?; \
 	wait $$build || { tail -40 $(TEST_MODELS).log; echo "building the test models failed"; exit 1; }; \
-	ROSE_TEST_MODELS_DIR=$(CURDIR)/$(TEST_MODELS) $(BIN)/pytest -q --timeout 900 --durations=15 -m "slow and not browser" tests; slow=$$?; \
-	exit $$(( fast || slow ))
+	ROSE_TEST_MODELS_DIR=$(CURDIR)/$(TEST_MODELS) $(BIN)/pytest -q --timeout 900 --durations=15 -m "models and not browser" tests; second=$$?; \
+	exit $$(( first || second ))
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
 check: setup

@@ -2,7 +2,7 @@
 
 Modules with end-to-end (`slow`) tests run after all the others, those on the shared stack
 first among them; a module is moved whole, so its module fixtures start once. The local models
-start building in a process of their own as soon as the tests are collected: on a 2-core
+start building in a process of their own as soon as tests marked `models` are collected: on a 2-core
 machine the single-threaded build overlaps the fast tests instead of holding up the first
 end-to-end test. The shared stack stops as soon as the last test using it is done.
 """
@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_collection_finish(session) -> None:
     _waiting_for_shared.update(item.nodeid for item in session.items
                                if SHARED in getattr(item, "fixturenames", ()))
-    if any(item.get_closest_marker("slow") for item in session.items):
+    if any(item.get_closest_marker("models") for item in session.items):
         start_model_build(session.config._tmp_path_factory)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from tests.stack_fixtures import cli_stack_env, engine_mismatches, new_data_dir, prefect_for, rose_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from tests.stack_fixtures import shared_models
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 # under a minute of training each on this 2-core machine. Fault 1 (a rollout worker's process
 # killed, its nanny restarting it) and fault 2 (killed with its nanny, the stack's supervisor

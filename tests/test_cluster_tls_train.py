@@ -19,7 +19,7 @@ import pytest
 
 from tests.stack_fixtures import cli_stack_env, new_data_dir, rose_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 RUN = "tls-cluster"
 
 

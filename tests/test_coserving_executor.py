@@ -195,6 +195,7 @@ def _wait(pred, timeout: float = 60.0, every: float = 0.0):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_rollout_turns_complete_when_serving_is_idle_and_leases_expire(executor):
     turns = [_turn(f"idle-{i}", 64, i) for i in range(3)]
     results = [f.result(timeout=120) for f in [executor.submit_rollout(t) for t in turns]]
@@ -213,6 +214,7 @@ def test_rollout_turns_complete_when_serving_is_idle_and_leases_expire(executor)
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_serving_burst_cuts_and_aborts_rollout_then_freezes(executor):
     executor.start_step()
     m = executor.metrics(fresh=True)
@@ -232,6 +234,7 @@ def test_serving_burst_cuts_and_aborts_rollout_then_freezes(executor):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_rollout_that_cannot_progress_is_reported_stalled(executor):
     before = executor.metrics(fresh=True)["rollout"]["aborted_stall"]
     t0 = time.monotonic()
@@ -243,6 +246,7 @@ def test_rollout_that_cannot_progress_is_reported_stalled(executor):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_serving_requests_complete_with_their_token_counts(executor):
     streamed: dict[int, list[int]] = {5: [], 9: [], 1: []}
     futures = {n: executor.submit_serving(_prompt(40 + n, n), n, ignore_eos=True,
@@ -261,6 +265,7 @@ def test_serving_requests_complete_with_their_token_counts(executor):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_rollout_weights_load_in_place_and_stale_turns_are_refused(executor, models):
     from safetensors.torch import load_file
 
@@ -282,6 +287,7 @@ def test_rollout_weights_load_in_place_and_stale_turns_are_refused(executor, mod
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_profiles_are_cached_next_to_the_models(executor, models):
     from executors.coserving.executor import CoServingExecutor
 

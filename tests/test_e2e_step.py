@@ -10,7 +10,7 @@ import pytest
 
 from tests.stack_fixtures import engine_mismatches, flow_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")

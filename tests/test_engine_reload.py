@@ -31,6 +31,7 @@ def policy(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_reloaded_engine_samples_like_a_fresh_one(tmp_path, policy):
     from transformers import AutoModelForCausalLM
 
@@ -64,6 +65,7 @@ def test_reloaded_engine_samples_like_a_fresh_one(tmp_path, policy):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_a_failing_engine_fails_its_turns_instead_of_hanging(policy):
     loop = EngineLoop(EngineSpec(policy, max_model_len=256), "broken", "rollout")
     try:
@@ -82,6 +84,7 @@ def test_a_failing_engine_fails_its_turns_instead_of_hanging(policy):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_reload_drops_the_prefix_cache_even_with_turns_in_flight(policy):
     """No turn mixes KV of two versions: a reload aborts the turns in flight, resets vLLM's
     prefix cache and reruns them whole on the new version."""
@@ -125,6 +128,7 @@ def _same(got: dict, want: dict) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.models
 @pytest.mark.parametrize("which", ["policy", "serving"])  # tied Qwen3; untied Qwen2 with biases
 def test_engine_weights_read_what_the_engine_computes_with(policy, which):
     """executors/engine/weights_view.py reads the engine's packed GEMM copies, not the receiver's

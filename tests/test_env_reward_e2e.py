@@ -14,7 +14,7 @@ import uuid
 import pytest
 from distributed import Client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")

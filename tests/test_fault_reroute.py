@@ -20,7 +20,7 @@ import pytest
 
 from tests.stack_fixtures import in_process_stack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")

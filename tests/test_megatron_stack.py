@@ -17,7 +17,7 @@ import pytest
 
 from tests.stack_fixtures import engine_mismatches, in_process_stack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 @pytest.fixture(scope="module")

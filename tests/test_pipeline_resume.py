@@ -16,7 +16,7 @@ import pytest
 from tests.stack_fixtures import (file_fingerprint, flow_runs, task_states,
                                   trainer_and_worker_state)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 RUN = "pipeline-resume-t"
 
 

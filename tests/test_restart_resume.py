@@ -18,7 +18,7 @@ from tests.stack_fixtures import (cli_stack_env, file_fingerprint, flow_runs, ne
                                   prefect_for, rose_cli, task_states,
                                   trainer_and_worker_state)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 RUN = "restart-t"
 
 

@@ -24,7 +24,7 @@ import pytest
 from tests.stack_fixtures import (file_fingerprint, flow_runs, rose_cli,
                                   task_states, trainer_and_worker_state)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 RUN = "resume-t"
 DEPLOYED: list = []  # the worker record of `rose deploy`, checked at teardown
 

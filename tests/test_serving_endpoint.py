@@ -179,6 +179,7 @@ def test_a_client_leaving_mid_stream_aborts_its_request(fake):
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_real_executor_behind_the_endpoint(tmp_path_factory):
     """The tiny serving model in a serving-only co-serving executor, through the openai client."""
     from executors.coserving.executor import CoServingConfig, CoServingExecutor

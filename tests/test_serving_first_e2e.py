@@ -25,6 +25,7 @@ def _burst(ep, seed: int) -> tuple[list, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.models
 def test_users_are_not_refused_while_a_saturating_rollout_is_cut(tmp_path_factory):
     import time
 

@@ -26,6 +26,7 @@ VLLM_DIMS = {**DIMS, "num_attention_heads": 2, "num_key_value_heads": 2, "head_d
 
 
 @pytest.mark.slow
+@pytest.mark.models
 @pytest.mark.timeout(600)
 def test_megatron_tp2_trainer_to_a_tp1_vllm_engine_bit_exact(tmp_path) -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable",

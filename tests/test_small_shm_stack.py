@@ -14,7 +14,7 @@ from storage.catalog import connect
 from tests.small_shm import run_in_small_shm
 from tests.stack_fixtures import cli_stack_env, new_data_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.models]
 
 
 def test_a_run_trains_in_a_2_mib_shm_coding_on_threads(tmp_path_factory):
