@@ -94,6 +94,21 @@ def test_a_step_in_flight_when_its_worker_dies_is_relaunched_without_waiting_out
     assert remote.worker != first and hosts.relaunches == 1 and hosts.failed_on == {first: 1}
 
 
+def test_a_scheduler_that_runs_no_code_leaves_the_steps_to_their_timeout(env_cluster, monkeypatch):
+    """Where the scheduler refuses run_on_scheduler, the dead-worker check is off, said once;
+    the steps run as before."""
+    _, client = env_cluster
+
+    def refuse(*_, **__):
+        raise RuntimeError("pickle disabled")
+
+    monkeypatch.setattr(client, "run_on_scheduler", refuse)
+    hosts = EnvHosts(client, ["env-0", "env-1"], latency=StepLatency(mean_s=0.5), poll_s=0.1)
+    local, remote = make_env("frozenlake"), hosts.env("frozenlake")
+    assert _play(remote) == _play(local)
+    assert not hosts.probing and hosts.relaunches == 0
+
+
 def test_no_worker_left_is_an_error_that_names_the_environment(env_cluster):
     _, client = env_cluster
     hosts = EnvHosts(client, ["env-8", "env-9"], step_timeout_s=1.0, attempts=2, backoff_s=0.0)

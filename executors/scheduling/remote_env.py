@@ -58,6 +58,7 @@ class EnvHosts:
         self.client, self.workers, self.latency = client, sorted(workers), latency
         self.step_timeout_s, self.attempts, self.backoff_s = step_timeout_s, attempts, backoff_s
         self.poll_s = poll_s
+        self.probing = True  # False once the scheduler refused to say where the workers are
         self._addresses: dict[str, str] = {}  # worker name -> address, as last asked of the scheduler
         self._addresses_at = -float("inf")
         self._turn = itertools.count()
@@ -78,7 +79,7 @@ class EnvHosts:
             return ok[next(self._turn) % len(ok)]
 
     def call(self, worker: str, fn, *args, **kwargs):
-        sent_to = self._address_of(worker)
+        sent_to = self._address_of(worker) if self.probing else None
         fut = self.client.submit(fn, *args, workers=[worker], allow_other_workers=False, pure=False,
                                  retries=0, **kwargs)
         deadline = time.monotonic() + self.step_timeout_s
@@ -90,8 +91,10 @@ class EnvHosts:
                 except TimeoutError:
                     if left <= self.poll_s:
                         raise TimeoutError(f"no answer from {worker} within {self.step_timeout_s} s") from None
+                    if not self.probing:
+                        continue
                     now = self._address_of(worker)
-                    if now is None or (sent_to is not None and now != sent_to):
+                    if self.probing and (now is None or (sent_to is not None and now != sent_to)):
                         raise WorkerLeft(f"{worker} {'left' if now is None else 'restarted'} "
                                          "with the step in flight") from None
         except BaseException:
@@ -108,7 +111,12 @@ class EnvHosts:
                 def addresses(dask_scheduler) -> dict[str, str]:  # nested: pickled by value
                     return {ws.name: addr for addr, ws in dask_scheduler.workers.items() if ws.name in names}
 
-                self._addresses = self.client.run_on_scheduler(addresses)
+                try:
+                    self._addresses = self.client.run_on_scheduler(addresses)
+                except (RuntimeError, ValueError, TypeError) as e:  # e.g. a scheduler that runs no code
+                    log.warning("cannot ask the scheduler where environment workers are (%s: %s); a step "
+                                "in flight on a dead worker waits out the step timeout", type(e).__name__, e)
+                    self.probing = False
                 self._addresses_at = time.monotonic()
             return self._addresses.get(worker)
 
