@@ -29,9 +29,10 @@ demo: setup
 	$(KERNELS)
 	$(BIN)/rose demo --steps $(STEPS)
 
-# The tests that need no models wait more than they compute (Mooncake masters, sockets, timeouts:
-# a third of 2 cores busy), so 3 run at once while the models build beside them; then the tests
-# that load the models (`models`: engines, trainers, whole stacks) one at a time on them.
+# The tests that need no models run 3 at once (many wait on Mooncake masters, sockets, timeouts
+# more than they compute) while the models build beside them; then the tests
+# that load the models (`models`: engines, trainers, whole stacks) one at a time on them, collected
+# from the files that mark some (collecting the whole suite again imports it all: ~12 s).
 # No -x: one failure must not hide the rest; both parts always run.
 TEST_MODELS := .rose/test-models
 test: setup check
@@ -40,7 +41,8 @@ test: setup check
 	@$(BIN)/python -m tests.stack_fixtures $(TEST_MODELS) > $(TEST_MODELS).log 2>&1 & build=$$!; \
 	$(BIN)/pytest -q --timeout 900 -m "not models and not browser" -n 3 tests; first=$$?; \
 	wait $$build || { tail -40 $(TEST_MODELS).log; echo "building the test models failed"; exit 1; }; \
-	ROSE_TEST_MODELS_DIR=$(CURDIR)/$(TEST_MODELS) $(BIN)/pytest -q --timeout 900 --durations=15 -m "models and not browser" tests; second=$$?; \
+	ROSE_TEST_MODELS_DIR=$(CURDIR)/$(TEST_MODELS) $(BIN)/pytest -q --timeout 900 --durations=15 -m "models and not browser" \
+	  $$(grep -l 'pytest.mark.models' tests/test_*.py); second=$$?; \
 	exit $$(( first || second ))
 
 # The layering (import-linter contracts in pyproject.toml) and the linter (ruff), before any test.
