@@ -2,9 +2,9 @@
 
 Modules with end-to-end (`slow`) tests run after all the others, those on the shared stack
 first among them; a module is moved whole, so its module fixtures start once. The local models
-start building in a process of their own as soon as tests marked `models` are collected: on a 2-core
-machine the single-threaded build overlaps the fast tests instead of holding up the first
-end-to-end test. The shared stack stops as soon as the last test using it is done.
+start building in a process of their own as soon as tests marked `models` are collected: on a
+2-core machine the single-threaded build overlaps the other tests instead of holding up the first
+test on the models. The shared stack stops as soon as the last test using it is done.
 """
 from __future__ import annotations
 
