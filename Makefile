@@ -35,6 +35,9 @@ demo: setup
 # from the files that mark some (collecting the whole suite again imports it all: ~12 s).
 # No -x: one failure must not hide the rest; both parts always run.
 TEST_MODELS := .rose/test-models
+# each of the suite's ~hundred processes (workers, CLI calls, flow runs) would otherwise compile
+# the repository's modules again (~2 s a process), where the environment says not to cache them
+test: export PYTHONDONTWRITEBYTECODE :=
 test: setup check
 	$(KERNELS)
 	@rm -rf $(TEST_MODELS) && mkdir -p .rose
