@@ -91,15 +91,22 @@ class EnvHosts:
                 except TimeoutError:
                     if left <= self.poll_s:
                         raise TimeoutError(f"no answer from {worker} within {self.step_timeout_s} s") from None
-                    if not self.probing:
-                        continue
-                    now = self._address_of(worker)
-                    if self.probing and (now is None or (sent_to is not None and now != sent_to)):
-                        raise WorkerLeft(f"{worker} {'left' if now is None else 'restarted'} "
-                                         "with the step in flight") from None
+                    gone = self._gone(worker, sent_to)
+                    if gone:
+                        raise WorkerLeft(f"{worker} {gone} with the step in flight") from None
         except BaseException:
             fut.cancel()
             raise
+
+    def _gone(self, worker: str, sent_to: str | None) -> str | None:
+        """'left' or 'restarted' when `worker` is no longer the incarnation at `sent_to`; None while
+        it is, or when the scheduler cannot say."""
+        now = self._address_of(worker) if self.probing else None
+        if not self.probing:
+            return None
+        if now is None:
+            return "left"
+        return "restarted" if sent_to is not None and now != sent_to else None
 
     def _address_of(self, worker: str) -> str | None:
         """The worker's address (None: not in the cluster) as the scheduler knew it at most a
@@ -113,7 +120,9 @@ class EnvHosts:
 
                 try:
                     self._addresses = self.client.run_on_scheduler(addresses)
-                except (RuntimeError, ValueError, TypeError) as e:  # e.g. a scheduler that runs no code
+                except WORKER_FAULTS:
+                    raise  # the cluster's connection: the step's fault, retried as any other
+                except Exception as e:  # the probe itself (e.g. a scheduler whose worker records differ)
                     log.warning("cannot ask the scheduler where environment workers are (%s: %s); a step "
                                 "in flight on a dead worker waits out the step timeout", type(e).__name__, e)
                     self.probing = False
