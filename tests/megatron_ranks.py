@@ -42,7 +42,7 @@ def step_turns(step: int, trainer_version: int, n: int = 6) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
-def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> None:
+def train_rank(rank: int, cfg_json: str, rendezvous: str, out: str, steps: int) -> None:
     from executors.training.megatron_trainer import MegatronTrainer
     from executors.training.process_group import join, leave
     from core.config import RunConfig
@@ -50,7 +50,7 @@ def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> Non
     cfg = RunConfig.model_validate_json(cfg_json)
     os.environ["ROSE_DATA_DIR"] = os.path.join(out, "data")
     torch.set_num_threads(1)
-    join(rank, cfg.train.parallel, "127.0.0.1", port)
+    join(rank, cfg.train.parallel, rendezvous)
     try:
         trainer = MegatronTrainer(cfg)
         stats = [trainer.train_step(step_turns(s, trainer.version)) for s in range(1, steps + 1)]
@@ -60,7 +60,7 @@ def train_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> Non
         leave()
 
 
-def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -> None:
+def checkpoint_rank(rank: int, cfg_json: str, rendezvous: str, out: str, steps: int) -> None:
     """Train `steps` (resuming whatever checkpoint the run holds), checkpoint, save stats."""
     from executors.training.megatron_trainer import MegatronTrainer
     from executors.training.process_group import join, leave
@@ -68,7 +68,7 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
 
     cfg = RunConfig.model_validate_json(cfg_json)
     torch.set_num_threads(1)
-    join(rank, cfg.train.parallel, "127.0.0.1", port)
+    join(rank, cfg.train.parallel, rendezvous)
     try:
         trainer = MegatronTrainer(cfg)
         start = trainer.version
@@ -84,14 +84,14 @@ def checkpoint_rank(rank: int, cfg_json: str, port: int, out: str, steps: int) -
 
 
 def runs_rank(rank: int, runs: list[tuple[str, str, int, str, int, str]]) -> None:
-    """(rank function name, config, port, out, steps, ROSE_DATA_DIR) runs in turn, each joining
+    """(rank function name, config, rendezvous, out, steps, ROSE_DATA_DIR) runs in turn, each joining
     and leaving a group of its config's layout; a rank outside a run's world sits it out."""
     from core.config import RunConfig
 
-    for fn, cfg_json, port, out, steps, data_dir in runs:
+    for fn, cfg_json, rendezvous, out, steps, data_dir in runs:
         if rank < RunConfig.model_validate_json(cfg_json).train.parallel.world:
             os.environ["ROSE_DATA_DIR"] = data_dir
-            {"train": train_rank, "checkpoint": checkpoint_rank}[fn](rank, cfg_json, port, out, steps)
+            {"train": train_rank, "checkpoint": checkpoint_rank}[fn](rank, cfg_json, rendezvous, out, steps)
 
 
 # what every rank imports: the forkserver imports it once for the session

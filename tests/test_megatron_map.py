@@ -80,3 +80,10 @@ def test_bad_layouts_and_names_are_refused_by_name() -> None:
     with pytest.raises(KeyError, match="q/k/v"):
         to_megatron({"model.layers.0.self_attn.q_proj.weight": hf["model.layers.0.self_attn.q_proj.weight"]},
                     Heads(4, 2, 8))
+
+
+def test_a_trainer_group_rendezvous_that_is_no_url_is_refused_by_name() -> None:
+    from executors.training.process_group import join
+
+    with pytest.raises(ValueError, match="127.0.0.1:29500"):
+        join(0, TrainParallel(), "127.0.0.1:29500")

@@ -12,7 +12,6 @@ import torch
 
 from megatron_ranks import launch, runs_rank, step_turns, tiny_policy
 from core.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
-from rose.stack.ports import free_port
 
 pytest.importorskip("megatron.core", reason="megatron-core not importable", exc_type=ImportError)
 STEPS = 3
@@ -32,8 +31,9 @@ def _launch(policy, tmp_path, runs: list[tuple[str, TrainParallel, int, str, Pat
     specs = []
     for fn, par, steps, tag, data in runs:
         out = tmp_path / f"tp{par.tp}pp{par.pp}dp{par.dp}{tag}"
-        out.mkdir()  # free_port: never the same port twice in a process, a rendezvous per run
-        specs.append((fn, _cfg(policy, par).model_dump_json(), free_port(), str(out), steps, str(data)))
+        out.mkdir()  # a file rendezvous per run: no port that another test could take meanwhile
+        specs.append((fn, _cfg(policy, par).model_dump_json(), f"file://{out}/rendezvous", str(out), steps,
+                      str(data)))
     launch(runs_rank, (specs,), nprocs=max(par.world for _, par, *_ in runs))
     return [Path(spec[3]) for spec in specs]
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-from rose.stack.ports import free_port
 from storage.shards.layout import slice_for
 from storage.shards.plan import split_full
 from storage.shards.rules import REPLICATED, ShardRule, infer_model_rules, infer_rule, megatron_attrs
@@ -147,11 +145,10 @@ def _grouped(full: torch.Tensor, heads: int, groups: int, d: int) -> torch.Tenso
     return torch.cat(rows)
 
 
-def _megatron_worker(rank: int, port: int) -> None:
+def _megatron_worker(rank: int, rendezvous: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     try:
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -197,9 +194,9 @@ def _megatron_worker(rank: int, port: int) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_megatron_tp2_layers_hold_the_inferred_slices() -> None:
+def test_megatron_tp2_layers_hold_the_inferred_slices(tmp_path) -> None:
     pytest.importorskip("megatron.core.tensor_parallel", reason="megatron-core not importable (GPU extra)",
                         exc_type=ImportError)
     from megatron_ranks import launch
 
-    launch(_megatron_worker, (free_port(),), nprocs=2)
+    launch(_megatron_worker, (f"file://{tmp_path}/rendezvous",), nprocs=2)

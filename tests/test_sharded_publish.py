@@ -3,12 +3,10 @@ receiver, a TP=1 trainer to two TP=2 receiver ranks pulling half the bytes each,
 bit-exact, and a version visible only once every rank's parts are in."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-from rose.stack.ports import free_port
 from storage.relay.filesystem import FilesystemRelay
 from storage.shards.grain import PublishLayout, param_objects, rank_parts
 from storage.shards.layout import ParallelLayout
@@ -49,11 +47,10 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 # -- (a) TP=2 megatron trainer, two processes on gloo -> TP=1 receiver ---------------------------
 
-def _megatron_rank(rank: int, port: int, root: str, dims: dict = DIMS) -> None:
+def _megatron_rank(rank: int, rendezvous: str, root: str, dims: dict = DIMS) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=2)
     try:
         from megatron.core import parallel_state
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
@@ -108,7 +105,7 @@ def test_megatron_tp2_trainer_to_tp1_receiver_bit_exact(tmp_path) -> None:
                         exc_type=ImportError)
     from megatron_ranks import launch
 
-    launch(_megatron_rank, (free_port(), str(tmp_path / "relay")), nprocs=2)
+    launch(_megatron_rank, (f"file://{tmp_path}/rendezvous", str(tmp_path / "relay")), nprocs=2)
     _, full = _tiny()
     receiver = ShardedReceiver(FilesystemRelay(tmp_path / "relay"), "tp2", ParallelLayout(1))
     first = receiver.pull(0)

@@ -11,7 +11,6 @@ import torch
 
 from core.config import ModelsConfig
 from rose.models.build import build_models
-from rose.stack.ports import free_port
 from storage.relay.filesystem import FilesystemRelay
 from storage.weights.sharded_receiver import ShardedReceiver
 from tests.tiny_models import TINY
@@ -42,7 +41,7 @@ def test_megatron_tp2_trainer_to_a_tp1_vllm_engine_bit_exact(tmp_path) -> None:
     shutil.copytree(built, model_dir)  # its tokenizer; the model is the one the trainer shards
     hf, v0 = _tiny(VLLM_DIMS)
     hf.to(torch.bfloat16).save_pretrained(model_dir)
-    launch(_megatron_rank, (free_port(), str(tmp_path / "relay"), VLLM_DIMS), nprocs=2)
+    launch(_megatron_rank, (f"file://{tmp_path}/rendezvous", str(tmp_path / "relay"), VLLM_DIMS), nprocs=2)
 
     receiver = ShardedReceiver(FilesystemRelay(tmp_path / "relay"), "tp2")
     assert receiver.pull(0).mode == "full"

@@ -25,7 +25,7 @@ LOSS_RTOL = 3e-2  # bf16 compute against fp32: ~3 significant digits
 WEIGHT_ATOL = 5e-4  # one step at lr 1e-4: an update differs by at most about lr x a few
 
 
-def _rank(_: int, device: str, policy: str, out: str, port: int) -> None:
+def _rank(_: int, device: str, policy: str, out: str, rendezvous: str) -> None:
     import torch
 
     from executors.training.megatron_trainer import MegatronTrainer
@@ -35,7 +35,7 @@ def _rank(_: int, device: str, policy: str, out: str, port: int) -> None:
     os.environ["ROSE_DATA_DIR"] = str(Path(out) / f"data-{device}")
     cfg = RunConfig(run_id=f"gpu-check-{device}", models=ModelsConfig(policy_dir=Path(policy)),
                     train=TrainConfig(backend="megatron", micro_batch=4, lr=1e-4))
-    join(0, cfg.train.parallel, "127.0.0.1", port, device)
+    join(0, cfg.train.parallel, rendezvous, device)
     try:
         trainer = MegatronTrainer(cfg, device)
         stats = trainer.train_step(synthetic_turns(1, int(trainer.hf_config.vocab_size)))
@@ -75,8 +75,6 @@ def main() -> None:
     import torch
     import torch.multiprocessing as mp
 
-    from rose.stack.ports import free_port
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check.json")
     args = parser.parse_args()
@@ -86,7 +84,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         policy = write_policy(Path(tmp) / "policy", SHAPES["demo"])
         for device in ("cpu", "cuda"):
-            mp.spawn(_rank, args=(device, str(policy), tmp, free_port()), nprocs=1, join=True)
+            rendezvous = f"file://{tmp}/rendezvous-{device}"
+            mp.spawn(_rank, args=(device, str(policy), tmp, rendezvous), nprocs=1, join=True)
         cpu, cuda = (torch.load(Path(tmp) / f"{d}.pt") for d in ("cpu", "cuda"))
     rel = abs(cuda["loss"] - cpu["loss"]) / max(abs(cpu["loss"]), 1e-12)
     worst = max(float((cuda["weights"][n] - cpu["weights"][n]).abs().max()) for n in cpu["weights"])

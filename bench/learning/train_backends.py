@@ -65,7 +65,7 @@ def synthetic_turns(step: int, vocab: int, trajectories: int = 8):
     return pa.Table.from_pylist(rows)
 
 
-def _rank(rank: int, backend: str, policy: str, data: str, port: int, steps: int, out: str) -> None:
+def _rank(rank: int, backend: str, policy: str, data: str, rendezvous: str, steps: int, out: str) -> None:
     import torch
 
     from core.config import ModelsConfig, RunConfig, TrainConfig, TrainParallel
@@ -84,7 +84,7 @@ def _rank(rank: int, backend: str, policy: str, data: str, port: int, steps: int
         from executors.training.megatron_trainer import MegatronTrainer
         from executors.training.process_group import join, leave
 
-        join(rank, cfg.train.parallel, "127.0.0.1", port)
+        join(rank, cfg.train.parallel, rendezvous)
         trainer = MegatronTrainer(cfg)
     try:
         vocab = int(trainer.model.config.vocab_size) if layout is None else int(trainer.hf_config.vocab_size)
@@ -107,7 +107,6 @@ def run(shape: str, backend: str, steps: int, root: Path) -> list[dict]:
     import torch
     import torch.multiprocessing as mp
 
-    from rose.stack.ports import free_port
 
     policy = root / f"policy-{shape}"
     if not policy.exists():
@@ -115,7 +114,7 @@ def run(shape: str, backend: str, steps: int, root: Path) -> list[dict]:
     out = root / f"{shape}-{backend}"
     out.mkdir()
     world = 1 if BACKENDS[backend] is None else BACKENDS[backend][0] * BACKENDS[backend][1]
-    mp.spawn(_rank, args=(backend, str(policy), str(out / "data"), free_port(), steps, str(out)),
+    mp.spawn(_rank, args=(backend, str(policy), str(out / "data"), f"file://{out}/rendezvous", steps, str(out)),
              nprocs=world, join=True)
     return [torch.load(out / f"rank{r}.pt") for r in range(world)]
 

@@ -2,8 +2,10 @@
 groups over it, plus the places megatron-core assumes CUDA at run time (its scratch buffer, the RNG tracker),
 made to run on a CPU trainer (the model's own: RankModel).
 
-The group is joined at an address and port the caller agrees on (the stack's trainer workers
-agree through the Dask scheduler: executors/workers/train_group.py).
+The group is joined at a rendezvous the caller agrees on, a torch init_method URL: the stack's
+trainer workers agree on `tcp://host:port` through the Dask scheduler
+(executors/workers/train_group.py); ranks that share a filesystem may meet at `file:///path`,
+which needs no port.
 """
 from __future__ import annotations
 
@@ -15,9 +17,12 @@ import torch.distributed as dist
 from core.config import TrainParallel
 
 
-def join(rank: int, par: TrainParallel, addr: str, port: int, device: str = "cpu",
+def join(rank: int, par: TrainParallel, rendezvous: str, device: str = "cpu",
          timeout_s: float = 120.0) -> None:
-    """Join the trainer group as `rank` of par.world and build megatron's parallel groups."""
+    """Join the trainer group at `rendezvous` (`tcp://host:port` or `file:///path`) as `rank` of
+    par.world and build megatron's parallel groups."""
+    if not rendezvous.startswith(("tcp://", "file://")):
+        raise ValueError(f"trainer group rendezvous {rendezvous!r}: expected tcp://host:port or file:///path")
     from megatron.core import parallel_state as ps
 
     if dist.is_initialized():
@@ -25,7 +30,7 @@ def join(rank: int, par: TrainParallel, addr: str, port: int, device: str = "cpu
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+    dist.init_process_group(backend, init_method=rendezvous, rank=rank,
                             world_size=par.world, timeout=timedelta(seconds=timeout_s))
     ps.initialize_model_parallel(tensor_model_parallel_size=par.tp,
                                  pipeline_model_parallel_size=par.pp)

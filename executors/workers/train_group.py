@@ -41,7 +41,7 @@ def join_group(cfg: RunConfig, rank: int, host: str, port: int, device: str = "c
     with _lock:
         _held.clear()
         leave()
-        join(rank, cfg.train.parallel, host, port, device)
+        join(rank, cfg.train.parallel, f"tcp://{host}:{port}", device)
         trainer = MegatronTrainer(cfg, device)
         _held.update(run=cfg.run_id, group=f"{host}:{port}", trainer=trainer)
         return trainer.version
