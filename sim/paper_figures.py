@@ -51,7 +51,7 @@ from sim.fleet import sweep_settings
 from sim.paper_numbers import PAPER
 from sim.paper_report import pct, report, report_32b
 from sim.paper_workloads import (PAPER_TRAIN_TOKENS, QWEN3_8B_FROZENLAKE, PaperWorkload,
-                                 fit_turns_median, prefill_share)
+                                 fit_response_median, fit_turns_median, prefill_share)
 from sim.profiles import PROFILE_DIR
 from sim.report import speedup
 from sim.timed_run import simulate
@@ -219,6 +219,44 @@ def sensitivity(args) -> list[dict]:
     return rows
 
 
+# Fig. 1b's shapes tried (chosen: the paper publishes no distribution): (share of trajectories in
+# the long mode, their level against the others'), each mode log-normal with sigma TAIL_MODE_SIGMA
+TAIL_SHAPES = ((0.1, 100.0), (0.2, 20.0), (0.25, 40.0))
+TAIL_MODE_SIGMA = 0.3
+
+
+def tail_shapes(args) -> list[dict]:
+    """Fig. 1b against Fig. 1c and ROSE / fixed: the fitted workload (one log-normal level per
+    trajectory) and two-mode levels (most trajectories short, a share long), each with its response
+    median refitted to the published prefill share; per shape the 8- and 16-GPU fixed rollouts
+    (Fig. 1's setting), and the fixed system and ROSE at the figures' setting."""
+    fitted = PaperWorkload.load(args.workload.removeprefix("workload_paper_"))
+    shapes = {"one mode": fitted} | {
+        f"{share:.0%} at {level:g}x": fit_response_median(
+            replace(fitted, long_share=share, long_level=level, trajectory_sigma=TAIL_MODE_SIGMA),
+            PAPER["prefill_share"][0]) for share, level in TAIL_SHAPES}
+    specs = {name: w.spec() for name, w in shapes.items()}
+    alone = dict(config="fixed", serving_ratio=0.0)
+    first = runs({f"{name}|{kind}": job(base_config(args, **kw), specs[name], f"{kind}, tail {name}",
+                                        own_slo=kind == "fixed")
+                  for name in shapes for kind, kw in (("fixed 8", alone), ("fixed", dict(config="fixed")),
+                                                       ("fixed 16", alone | dict(gpus=32, traj_per_rollout_gpu=16)))})
+    rose = runs({name: job(base_config(args, config="rose", **slo_of(first[f"{name}|fixed"])), specs[name],
+                           f"ROSE, tail {name}") for name in shapes})
+    rows = []
+    for name, w in shapes.items():
+        r8, r16, fixed, r = (first[f"{name}|fixed 8"], first[f"{name}|fixed 16"], first[f"{name}|fixed"], rose[name])
+        traj = [s["trajectory_s"] for s in r8["per_step"] if s.get("trajectory_s")]
+        rows.append({"shape": name, "long_share": w.long_share, "long_level": w.long_level,
+                     "trajectory_sigma": w.trajectory_sigma, "response_median": w.response_median,
+                     "prefill_share": prefill_share(specs[name]), "p75_share": r8["trajectory_p75_share"],
+                     "p75_s": sum(t["p75"] for t in traj) / len(traj), "max_s": sum(t["max"] for t in traj) / len(traj),
+                     "rollout_s_8": r8["rollout_s_mean"], "rollout_s_16": r16["rollout_s_mean"],
+                     "rose_vs_fixed": speedup(r, fixed), "borrowed_share": r["borrowed_share"],
+                     "rose_slo_attainment": r["slo_attainment"]})
+    return rows
+
+
 def concurrency(args, e2e: dict, slo: dict) -> list[dict]:
     """ROSE / fixed against the trajectories each GPU runs at once (router cap, also the serving GPUs'
     turn cap): the paper does not say how many ROLL runs; 16 is the figures' setting."""
@@ -327,7 +365,7 @@ def figures(args, t0: float) -> dict:
     off = {"sensitivity": args.no_sensitivity, "scale": args.no_scale, "32b": args.no_32b}
     want = {f for f in args.figures if not off.get(f)}
     fig1 = (print("Fig. 1: characterization") or characterization(args)) if "fig1" in want else {}
-    e2e, table3, fig14, fig7_dapo, sens, conc, big = {}, {}, {}, [], [], [], {}
+    e2e, table3, fig14, fig7_dapo, sens, shapes, conc, big = {}, {}, {}, [], [], [], [], {}
     if "fig7a" in want:
         print("Fig. 7a / Table 3: GRPO, Qwen3-8B, 16 GPUs + up to 16 serving GPUs")
         e2e, table3 = end_to_end(args)
@@ -339,6 +377,8 @@ def figures(args, t0: float) -> dict:
     if "sensitivity" in want:
         print("Sensitivity")
         sens = sensitivity(args)
+        print("Fig. 1b's tail shape")
+        shapes = tail_shapes(args)
     if e2e:
         print("Concurrency: trajectories per GPU at once")
         conc = concurrency(args, e2e, slo_of(e2e["fixed"]))
@@ -352,7 +392,8 @@ def figures(args, t0: float) -> dict:
     q32 = (print("Qwen3-32B on ALFWorld") or figures_32b(args)) if "32b" in want else {}
     q32 = q32 and q32 | {"total_s": time.perf_counter() - t32}
     return dict(paper=PAPER, fig1=fig1, fig7a=e2e, fig7_dapo=fig7_dapo, table3=table3, fig14=fig14,
-                sensitivity=sens, concurrency=conc, scale=big, qwen3_32b=q32, total_s=time.perf_counter() - t0)
+                sensitivity=sens, tail_shapes=shapes, concurrency=conc, scale=big, qwen3_32b=q32,
+                total_s=time.perf_counter() - t0)
 
 
 def figures_32b(args) -> dict:

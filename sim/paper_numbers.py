@@ -6,6 +6,9 @@ from __future__ import annotations
 PAPER = {  # the ROSE paper: the sentence each comes from
     "rollout_share_min": (0.70, "§2: 'The rollout stage accounts for over 70% of total time'"),
     "p75_share_max": (0.30, "§2: 'the 75th percentile (P75) is at most 30% of the end-to-end rollout time'"),
+    "p75_s": ((55.0, 145.0), "§4.2: 'individual rollout stages exhibit pronounced long-tail latency, with P75 "
+                             "around 55-145s and tails exceeding 400s (1(b))'"),
+    "tail_s_min": (400.0, "§4.2, the same sentence"),
     "prefill_share": (0.77, "§2: 'prefill tokens account for 77% (Qwen3-8B)'"),
     "rollout_s_8": (607.0, "§2: 'the rollout time reduces from 607 s to 435 s' (Fig. 1c, 8 GPUs)"),
     "rollout_s_16": (435.0, "§2, the same sentence (16 GPUs)"),

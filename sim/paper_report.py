@@ -46,7 +46,27 @@ def report(doc: dict) -> str:
         for s in doc["sensitivity"]:
             lines.append(f"| {s['trajectory_sigma']:g} | {s['env_s']:g} | {s['fixed_rollout_s']:.0f} | "
                          f"{s['rose_rollout_s']:.0f} | {_x(s['rose_vs_fixed'])} | {s['borrowed_share']:.0%} |")
+    lines += _tail_shapes(doc)
     return "\n".join(lines + [""] + report_32b(doc))
+
+
+def _tail_shapes(doc: dict) -> list[str]:
+    """Fig. 1b's statistics, Fig. 1c's 8 -> 16 GPU rollout and ROSE / fixed per tail shape."""
+    rows, P = doc.get("tail_shapes"), doc["paper"]
+    if not rows:
+        return []
+    lo, hi = P["grpo_vs_roll"][0]
+    lines = ["", "| Fig. 1b tail shape (chosen) | response median | P75 / rollout | P75 s | longest s | rollout s, "
+             "8 GPUs | 16 GPUs | 8 / 16 | ROSE / fixed | borrowed |", "| --- " * 10 + "|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['response_median']:.0f} | {r['p75_share']:.0%} | {r['p75_s']:.0f} | "
+                     f"{r['max_s']:.0f} | {r['rollout_s_8']:.0f} | {r['rollout_s_16']:.0f} | "
+                     f"{_x(r['rollout_s_8'] / r['rollout_s_16'])} | {_x(r['rose_vs_fixed'])} | "
+                     f"{r['borrowed_share']:.0%} |")
+    p75_lo, p75_hi = P["p75_s"][0]
+    return lines + [f"| paper | | <= {P['p75_share_max'][0]:.0%} | {p75_lo:.0f}-{p75_hi:.0f} | "
+                    f"> {P['tail_s_min'][0]:.0f} | {P['rollout_s_8'][0]:.0f} | {P['rollout_s_16'][0]:.0f} | "
+                    f"{_x(P['rollout_s_8'][0] / P['rollout_s_16'][0])} | {lo:.2f}-{hi:.2f}x | |"]
 
 
 def _fig7a(doc: dict) -> list[str]:

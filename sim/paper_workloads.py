@@ -34,6 +34,10 @@ class PaperWorkload:
     response_median: float  # tokens of one turn's response (thinking + action)
     response_sigma: float = 0.8  # spread of a turn's response around its trajectory's level
     trajectory_sigma: float = 1.6  # spread of trajectories' response level (the long tail)
+    # a second mode of trajectory levels: this share of trajectories `long_level` times the others'
+    # level (each mode log-normal with trajectory_sigma); 0: one mode
+    long_share: float = 0.0
+    long_level: float = 1.0
     turns_sigma: float = 0.5
     max_turns: int = 20
     first_prompt: float = 600.0
@@ -47,6 +51,9 @@ class PaperWorkload:
             raise ValueError("medians must be > 0")
         if min(self.response_sigma, self.trajectory_sigma, self.turns_sigma) < 0 or self.env_s < 0:
             raise ValueError("sigmas and env_s must be >= 0")
+        if not 0 <= self.long_share < 1 or self.long_level < 1:
+            raise ValueError(f"long_share must be in [0, 1) and long_level >= 1, got {self.long_share}, "
+                             f"{self.long_level}")
         if self.max_turns < 1 or self.max_context < 2:
             raise ValueError("max_turns must be >= 1 and max_context >= 2")
 
@@ -55,7 +62,7 @@ class PaperWorkload:
              "first_prompt": _lognormal(self.first_prompt, 0.1, 1, self.max_context),
              "obs_tokens": _lognormal(self.obs_tokens, 0.1, 1, self.max_context),
              "response": _lognormal(self.response_median, self.response_sigma, 1, self.max_context),
-             "response_scale": _lognormal(1.0, self.trajectory_sigma, 0.0, math.inf),
+             "response_scale": _two_mode(self.trajectory_sigma, self.long_share, self.long_level),
              "env_s": _lognormal(self.env_s, 0.5, 0.0, math.inf) if self.env_s else [0.0] * len(QUANTILES),
              "dispatch_s": [0.0] * len(QUANTILES)}
         return WorkloadSpec(q, self.success_rate, f"paper workload {self.name}: {asdict(self)}", 0.0,
@@ -90,7 +97,8 @@ CITATIONS = {
                       "are long-tailed ('most trajectories finish quickly, while a small fraction take much "
                       "longer', §2); sigma 1.6 because at 0.8 or 1.2 the P75 trajectory took 46-64% of the "
                       "rollout against the paper's 'at most 30%' (so that check is not independent); "
-                      "bench/paper_figures.py's sensitivity table varies it",
+                      "bench/paper_figures.py's sensitivity table varies it, and its Fig. 1b table tries two "
+                      "modes instead (sim/paper_figures.py TAIL_SHAPES)",
     "response_sigma": "chosen (not published): a turn's spread around its trajectory's level, sigma 0.8",
     "first_prompt": "chosen (not published): 600 tokens, a FrozenLake system prompt with rules and the grid",
     "obs_tokens": "chosen (not published): 120 tokens, the grid rendered again and the move's feedback",
@@ -156,6 +164,30 @@ def _lognormal(median: float, sigma: float, low: float, high: float) -> list[flo
     for p in QUANTILES:
         p = min(max(p, TAIL), 1 - TAIL)
         out.append(min(high, max(low, median * math.exp(sigma * nd.inv_cdf(p)))))
+    return out
+
+
+def _two_mode(sigma: float, long_share: float, long_level: float) -> list[float]:
+    """The 21 quantiles of a trajectory's response level: log-normal (median 1, sigma), or, with
+    long_share > 0, a mixture of it and the same at median long_level (bisection on the CDF)."""
+    if long_share == 0 or sigma == 0:
+        if long_share == 0:
+            return _lognormal(1.0, sigma, 0.0, math.inf)
+        return [1.0 if p <= 1 - long_share else long_level for p in QUANTILES]
+    nd = NormalDist()
+
+    def cdf(x: float) -> float:
+        return ((1 - long_share) * nd.cdf(math.log(x) / sigma)
+                + long_share * nd.cdf(math.log(x / long_level) / sigma))
+
+    out = []
+    for p in QUANTILES:
+        p = min(max(p, TAIL), 1 - TAIL)
+        lo, hi = math.exp(-8 * sigma), long_level * math.exp(8 * sigma)
+        for _ in range(60):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+        out.append(math.sqrt(lo * hi))
     return out
 
 

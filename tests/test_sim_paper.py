@@ -91,6 +91,22 @@ def test_the_shipped_paper_workload_reproduces_the_published_prefill_share():
     assert prefill_share(spec, n=3000, seed=11) == pytest.approx(0.77, abs=0.02)  # ROSE paper §2
 
 
+def test_a_two_mode_tail_puts_its_share_of_trajectories_at_the_long_level():
+    two = replace(QWEN3_8B_FROZENLAKE, long_share=0.2, long_level=20.0, trajectory_sigma=0.3).spec()
+    rng = random.Random(5)
+    levels = [two._draw(rng, "response_scale") for _ in range(4000)]
+    # the modes' medians are 1 and 20: a level above their geometric middle is a long trajectory
+    assert sum(x > 20 ** 0.5 for x in levels) / len(levels) == pytest.approx(0.2, abs=0.03)
+    long = sorted(x for x in levels if x > 20 ** 0.5)
+    assert long[len(long) // 2] == pytest.approx(20.0, rel=0.25)
+    # no second mode: the one log-normal the fitted workload ships
+    assert list(replace(QWEN3_8B_FROZENLAKE, long_share=0.0).spec().q["response_scale"]) == \
+        list(QWEN3_8B_FROZENLAKE.spec().q["response_scale"])
+    for bad in (dict(long_share=1.0), dict(long_share=-0.1), dict(long_level=0.5)):
+        with pytest.raises(ValueError, match="long_share must be in"):
+            replace(QWEN3_8B_FROZENLAKE, **bad)
+
+
 def test_a_workload_file_is_checked():
     q = WorkloadSpec.load(PROFILE_DIR / "workload_frozenlake.json").q
     bad = {k: list(v) for k, v in q.items()} | {"nonsense": [0.0] * 21}
