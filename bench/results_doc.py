@@ -262,8 +262,9 @@ def _table3_finding(doc: dict) -> list[str]:
             f"serving engines (serving {aff['serving_busy_mean']:.0%} busy); pinned trajectories stay where their "
             f"first turn went, spread over all 20 engines ({_pace(pin, 'dedicated')} and "
             f"{_pace(pin, 'borrowed')}, {pin['borrowed_share']:.0%} of tokens borrowed against "
-            f"{aff['borrowed_share']:.0%}). The fault is ROSE's dedicated-first rule where borrowed engines "
-            "outnumber dedicated ones 4 to 1 and sit idle. Tried, not kept (one step each): sending a turn to a "
+            f"{aff['borrowed_share']:.0%}). At this cap the fault is ROSE's dedicated-first rule where borrowed "
+            f"engines outnumber dedicated ones 4 to 1 and sit idle. {_no_preemption_finding(doc)}"
+            "Tried, not kept (one step each): sending a turn to a "
             "serving engine when its measured pace x (turns + 1) beats the least-loaded dedicated one's (peak "
             "EWMA, handed-back turns counted at their pace so far) raised 32B + affinity from 52.5k to "
             "74.8-76.1k tokens/s (pinned 81.9k) but cut 8B from 17.7k to 8.6-14.7k: at 8B a serving GPU's "
@@ -277,6 +278,29 @@ def _table3_finding(doc: dict) -> list[str]:
             "requests changed neither model. A rule that knows which turns will run long (their context, the "
             "trajectory's earlier responses) is what this needs; not built.")
     return out
+
+
+def _no_preemption_finding(doc: dict) -> str:
+    """Table 3 at 32B again at a cap where the fixed engines do not preempt, from its rows."""
+    from sim.report import speedup
+    d = doc.get("qwen3_32b") or {}
+    u = d.get("table3_no_preemption")
+    if not u:
+        return ""
+    m, s = u["modes"], d["setting"]
+    pin, aff = m["pinned"], m["turnwise_affinity"]
+    slots = u["per_engine"] * (s["rollout_engines"] + s["serving_engines"])
+    return (f"At 64 an engine the fixed system's engines preempt {d['fig1']['preempted']:,} turns (vLLM's "
+            "recompute when the KV pool runs out, the pressure the paper sets its cap to avoid); at "
+            f"{u['per_engine']} an engine they preempt {u['fixed']['preempted']:,}, and the order still fails: "
+            f"turn-wise {speedup(m['turnwise'], pin):.2f}x pinned, + affinity {speedup(aff, pin):.2f}x, with "
+            f"{aff['borrowed_share']:.0%} of tokens borrowed against pinned's {pin['borrowed_share']:.0%} and "
+            f"prefix hits of {aff['prefix_hit_tokens']:.0%} against {pin['prefix_hit_tokens']:.0%}: with more "
+            f"trajectories than slots ({s['trajectories_per_step']:,} against {slots:,}), a turn moved off a full "
+            "engine re-prefills its long context where no engine was idle to gain from the move, and the next "
+            "turn is pulled back to a dedicated engine. A probe (one step) of waiting for a full affine engine "
+            "instead (the turn queued, not moved) raised + affinity's prefix hits to 90% but cut its borrowed "
+            "share to 53% and its throughput from 61.8k to 58.6k tokens/s (pinned 82.9k). ")
 
 
 def _train_tokens_finding(doc: dict) -> list[str]:

@@ -28,6 +28,10 @@ from sim.workload import WorkloadSpec
 from executors.policies.slo_admission import SLOConfig
 
 DAPO_VALID = 0.5  # chosen, as the 8B rows' middle share (the paper gives none)
+# Table 3 again at a cap the paper's rule allows ('cap rollout concurrency ... to avoid KVC pressure',
+# §4.3): the largest of 64/48/32 an engine at which the fixed engines preempted nothing in a
+# one-step probe (the run records its own count)
+NO_PREEMPTION_CAP = 32
 
 
 def config(args: Namespace, **kw) -> SimConfig:
@@ -59,6 +63,7 @@ def figures(args: Namespace) -> dict:
     dapo = dict(algorithm="dapo", dapo_valid_rate=DAPO_VALID)
     # 'the per-device rollout batch size to 16' read per engine instead of per GPU (the figures' reading)
     per_engine = dict(cap_per_rollout_gpu=16, serving_max_turns=16)
+    unpressed = dict(cap_per_rollout_gpu=NO_PREEMPTION_CAP, serving_max_turns=NO_PREEMPTION_CAP)
     every_turn = dict(train_tokens="every_turn")  # the trainer charged every turn's whole context
     par = train_parallelism(load_fleet(QWEN3_32B_FLEET))  # the trainer's (8, 1, 2) (sim/train_parallel.py)
     train_s_per_token = config(args).train_s_per_token  # compute + that communication
@@ -70,6 +75,8 @@ def figures(args: Namespace) -> dict:
                     own_slo=True),
         "per_engine": job(config(args, config="fixed", **per_engine), spec, "32B fixed, 16 per engine",
                           own_slo=True),
+        "unpressed": job(config(args, config="fixed", **unpressed), spec,
+                         f"32B fixed, {NO_PREEMPTION_CAP} per engine", own_slo=True),
         # §2's characterization setting: 'a batch size of 256 ... on 16 H800 GPUs', split (8, 8) as
         # for 8B (chosen: the paper gives no 32B split there), so 2 TP-4 rollout engines; 8 trainers
         # hold one TP-8 replica, without (8, 1, 2)'s CP ring
@@ -89,7 +96,11 @@ def figures(args: Namespace) -> dict:
         "per_engine": job(config(args, config="rose", **per_engine, **slo_of(fixed["per_engine"])), spec,
                           "32B ROSE, 16 per engine"),
         **{f"table3_{mode}": job(config(args, config="rose", mode=mode, **slo), spec, f"32B ROSE, {mode}")
-           for mode in ("pinned", "turnwise")}})
+           for mode in ("pinned", "turnwise")},
+        **{f"unpressed_{mode}": job(config(args, config="rose", mode=mode, **unpressed,
+                                           **slo_of(fixed["unpressed"])), spec,
+                                    f"32B ROSE, {mode}, {NO_PREEMPTION_CAP} per engine")
+           for mode in ("pinned", "turnwise", "turnwise_affinity")}})
     rows = {"fixed": fixed["fixed"], "rose": rose["rose"], "areal_style": rose["areal_style"],
             "rose_off_policy": rose["rose_off_policy"]}
     for r in rows.values():
@@ -115,6 +126,9 @@ def figures(args: Namespace) -> dict:
             "fig7a": rows, "cap_sensitivity": cap,
             "table3": {"pinned": rose["table3_pinned"], "turnwise": rose["table3_turnwise"],
                        "turnwise_affinity": rows["rose"]},
+            "table3_no_preemption": {"per_engine": NO_PREEMPTION_CAP, "fixed": fixed["unpressed"],
+                                     "modes": {m: rose[f"unpressed_{m}"]
+                                               for m in ("pinned", "turnwise", "turnwise_affinity")}},
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}

@@ -200,6 +200,10 @@ def report_32b(doc: dict) -> list[str]:
                   for c in d["cap_sensitivity"]] + [""]
     if d.get("table3"):
         lines += table3_rows(d["table3"], d["paper"], "32B")
+    if d.get("table3_no_preemption"):
+        u = d["table3_no_preemption"]
+        lines += table3_rows(u["modes"], d["paper"], f"32B, {u['per_engine']} an engine: fixed preempted "
+                                                     f"{u['fixed']['preempted']}")
     return lines + _findings_32b(d)
 
 
