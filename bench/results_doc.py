@@ -235,48 +235,58 @@ def _pace(r: dict, kind: str) -> str:
 
 
 def _table3_finding(doc: dict) -> list[str]:
-    """Table 3's order per model, and what decides it, from the run's own rows."""
+    """Table 3's order per model under the paper's baseline, the other reading of that baseline, and
+    what decides each, from the run's own rows."""
     from sim.report import speedup
     t8, t32 = doc.get("table3"), (doc.get("qwen3_32b") or {}).get("table3")
-    if not t8 or "turn_s_per_token" not in t8["pinned"]:
+    if not t8 or "pinned_borrowing" not in t8:
         return []
-    x = {m: speedup(r, t8["pinned"]) for m, r in t8.items()}
-    out = [f"Table 3, 8B: turn-wise {x['turnwise']:.2f}x pinned, + affinity {x['turnwise_affinity']:.2f}x "
-           f"(the paper 1.11x and 1.16x). Cache affinity is bounded (executors/policies/router.py): a trajectory "
-           "leaves a borrowed serving GPU as soon as a dedicated one has room, and leaves its dedicated GPU when "
-           "that runs more than 2 turns beyond the least-loaded one. As the paper writes it (the affine worker "
-           "whenever it has room), affinity kept 17% of tokens on serving GPUs against turn-wise routing's 9.5% "
-           "and lost 5% of throughput over 5 seeds; bounded it is level with turn-wise (+0.5%, within the "
-           "seeds' spread). What affinity saves is small at 8B: re-prefilling a 20k-token context costs ~1.1 s "
-           f"against ~50 s of decoding a turn's response (prefix hits {t8['turnwise']['prefix_hit_tokens']:.0%} "
-           f"turn-wise, {t8['turnwise_affinity']['prefix_hit_tokens']:.0%} with affinity)."]
-    if t32:
-        y = {m: speedup(r, t32["pinned"]) for m, r in t32.items()}
-        aff, pin = t32["turnwise_affinity"], t32["pinned"]
-        out.append(
-            f"Table 3, 32B: turn-wise {y['turnwise']:.2f}x pinned, + affinity {y['turnwise_affinity']:.2f}x (the "
-            "paper 1.08x and 1.48x): affinity adds, as in the paper, but pinning wins, a miss. Turn by turn: "
-            "routing sends a turn to a dedicated engine whenever one is below its cap (16 turns a GPU, 64 an "
-            "engine), so the 4 dedicated TP-4 engines run full with long contexts and a turn there paces at "
+    tables = {"8B": t8} | ({"32B": t32} if t32 and "pinned_borrowing" in t32 else {})
+    paper = {"8B": doc["paper"]["table3"][0]} | ({"32B": doc["qwen3_32b"]["paper"]["table3"][0]} if t32 else {})
+    held, parts = [], []
+    for model, t in tables.items():
+        tw, aff = speedup(t["turnwise"], t["pinned"]), speedup(t["turnwise_affinity"], t["pinned"])
+        held.append(1 < tw < aff)
+        parts.append(f"at {model} turn-wise routing is {tw:.2f}x pinned and + affinity {aff:.2f}x (the paper "
+                     f"{paper[model][1]:.2f}x and {paper[model][2]:.2f}x; prefix hits "
+                     f"{t['pinned']['prefix_hit_tokens']:.0%}, {t['turnwise']['prefix_hit_tokens']:.0%} and "
+                     f"{t['turnwise_affinity']['prefix_hit_tokens']:.0%})")
+    order = ("the paper's order at both models" if all(held) else
+             "the paper's order fails at " + " and ".join(m for m, h in zip(tables, held) if not h))
+    out = ["Table 3: the paper's baseline pins 'each trajectory to a fixed rollout worker for its entire "
+           "lifetime' (§6.4); read as a dedicated rollout worker (with the routing heuristics off no turn spills "
+           "to a serving GPU, since offloading the excess is part of turn-wise routing, §4.3), "
+           + "; ".join(parts) + f": {order}. What affinity saves is small at 8B: re-prefilling a 20k-token "
+           "context costs ~1.1 s against ~50 s of decoding a turn's response. Cache affinity is bounded "
+           "(executors/policies/router.py): a trajectory leaves a borrowed serving GPU as soon as a dedicated "
+           "one has room, and leaves its dedicated GPU when that runs more than 2 turns beyond the least-loaded "
+           "one; as the paper writes it (the affine worker whenever it has room), affinity kept 17% of 8B "
+           "tokens on serving GPUs against turn-wise routing's 9.5% and lost 5% of throughput over 5 seeds."]
+    pb8 = t8["pinned_borrowing"]
+    out.append(f"Read instead as pinned on any worker, borrowed serving GPUs included (`pinned_borrowing`), the "
+               f"8B baseline is slower still ({pb8['tokens_per_s']:,.0f} tokens/s: a long turn pinned to a "
+               "serving GPU advances only in serving's slack, and its trajectory cannot leave)" +
+               ("." if not t32 or "pinned_borrowing" not in t32 else "; at 32B it is faster than any routing:"))
+    if t32 and "pinned_borrowing" in t32:
+        aff, pin = t32["turnwise_affinity"], t32["pinned_borrowing"]
+        out[-1] += (
+            f" turn-wise {speedup(t32['turnwise'], pin):.2f}x it, + affinity {speedup(aff, pin):.2f}x. Turn by "
+            "turn: routing sends a turn to a dedicated engine whenever one is below its cap (16 turns a GPU, 64 "
+            "an engine), so the 4 dedicated TP-4 engines run full with long contexts and a turn there paces at "
             f"{_pace(aff, 'dedicated')} per response token against {_pace(aff, 'borrowed')} on the 16 borrowed "
-            f"serving engines (serving {aff['serving_busy_mean']:.0%} busy); pinned trajectories stay where their "
-            f"first turn went, spread over all 20 engines ({_pace(pin, 'dedicated')} and "
+            f"serving engines (serving {aff['serving_busy_mean']:.0%} busy); trajectories pinned on any engine "
+            f"stay where their first turn went, spread over all 20 ({_pace(pin, 'dedicated')} and "
             f"{_pace(pin, 'borrowed')}, {pin['borrowed_share']:.0%} of tokens borrowed against "
-            f"{aff['borrowed_share']:.0%}). At this cap the fault is ROSE's dedicated-first rule where borrowed "
-            f"engines outnumber dedicated ones 4 to 1 and sit idle. {_no_preemption_finding(doc)}"
-            "Tried, not kept (one step each): sending a turn to a "
-            "serving engine when its measured pace x (turns + 1) beats the least-loaded dedicated one's (peak "
-            "EWMA, handed-back turns counted at their pace so far) raised 32B + affinity from 52.5k to "
-            "74.8-76.1k tokens/s (pinned 81.9k) but cut 8B from 17.7k to 8.6-14.7k: at 8B a serving GPU's "
-            "finished turns pace as well as a dedicated one's (12 against 16 ms a token), while the long turns "
-            "sent there stall in serving's TPOT slack and end the step late. Also tried, not kept (the whole "
-            "figure set, 6a51641): skipping a dedicated engine whose vLLM queue holds requests waiting for KV "
-            "(the engine reporting its waiting requests with each batch) raised 32B + affinity to 54.0k tokens/s "
-            "(1.46x fixed, turn-wise 51.9k; pinned 78.5k) but cut the 8B 1,024-GPU run by 16% (rollout 678 "
-            "against 561 s) and put + affinity below turn-wise at 16 GPUs: the long prompts a full dedicated pool "
-            "could not admit went to serving GPUs, where they run in serving's slack; flagging only preempted "
-            "requests changed neither model. A rule that knows which turns will run long (their context, the "
-            "trajectory's earlier responses) is what this needs; not built.")
+            f"{aff['borrowed_share']:.0%}), where idle serving engines are as good as dedicated ones. "
+            f"{_no_preemption_finding(doc)}"
+            "Tried, not kept (one step each): sending a turn to a serving engine when its measured pace x "
+            "(turns + 1) beats the least-loaded dedicated one's raised 32B + affinity from 52.5k to 74.8-76.1k "
+            "tokens/s (pinned on any engine 81.9k) but cut 8B from 17.7k to 8.6-14.7k, as the long turns sent "
+            "there stall in serving's TPOT slack; skipping a dedicated engine whose vLLM queue holds requests "
+            "waiting for KV (6a51641) raised 32B + affinity to 54.0k but cut the 8B 1,024-GPU run by 16%; "
+            "without the tail hand-back 32B + affinity rose from 52.5k to 59.3k but 8B fell from 18.1k to 17.6k; "
+            "with the paper's unbounded affinity, a full affine engine waited for and no hand-back, routing "
+            "becomes pinning on any engine (the same 81.9k) and 8B falls to 15.5k.")
     return out
 
 
@@ -285,22 +295,21 @@ def _no_preemption_finding(doc: dict) -> str:
     from sim.report import speedup
     d = doc.get("qwen3_32b") or {}
     u = d.get("table3_no_preemption")
-    if not u:
+    if not u or "pinned_borrowing" not in u["modes"]:
         return ""
     m, s = u["modes"], d["setting"]
-    pin, aff = m["pinned"], m["turnwise_affinity"]
+    pin, aff = m["pinned_borrowing"], m["turnwise_affinity"]
     slots = u["per_engine"] * (s["rollout_engines"] + s["serving_engines"])
     return (f"At 64 an engine the fixed system's engines preempt {d['fig1']['preempted']:,} turns (vLLM's "
             "recompute when the KV pool runs out, the pressure the paper sets its cap to avoid); at "
-            f"{u['per_engine']} an engine they preempt {u['fixed']['preempted']:,}, and the order still fails: "
-            f"turn-wise {speedup(m['turnwise'], pin):.2f}x pinned, + affinity {speedup(aff, pin):.2f}x, with "
-            f"{aff['borrowed_share']:.0%} of tokens borrowed against pinned's {pin['borrowed_share']:.0%} and "
-            f"prefix hits of {aff['prefix_hit_tokens']:.0%} against {pin['prefix_hit_tokens']:.0%}: with more "
-            f"trajectories than slots ({s['trajectories_per_step']:,} against {slots:,}), a turn moved off a full "
-            "engine re-prefills its long context where no engine was idle to gain from the move, and the next "
-            "turn is pulled back to a dedicated engine. A probe (one step) of waiting for a full affine engine "
-            "instead (the turn queued, not moved) raised + affinity's prefix hits to 90% but cut its borrowed "
-            "share to 53% and its throughput from 61.8k to 58.6k tokens/s (pinned 82.9k). ")
+            f"{u['per_engine']} an engine they preempt {u['fixed']['preempted']:,}, where turn-wise routing is "
+            f"{speedup(m['turnwise'], m['pinned']):.2f}x the dedicated baseline and + affinity "
+            f"{speedup(aff, m['pinned']):.2f}x, but {speedup(m['turnwise'], pin):.2f}x and "
+            f"{speedup(aff, pin):.2f}x pinning on any engine, with {aff['borrowed_share']:.0%} of tokens borrowed "
+            f"against its {pin['borrowed_share']:.0%} and prefix hits of {aff['prefix_hit_tokens']:.0%} against "
+            f"{pin['prefix_hit_tokens']:.0%}: with more trajectories than slots "
+            f"({s['trajectories_per_step']:,} against {slots:,}), a turn moved off a full engine re-prefills its "
+            "long context where no engine was idle to gain from the move. ")
 
 
 def _train_tokens_finding(doc: dict) -> list[str]:

@@ -173,9 +173,16 @@ def end_to_end(args) -> tuple[dict, dict]:
     for name, r in rows.items():
         r["vs_fixed"] = speedup(r, rows["fixed_4_steps"] if name.startswith("rollpacker") else fixed)
         r["vs_fixed_pinned"] = speedup(r, rows["fixed_pinned"])
-    table3 = {mode: done[f"table3_{mode}"] for mode in ("pinned", "turnwise")}
-    table3["turnwise_affinity"] = rows["rose"]
-    return rows, table3
+    return rows, table3_modes(rows["fixed_pinned"], done["table3_pinned"], done["table3_turnwise"], rows["rose"])
+
+
+def table3_modes(pinned: dict, pinned_borrowing: dict, turnwise: dict, affinity: dict) -> dict:
+    """Table 3's rows, its baseline first. The paper's baseline ('we pin each trajectory to a fixed
+    rollout worker for its entire lifetime', §6.4) is read as a dedicated rollout worker: with the
+    routing heuristics off no turn spills to a serving GPU, since offloading the excess is part of
+    turn-wise routing (§4.3). Pinned on any worker, borrowed serving GPUs included, is shown too."""
+    return {"pinned": pinned, "pinned_borrowing": pinned_borrowing, "turnwise": turnwise,
+            "turnwise_affinity": affinity}
 
 
 def dapo(args) -> list[dict]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 
-from sim.paper_figures import job, runs, slo_of, train_row
+from sim.paper_figures import job, runs, slo_of, table3_modes, train_row
 from sim.cluster import ClusterSim
 from sim.config import SimConfig
 from sim.fleet import load_fleet, train_parallelism
@@ -97,6 +97,11 @@ def figures(args: Namespace) -> dict:
                           "32B ROSE, 16 per engine"),
         **{f"table3_{mode}": job(config(args, config="rose", mode=mode, **slo), spec, f"32B ROSE, {mode}")
            for mode in ("pinned", "turnwise")},
+        "table3_dedicated": job(config(args, config="fixed", mode="pinned", **slo), spec,
+                                "32B pinned to dedicated engines"),
+        "unpressed_dedicated": job(config(args, config="fixed", mode="pinned", **unpressed,
+                                          **slo_of(fixed["unpressed"])),
+                                   spec, f"32B pinned to dedicated engines, {NO_PREEMPTION_CAP} per engine"),
         **{f"unpressed_{mode}": job(config(args, config="rose", mode=mode, **unpressed,
                                            **slo_of(fixed["unpressed"])), spec,
                                     f"32B ROSE, {mode}, {NO_PREEMPTION_CAP} per engine")
@@ -124,11 +129,12 @@ def figures(args: Namespace) -> dict:
                          (PAPER_TRAIN_TOKENS, f, rows["rose"]),
                          ("every_turn", fixed["every_turn"], rose["every_turn"]))}},
             "fig7a": rows, "cap_sensitivity": cap,
-            "table3": {"pinned": rose["table3_pinned"], "turnwise": rose["table3_turnwise"],
-                       "turnwise_affinity": rows["rose"]},
+            "table3": table3_modes(rose["table3_dedicated"], rose["table3_pinned"], rose["table3_turnwise"],
+                                   rows["rose"]),
             "table3_no_preemption": {"per_engine": NO_PREEMPTION_CAP, "fixed": fixed["unpressed"],
-                                     "modes": {m: rose[f"unpressed_{m}"]
-                                               for m in ("pinned", "turnwise", "turnwise_affinity")}},
+                                     "modes": table3_modes(rose["unpressed_dedicated"],
+                                                           *(rose[f"unpressed_{m}"] for m in
+                                                             ("pinned", "turnwise", "turnwise_affinity")))},
             "dapo": {"valid_share": DAPO_VALID, "fixed": d_fixed, "rose": d_rose,
                      "rose_vs_fixed": speedup(d_rose, d_fixed),
                      "launched_per_step": d_fixed["trajectories_started"] / max(1, d_fixed["steps"])}}

@@ -156,3 +156,19 @@ def test_a_fixed_run_judged_at_another_slo_is_the_run_at_that_slo():
     rose = ClusterSim(replace(cfg, config="rose"))
     with pytest.raises(ValueError, match="admits rollout steps"):
         judged_at(rose, rose.run(), slo)
+
+
+def test_table3s_baseline_keeps_each_trajectory_on_one_dedicated_gpu():
+    """The paper's pinned baseline as the figures read it: the fixed system with pinning borrows no
+    serving GPU and never moves a trajectory, so every later turn finds its prefix; ROSE pinned on
+    any worker borrows."""
+    from sim.paper_figures import table3_modes
+
+    cfg = dict(gpus=4, steps=1, traj_per_rollout_gpu=16, cap_per_rollout_gpu=4, serving_ratio=2.0, mode="pinned")
+    dedicated = ClusterSim(SimConfig(config="fixed", **cfg)).run()
+    anywhere = ClusterSim(SimConfig(config="rose", **cfg)).run()
+    assert dedicated["borrowed_share"] == 0 and anywhere["borrowed_share"] > 0
+    assert dedicated["affinity_hit_rate"] == 1.0  # every later turn on the worker of the one before
+    modes = table3_modes(dedicated, anywhere, {}, {})
+    assert list(modes) == ["pinned", "pinned_borrowing", "turnwise", "turnwise_affinity"]
+    assert modes["pinned"] is dedicated  # the row every ratio of Table 3 is taken against

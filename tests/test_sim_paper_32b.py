@@ -113,8 +113,9 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
          "fig7a": rows, "dapo": dict(valid_share=0.5, fixed=rows["fixed"], rose=rows["rose"], rose_vs_fixed=1.5),
          "cap_sensitivity": [dict(per_engine=16, fixed_rollout_s=2500.0, rose_rollout_s=800.0, rose_vs_fixed=1.8,
                                   borrowed_share=0.8, slo_attainment=1.0)]}
-    modes = {m: row(t, r) | dict(prefix_hit_tokens=h) for m, t, r, h in (("pinned", 200.0, 600.0, 0.95),
-                                                                       ("turnwise", 100.0, 1000.0, 0.1),
+    modes = {m: row(t, r) | dict(prefix_hit_tokens=h) for m, t, r, h in (("pinned", 100.0, 1000.0, 0.95),
+                                                                       ("pinned_borrowing", 200.0, 600.0, 0.95),
+                                                                       ("turnwise", 110.0, 950.0, 0.1),
                                                                        ("turnwise_affinity", 120.0, 900.0, 0.6))}
     d["table3_no_preemption"] = {"per_engine": 32, "fixed": row(90.0, 1800.0) | dict(preempted=0), "modes": modes}
     assert report_32b({}) == []  # an 8B-only result has no 32B rows
@@ -129,7 +130,9 @@ def test_the_32b_rows_print_beside_the_papers_numbers():
     assert "| paper | | > 70% | <= 30% | 1.46x over ROLL (GRPO) |" in text
     # Table 3 again at the cap where the fixed engines preempt nothing, with their count
     assert "| Table 3 routing (ROSE, 32B, 32 an engine: fixed preempted 0) |" in text
-    assert "| turnwise_affinity | 120 | 0.60x | 900 | 0% | 60.0% | - |" in text
+    assert "| turnwise_affinity | 120 | 1.20x | 900 | 0% | 60.0% | - |" in text  # against the dedicated baseline
+    assert "| pinned, on dedicated GPUs (the paper's baseline) | 100 | 1.00x |" in text
+    assert "| pinned, borrowed serving GPUs too | 200 | 2.00x |" in text
     assert "5.0x the tokens" in text and "990 s a step" in text and "(8, 1, 2)'s communication, 26%" in text
 
 

@@ -68,9 +68,11 @@ def _fig8b(ax, doc: dict) -> None:
 
 def _table3(ax, doc: dict) -> None:
     t3 = doc["table3"]
-    ax.bar(list(t3), [(t3[m]["tokens_per_s"] or 0) / 1e3 for m in t3], color="tab:red")
+    names = {"pinned": "pinned\n(dedicated)", "pinned_borrowing": "pinned\n(+ borrowed)",
+             "turnwise": "turn-wise", "turnwise_affinity": "turn-wise\n+ affinity"}
+    ax.bar([names.get(m, m) for m in t3], [(t3[m]["tokens_per_s"] or 0) / 1e3 for m in t3], color="tab:red")
     paper = " < ".join(f"{x:.2f}" for x in doc["paper"]["table3"][0])
-    ax.set_title(f"Table 3: ROSE routing ablation, 8B (paper vs pinned: {paper})")
+    ax.set_title(f"Table 3, 8B routing ablation (paper, vs pinned: {paper})", fontsize=10)
     ax.set_ylabel("thousand tokens/s")
 
 
