@@ -18,7 +18,7 @@ no context term: ContextCost.none().
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from executors.policies.latency_profile import LatencyProfile
 from executors.policies.step_plan import StepPlan
@@ -63,7 +63,10 @@ class ContextCost:
         extra = self.decode_extra(decodes, held) if decodes else 0.0
         if plan.kind != "decode" and before >= 0:
             extra += self.chunk_extra(max(1, plan.tokens - decodes), before)
-        return replace(plan, cost_s=plan.cost_s + extra)
+        if extra == 0:
+            return plan
+        # not dataclasses.replace: this runs for every simulated engine step
+        return StepPlan(plan.kind, plan.tokens, plan.cost_s + extra, plan.blocks)
 
     @classmethod
     def derive(cls, profile: LatencyProfile, params: int, layers: int, q_dim: int,

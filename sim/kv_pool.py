@@ -12,8 +12,8 @@ class KVPool:
         """Blocks for the tokens the step wrote; when the pool runs out, vLLM preempts its youngest
         running request (recompute: its KV is dropped, its prompt and output so far prefilled
         again when it resumes, first in the queue)."""
-        for t in self.running:
-            need = -(-(t.kv_tokens + 1) // BLOCK) - t.blocks
+        for t in self.running:  # t.kv_tokens + 1, inline: this runs for every simulated step
+            need = -(-(t.context - t.prefill_left + t.response - t.out_left + 1) // BLOCK) - t.blocks
             if need > 0:
                 self.kv_used += need
                 t.blocks += need
