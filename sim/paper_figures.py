@@ -22,11 +22,13 @@ The figures:
   co-location, a static partition and an AReaL-style asynchronous system (the fixed GPUs with
   generation one step ahead of training); the paper's ratio ranges beside; and under DAPO's
   redundant sampling (sim/redundant_sampling.py) at three valid-group shares;
-- Table 3: ROSE's routing ablation (pinned, turn-wise, + KV affinity), and the router's decision
-  time P99 (the paper: under 10 ms);
+- Table 3: the routing ablation against the paper's baseline, each trajectory pinned to a dedicated
+  rollout GPU (table3_modes; pinned on any worker, borrowed ones included, beside it), turn-wise,
+  + KV affinity, and the router's decision time P99 (the paper: under 10 ms);
 - Fig. 14 / App. E: rollout seconds against the serving-GPU quota 0/4/8/16;
 - sensitivity: ROSE / fixed against the two parameters the paper does not give that move the
-  tail most (the trajectory-level response spread and the environment's seconds per step).
+  tail most (the trajectory-level response spread and the environment's seconds per step), and
+  Fig. 1b's tail shape: two modes of trajectory level against the fitted single one (tail_shapes).
 - Qwen3-32B on ALFWorld (sim/paper_figures_32b.py, TP-4 engines, 64 serving GPUs at most): Fig. 1's
   statistics and Fig. 7a-c's rows (`--only-32b`: these alone, into the existing JSON; `--no-32b`: the
   rest, keeping the existing JSON's 32B rows).
