@@ -264,8 +264,9 @@ def _table3_finding(doc: dict) -> list[str]:
            "tokens on serving GPUs against turn-wise routing's 9.5% and lost 5% of throughput over 5 seeds."]
     pb8 = t8["pinned_borrowing"]
     out.append(f"Read instead as pinned on any worker, borrowed serving GPUs included (`pinned_borrowing`), the "
-               f"8B baseline is slower still ({pb8['tokens_per_s']:,.0f} tokens/s: a long turn pinned to a "
-               "serving GPU advances only in serving's slack, and its trajectory cannot leave)" +
+               f"8B baseline is slower ({pb8['tokens_per_s']:,.0f} tokens/s against "
+               f"{t8['pinned']['tokens_per_s']:,.0f}: a long turn pinned to a serving GPU advances only in "
+               "serving's slack, and its trajectory cannot leave)" +
                ("." if not t32 or "pinned_borrowing" not in t32 else "; at 32B it is faster than any routing:"))
     if t32 and "pinned_borrowing" in t32:
         aff, pin = t32["turnwise_affinity"], t32["pinned_borrowing"]
