@@ -173,15 +173,8 @@ class Device(DecodeJump, KVPool):
                 if before < 0:
                     before = t.context - t.prefill_left
         plans = plan_steps(decodes, prefill, 0, BLOCK, self.rollout, CHUNK)
-        if self.admission is not None and self.slo_aware and plans and plans[0].kind == "prefill_chunk":
-            # as the executor's step gate: smaller chunks after the full one, before decodes only
-            plans[1:1] = [p for c in (CHUNK // 2, CHUNK // 4, CHUNK // 8)
-                          for p in plan_steps(decodes, prefill, 0, BLOCK, self.rollout, c)
-                          if p.kind == "prefill_chunk" and p.tokens < plans[0].tokens]
         base = plans[0].cost_s if plans else 0.0
-        if self.context is not None:  # long contexts: KV reads and attention to cached tokens
-            plans = [self.context.priced(p, decodes, held, before) for p in plans]
-        plan = self._admit(plans, now)
+        plan = self._admit(self._candidates(plans, decodes, prefill, held, before), now)
         if plan is None:
             self._check_stalls(now)
             return 0.0 if self._serving_busy() else self._idle_poll()
@@ -211,9 +204,22 @@ class Device(DecodeJump, KVPool):
             self._jump_after(now, plan.cost_s, base, decodes, held)
         return plan.cost_s
 
-    def _admit(self, plans, now: float):
+    def _candidates(self, plans: list, decodes: int, prefill: int, held: int, before: int) -> Iterator:
+        """The step's plans in the order admission tries them, each priced for its context (KV
+        reads, attention to cached tokens) only when tried: most steps take the first."""
+        ctx = self.context
+        for i, plan in enumerate(plans):
+            yield plan if ctx is None else ctx.priced(plan, decodes, held, before)
+            if i == 0 and plan.kind == "prefill_chunk" and self.admission is not None and self.slo_aware:
+                # as the executor's step gate: smaller chunks after the full one, before decodes only
+                for c in (CHUNK // 2, CHUNK // 4, CHUNK // 8):
+                    for p in plan_steps(decodes, prefill, 0, BLOCK, self.rollout, c):
+                        if p.kind == "prefill_chunk" and p.tokens < plan.tokens:
+                            yield p if ctx is None else ctx.priced(p, decodes, held, before)
+
+    def _admit(self, plans: Iterator, now: float):
         if self.admission is None or not self.slo_aware:
-            return plans[0] if plans else None
+            return next(plans, None)
         queued, active = self.engine.admission_view()
         kv_ok = self.memory is None or self.memory.state is not MemoryState.PRESSURE
         reason = "kv_headroom"
