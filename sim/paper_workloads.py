@@ -170,9 +170,9 @@ def _lognormal(median: float, sigma: float, low: float, high: float) -> list[flo
 def _two_mode(sigma: float, long_share: float, long_level: float) -> list[float]:
     """The 21 quantiles of a trajectory's response level: log-normal (median 1, sigma), or, with
     long_share > 0, a mixture of it and the same at median long_level (bisection on the CDF)."""
-    if long_share == 0 or sigma == 0:
-        if long_share == 0:
-            return _lognormal(1.0, sigma, 0.0, math.inf)
+    if long_share == 0:
+        return _lognormal(1.0, sigma, 0.0, math.inf)
+    if sigma == 0:  # two point masses
         return [1.0 if p <= 1 - long_share else long_level for p in QUANTILES]
     nd = NormalDist()
 
@@ -180,10 +180,10 @@ def _two_mode(sigma: float, long_share: float, long_level: float) -> list[float]
         return ((1 - long_share) * nd.cdf(math.log(x) / sigma)
                 + long_share * nd.cdf(math.log(x / long_level) / sigma))
 
-    out = []
+    out, low, high = [], math.exp(-8 * sigma), long_level * math.exp(8 * sigma)
     for p in QUANTILES:
         p = min(max(p, TAIL), 1 - TAIL)
-        lo, hi = math.exp(-8 * sigma), long_level * math.exp(8 * sigma)
+        lo, hi = low, high
         for _ in range(60):
             mid = math.sqrt(lo * hi)
             lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)

@@ -101,8 +101,9 @@ class EnvHosts:
     def _gone(self, worker: str, sent_to: str | None) -> str | None:
         """'left' or 'restarted' when `worker` is no longer the incarnation at `sent_to`; None while
         it is, or when the scheduler cannot say."""
-        now = self._address_of(worker) if self.probing else None
-        if not self.probing:
+        if self.probing:
+            now = self._address_of(worker)
+        if not self.probing:  # off, or the probe just failed
             return None
         if now is None:
             return "left"
