@@ -72,6 +72,27 @@ def test_chunked_prefill_attends_the_growing_prefix(tiny_shape) -> None:
     assert sorted(set(seen)) == [(6, 70), (32, 32), (32, 64)]
 
 
+def test_steps_after_a_cached_context_attend_it_and_their_own_tokens(tiny_shape) -> None:
+    seen = []
+    real = hf_timer._timing_attention
+    model = hf_timer.build_random_model(tiny_shape, "cpu", torch.float32)
+    from transformers import AttentionInterface
+    AttentionInterface.register(hf_timer.TIMING_ATTENTION,
+                                lambda m, q, k, v, mask, **kw: seen.append((q.shape[0], q.shape[2], k.shape[2]))
+                                or real(m, q, k, v, mask, **kw))
+    timer = hf_timer.HFForwardTimer(model, "cpu", repeats=1)
+    try:
+        chunks = timer.after_context([10, 50], batch=1, new_tokens=8)
+        decodes = timer.after_context([30], batch=3)
+    finally:
+        AttentionInterface.register(hf_timer.TIMING_ATTENTION, real)
+    assert sorted(chunks.eager) == [10, 50] and sorted(decodes.eager) == [30]
+    # a chunk of 8 sees its prefix and itself; a decode of 3 requests sees 30 + 1; every run alike
+    assert set(seen) == {(1, 8, 18), (1, 8, 58), (3, 1, 31)}
+    with pytest.raises(ValueError, match="contexts >= 1"):
+        timer.after_context([0])
+
+
 def test_bad_timer_settings_are_refused(tiny_shape) -> None:
     model = hf_timer.build_random_model(tiny_shape, "cpu", torch.float32)
     with pytest.raises(ValueError, match="decode_context"):

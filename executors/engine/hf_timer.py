@@ -71,23 +71,27 @@ class HFForwardTimer:
                 self._forward(ids[:, start:start + step], cache)
         return run
 
-    def _decode_fn(self, batch: int):
+    def _cached_step_fn(self, batch: int, context: int, new_tokens: int = 1):
+        """One forward of `new_tokens` per request for `batch` requests that each hold `context`
+        cached tokens: a decode step (1 new token) or a prefill chunk after a cached prefix."""
         from transformers import StaticCache
-        ctx = self.decode_context
-        cache = StaticCache(config=self.model.config, max_cache_len=ctx + 1)
-        shape = (batch, self.kv_heads, ctx, self.head_dim)
+        cache = StaticCache(config=self.model.config, max_cache_len=context + new_tokens)
+        shape = (batch, self.kv_heads, context, self.head_dim)
         dtype = next(self.model.parameters()).dtype
         for layer in range(self.layers):  # a filled context without paying its prefill
             k = torch.randn(shape, dtype=dtype, device=self.device)
             cache.update(k, torch.randn_like(k), layer)
-        ids = self._ids(batch, 1)
-        position = torch.tensor([ctx], device=self.device)
+        ids = self._ids(batch, new_tokens)
+        position = torch.arange(context, context + new_tokens, device=self.device)
 
         def run() -> None:
             self._forward(ids, cache, position)
-            for layer in cache.layers:  # every run decodes into the same slot (a kernel, capturable)
-                layer.cumulative_length.fill_(ctx)
+            for layer in cache.layers:  # every run writes into the same slots (a kernel, capturable)
+                layer.cumulative_length.fill_(context)
         return run
+
+    def _decode_fn(self, batch: int):
+        return self._cached_step_fn(batch, self.decode_context)
 
     # -- timing -----------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -154,6 +158,14 @@ class HFForwardTimer:
 
     def decode(self, batches) -> ForwardTimes:
         return self._time(self._decode_fn, batches, "decode")
+
+    def after_context(self, contexts, batch: int = 1, new_tokens: int = 1) -> ForwardTimes:
+        """Per cached context length: a step of `new_tokens` per request for `batch` requests
+        (1: a decode step; more: a prefill chunk attending the cached prefix)."""
+        if batch < 1 or new_tokens < 1 or any(c < 1 for c in contexts):
+            raise ValueError(f"need batch, new tokens and contexts >= 1, got {batch}, {new_tokens}, {list(contexts)}")
+        return self._time(lambda c: self._cached_step_fn(batch, c, new_tokens), contexts,
+                          f"{new_tokens} new x {batch} after context")
 
 
 def _timing_attention(module, query, key, value, attention_mask, dropout: float = 0.0,

@@ -182,12 +182,13 @@ class MegatronTrainer:
         tensors on TP rank 0, a tied embedding on the first stage)."""
         from megatron.core import parallel_state as ps
 
-        squares = torch.zeros((), dtype=torch.float64)
+        # on the trainer's device: NCCL reduces CUDA tensors only
+        squares = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
             duplicate = (name in self._replicated and self.rank.tp_rank != 0) or (
                 name == "output_layer.weight" and self.rank.tied and not self.stage.first)
             if not duplicate:
-                squares += p.grad.detach().double().pow(2).sum().cpu()
+                squares += p.grad.detach().double().pow(2).sum()
         dist.all_reduce(squares, group=ps.get_model_parallel_group())
         norm = float(squares.sqrt())
         coef = min(1.0, max_norm / (norm + 1e-6))
@@ -199,7 +200,8 @@ class MegatronTrainer:
     def _gather_stats(self, stats: dict[str, float], n_samples: int) -> dict:
         """The loss-side stats live on the last stage's TP rank 0 of each replica: summed."""
         mine = self.stage.last and self.rank.tp_rank == 0
-        vec = torch.tensor([stats.get(k, 0.0) if mine else 0.0 for k in _STATS], dtype=torch.float64)
+        vec = torch.tensor([stats.get(k, 0.0) if mine else 0.0 for k in _STATS], dtype=torch.float64,
+                           device=self.device)
         dist.all_reduce(vec)
         out = dict(zip(_STATS, vec.tolist()))
         if n_samples:
