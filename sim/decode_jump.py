@@ -14,10 +14,13 @@ begun by then, and looks again at the end of the step in progress, as the per-it
 would. The per-iteration engine is kept (SimConfig.event_jump=False); tests/test_sim_jump.py
 runs both and compares: a sum in closed form differs from the step-by-step one in the last bits.
 
-Three runs jump: rollout decodes with serving idle (admission's slack then reads no clock);
-serving decodes with no rollout work; serving decodes while admission refuses the waiting
-rollout step (it is asked against the same view each step: no queued prefill, the decodes'
-tokens just out, the same batches) until a stall would fall due.
+Four runs jump: rollout decodes with serving idle (admission's slack then reads no clock);
+on a dedicated rollout GPU, prefill chunks of one prompt beside the same decodes (the chunk's
+attention to the prompt's cached part grows by a chunk a step: one more linear term); serving
+decodes with no rollout work; serving decodes while admission refuses the waiting rollout step
+(it is asked against the same view each step: no queued prefill, the decodes' tokens just out,
+the same batches) until a stall would fall due. Turns waiting on a dedicated GPU whose batch or
+KV pool is full stay waiting through a run: neither frees until a turn finishes.
 """
 from __future__ import annotations
 
@@ -25,12 +28,13 @@ import math
 from dataclasses import dataclass
 
 from executors.policies.kv_memory import MemoryState
+from sim.serving import BLOCK
 
 
 @dataclass(slots=True)
 class SilentRun:
     """`n` silent steps after the regular one that ends at `b0`; step i (1..n) costs
-    base + kv x max(0, over + i x batch) seconds (kv = 0: base alone)."""
+    base + slope x i + kv x max(0, over + i x batch) seconds (kv = 0: no KV term)."""
 
     kind: str  # "rollout" or "serving"
     b0: float
@@ -41,20 +45,25 @@ class SilentRun:
     n: int = 0
     landed: int = 0
     denials: bool = False  # serving run: each step's rollout check was refused for slack
+    slope: float = 0.0  # a prefill run: what each step's chunk adds, attending a chunk more
+    prefill: object = None  # a prefill run: the turn whose prompt takes each step's chunk
+    take: int = 0  # ... and how many of its tokens a step takes
 
     def end(self, j: int) -> float:
         """When silent step j ends (j = 0: the regular step before them)."""
+        grown = self.slope * (j * (j + 1) // 2) if self.slope else 0.0
         if not self.kv:
-            return self.b0 + j * self.base
+            return self.b0 + (j * self.base + grown)
         o, b = self.over, self.batch
         i0 = 1 if o >= 0 else -o // b + 1  # the first step whose context passes the reference
         m = j - i0 + 1
         tokens = m * o + b * (i0 + j) * m // 2 if m > 0 else 0
-        return self.b0 + (j * self.base + self.kv * tokens)
+        return self.b0 + (j * self.base + self.kv * tokens + grown)
 
     def cost(self, i: int) -> float:
         over = self.over + i * self.batch
-        return self.base + (over if over > 0 else 0) * self.kv if self.kv else self.base
+        return self.base + self.slope * i + (over if over > 0 else 0) * self.kv if self.kv \
+            else self.base + self.slope * i
 
 
 def last_true(pred, hi: int) -> int:
@@ -75,7 +84,8 @@ class DecodeJump:
         steps that would change nothing else. `base_cost`: D(B) before context; `held`: the
         batch's cached tokens at that step."""
         running, engine = self.running, self.engine
-        if self.waiting or self._fresh or len(running) != decodes or (engine is not None and engine.busy):
+        if (self.waiting and not self._waiting_held()) or self._fresh or len(running) != decodes \
+                or (engine is not None and engine.busy):
             return
         n = min(t.out_left for t in running) - 1  # the step that finishes a turn is a regular one
         if self.kv_pool is not None and n > 0:
@@ -90,6 +100,45 @@ class DecodeJump:
                                          or self.memory.state is not MemoryState.PRESSURE).slack
             n = last_true(lambda i: i == 0 or run.cost(i) <= slack, n)
         self._start_run(run, n, self._quiet_until())
+
+    def _prefill_jump_after(self, start: float, first_cost: float, base_cost: float, decodes: int,
+                            held: int, before: int, take: int) -> None:
+        """After a full prefill chunk on a dedicated GPU (no serving, admission or stall detector)
+        that started at `start`: the further chunks that the same prompt takes whole, beside the
+        same decodes. `base_cost`: the chunk's P(c) before context; `held`: the decodes' cached
+        tokens and `before` the prompt's at that step; `take`: the prompt's tokens a step."""
+        if self.engine is not None or self.admission is not None or self.stall is not None or self._fresh \
+                or (self.waiting and not self._waiting_held()):
+            return
+        turn = next((t for t in self.running if t.prefill_left), None)
+        if turn is None or turn.context - turn.prefill_left != before + take:
+            return  # the chunk finished its prompt and went on to the next: a new batch
+        if sum(1 for t in self.running if not t.prefill_left) != decodes:
+            return  # a prompt's last chunk sampled its first token: one more decode from now
+        n = (turn.prefill_left - 1) // take  # the chunk that ends the prompt is a regular step
+        if decodes:
+            n = min(n, min(t.out_left for t in self.running if not t.prefill_left) - 1)
+        if self.kv_pool is not None and n > 0:
+            n = self._pool_room(n, turn, take)
+        if n <= 0:
+            return
+        ctx = self.context
+        kv, ref = (ctx.kv_s_per_token, ctx.reference_context) if ctx else (0.0, 0)
+        chunk_at = ctx.chunk_extra(take, before) if ctx else 0.0
+        run = SilentRun("rollout", start + first_cost, base_cost + chunk_at, kv, held - decodes * ref, decodes,
+                        slope=take * (take * ctx.attn_s_per_pair + kv) if ctx else 0.0, prefill=turn, take=take)
+        self._start_run(run, n, self._quiet_until())
+
+    def _waiting_held(self) -> bool:
+        """Turns wait on a dedicated GPU that cannot start one before a turn finishes: its batch
+        is full or the first's prompt does not fit its KV pool (running turns only grow it)."""
+        if self.memory is not None or self.engine is not None:
+            return False
+        if len(self.running) >= 64:
+            return True
+        t = self.waiting[0]
+        return self.kv_pool is not None and bool(self.running) \
+            and self.kv_used + -(-(t.context + 1) // BLOCK) > self.kv_pool
 
     def _serving_jump_after(self, start: float, first_cost: float, denied: bool) -> None:
         """After a serving step whose rollout side had nothing to run or was `denied`, the serving
@@ -137,17 +186,21 @@ class DecodeJump:
         k = upto - run.landed
         if k > 0:
             if run.kind == "rollout":
-                self._land_rollout(k, run.end(upto - 1))
+                self._land_rollout(k, run.end(upto - 1), run.prefill, run.take)
             else:
                 self._land_serving(run, k, run.end(upto))
             run.landed = upto
         if upto == run.n:
             self._jump = None
 
-    def _land_rollout(self, k: int, last_start: float) -> None:
-        """k steps each took a token of every running turn; the last began at `last_start`."""
+    def _land_rollout(self, k: int, last_start: float, prefill=None, take: int = 0) -> None:
+        """k steps each took a token of every decoding turn (and `take` of `prefill`'s prompt);
+        the last began at `last_start`."""
         for t in self.running:
-            t.out_left -= k
+            if t is prefill:
+                t.prefill_left -= k * take
+            elif prefill is None or not t.prefill_left:
+                t.out_left -= k
             if self.stall is not None:
                 self.stall.on_progress(t.rid, last_start)
         if self.kv_pool is not None:

@@ -179,7 +179,8 @@ class Device(DecodeJump, KVPool):
             self._check_stalls(now)
             return 0.0 if self._serving_busy() else self._idle_poll()
         budget = plan.tokens - (decodes if plan.kind != "decode" else plan.tokens)
-        for t in self.running:
+        stall, pool, finished = self.stall, self.kv_pool, []
+        for t in self.running:  # one pass: progress, finished turns, KV blocks for what was written
             t.started = True
             if t.prefill_left == 0:
                 t.out_left -= 1
@@ -189,19 +190,28 @@ class Device(DecodeJump, KVPool):
                 budget -= take
                 if t.prefill_left == 0:
                     t.out_left -= 1  # the last prefill chunk samples the first token
-            if self.stall is not None:
-                self.stall.on_progress(t.rid, now)
+            if stall is not None:
+                stall.on_progress(t.rid, now)
+            if t.out_left <= 0:
+                finished.append(t)
+            elif pool is not None:  # _grow_kv's growth, inline
+                need = -(-(t.context - t.prefill_left + t.response - t.out_left + 1) // BLOCK) - t.blocks
+                if need > 0:
+                    self.kv_used += need
+                    t.blocks += need
         end = now + plan.cost_s
-        finished = [t for t in self.running if t.out_left <= 0]
         if finished:
             self.running = [t for t in self.running if t.out_left > 0]
             for t in finished:
                 self._finish(t, end)
-        if self.kv_pool is not None:
-            self._grow_kv()
+        if pool is not None:
+            self._preempt_over_pool()
         self._check_stalls(end)
-        if self.jump and plan.kind == "decode" and not finished:
-            self._jump_after(now, plan.cost_s, base, decodes, held)
+        if self.jump and not finished:
+            if plan.kind == "decode":
+                self._jump_after(now, plan.cost_s, base, decodes, held)
+            elif plan.kind == "prefill_chunk" and plan.tokens == plans[0].tokens:
+                self._prefill_jump_after(now, plan.cost_s, base, decodes, held, before, plan.tokens - decodes)
         return plan.cost_s
 
     def _candidates(self, plans: list, decodes: int, prefill: int, held: int, before: int) -> Iterator:

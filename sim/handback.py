@@ -11,7 +11,8 @@ class HandbackSide:
     def _turn_out(self, tid: str, name: str, k: int) -> None:
         """Turn k of `tid` sent to device `name` now."""
         self._sent[tid] = (name, self.loop.now)
-        if name in self.flags:  # a co-serving GPU
+        if name in self.flags:  # a co-serving GPU; appended, so the dict stays oldest first
+            self._borrowed.pop(tid, None)
             self._borrowed[tid] = (self.loop.now, (tid, k))
         elif not self.devices[name].borrowed:
             self._dedicated_out += 1
@@ -45,6 +46,11 @@ class HandbackSide:
                 self._handback_at = oldest + limit
                 self.loop.at(oldest + limit, self._hand_back_tail)
             return
-        for tid, _k in self.handback.due({key: sent for sent, key in self._borrowed.values()}, free, 0, now):
+        out_long = {}  # the oldest-first prefix out for `limit` or longer: what the policy can choose
+        for sent, key in self._borrowed.values():
+            if now - sent < limit:
+                break
+            out_long[key] = sent
+        for tid, _k in self.handback.due(out_long, free, 0, now):
             self.counts["handed_back"] += 1
             self.devices[self._sent[tid][0]].take_back(tid)  # aborts it there: _abort reroutes it

@@ -17,6 +17,10 @@ class KVPool:
             if need > 0:
                 self.kv_used += need
                 t.blocks += need
+        self._preempt_over_pool()
+
+    def _preempt_over_pool(self) -> None:
+        """While the running turns' KV exceeds the pool, preempt the youngest (see _grow_kv)."""
         while self.kv_used > self.kv_pool and len(self.running) > 1:
             t = self.running.pop()
             self.kv_used -= t.blocks
@@ -26,17 +30,27 @@ class KVPool:
             self.waiting.insert(0, t)
             self.preempted += 1
 
-    def _pool_room(self, n: int) -> int:
-        """The most further steps (<= n) after which the running turns' KV still fits the pool."""
+    def _pool_room(self, n: int, prefill=None, take: int = 0) -> int:
+        """The most further steps (<= n) after which the running turns' KV still fits the pool:
+        each step adds a token to every decoding turn (and `take` to `prefill`'s prompt)."""
+        def rate(t) -> int:
+            if prefill is None:
+                return 1
+            return take if t is prefill else (0 if t.prefill_left else 1)
+
+        rates = [(t, rate(t)) for t in self.running]
         held = sum(t.blocks for t in self.running)
-        if sum(max(t.blocks, -(-(t.kv_tokens + n + 1) // BLOCK)) for t in self.running) - held + self.kv_used \
-                <= self.kv_pool:
+
+        def fits(m: int) -> bool:
+            used = sum(max(t.blocks, -(-(t.kv_tokens + r * m + 1) // BLOCK)) for t, r in rates)
+            return used - held + self.kv_used <= self.kv_pool
+
+        if fits(n):
             return n  # the common case: the whole run fits
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            used = sum(max(t.blocks, -(-(t.kv_tokens + mid + 1) // BLOCK)) for t in self.running)
-            if used - held + self.kv_used <= self.kv_pool:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid - 1

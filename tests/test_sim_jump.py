@@ -48,3 +48,36 @@ def test_a_silent_run_ends_where_its_steps_sum_to():
         assert run.end(j) == pytest.approx(t, rel=1e-12)
     assert run.cost(1) == 0.02 and run.cost(10) > 0.02  # the context passes the reference at step 7
     assert last_true(lambda i: i <= 37, 100) == 37 and last_true(lambda i: i == 0, 5) == 0
+    chunks = SilentRun("rollout", 10.0, 0.03, kv=1e-6, over=-100, batch=16, slope=2e-4)  # a prefill run
+    t = 10.0
+    for j in range(1, 60):
+        t += chunks.cost(j)
+        assert chunks.end(j) == pytest.approx(t, rel=1e-12)
+    assert chunks.cost(2) - chunks.cost(1) == pytest.approx(2e-4)  # before the KV term starts: the slope
+
+
+@pytest.mark.parametrize("kv_pool", [None, 200])
+def test_a_long_prompt_beside_decodes_jumps_chunk_to_chunk(kv_pool):
+    """On a dedicated GPU a long prompt's prefill chunks (beside two decoding turns, with the
+    context terms on) are taken as runs: the turns end when the per-iteration engine ends them."""
+    from sim.device import Device, Turn
+    from sim.events import EventLoop
+    from sim.fleet import context_cost, load_fleet
+    from sim.profiles import load_profile
+
+    def run(jump: bool) -> tuple[dict, int]:
+        loop, done = EventLoop(), {}
+        dev = Device(loop, "rollout-0", "rollout", load_profile("h100_qwen3_8b"),
+                     lambda d, t: done.setdefault(t.tid, loop.now), lambda d, t: None,
+                     context=context_cost(load_fleet("h100_qwen3_8b")), kv_pool=kv_pool, jump=jump)
+        dev.submit(Turn("a", context=300, response=900), prefix_hit=False)
+        dev.submit(Turn("b", context=200, response=700), prefix_hit=False)
+        loop.at(0.5, lambda _: dev.submit(Turn("long", context=6000, response=40), prefix_hit=False))
+        loop.run()
+        return done, loop.events
+
+    (step, step_events), (jump, jump_events) = run(False), run(True)
+    assert step.keys() == jump.keys() == {"a", "b", "long"}
+    for tid, at in step.items():
+        assert jump[tid] == pytest.approx(at, rel=1e-9), tid
+    assert jump_events < step_events / 4
