@@ -46,11 +46,15 @@ class HandbackSide:
                 self._handback_at = oldest + limit
                 self.loop.at(oldest + limit, self._hand_back_tail)
             return
-        out_long = {}  # the oldest-first prefix out for `limit` or longer: what the policy can choose
+        # what the policy can choose: the oldest-first turns out for `limit` or longer, up to the
+        # `free` oldest not handed back yet (and any sent at the same time as the last of those)
+        out_long, fresh, last = {}, 0, None
         for sent, key in self._borrowed.values():
-            if now - sent < limit:
+            if now - sent < limit or (fresh >= free and sent != last):
                 break
             out_long[key] = sent
+            if not self.handback.handed_back(key):
+                fresh, last = fresh + 1, sent
         for tid, _k in self.handback.due(out_long, free, 0, now):
             self.counts["handed_back"] += 1
             self.devices[self._sent[tid][0]].take_back(tid)  # aborts it there: _abort reroutes it

@@ -39,6 +39,9 @@ class KVPool:
             return take if t is prefill else (0 if t.prefill_left else 1)
 
         rates = [(t, rate(t)) for t in self.running]
+        # a turn holds the blocks of its tokens so far, so m steps add at most ceil(rate m / BLOCK)
+        if self.kv_used + sum(-(-r * n // BLOCK) for _, r in rates) <= self.kv_pool:
+            return n  # the common case, far from full: no turn's blocks need counting
         held = sum(t.blocks for t in self.running)
 
         def fits(m: int) -> bool:

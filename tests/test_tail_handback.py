@@ -30,6 +30,7 @@ def test_due_turns_are_the_oldest_past_the_threshold_up_to_the_free_slots():
     assert hb.due(borrowed, free_dedicated_slots=1, queued=3, now=10.0) == []  # the queue goes first
     assert hb.due(borrowed, free_dedicated_slots=0, queued=0, now=10.0) == []
     assert hb.due(borrowed, free_dedicated_slots=2, queued=0, now=10.0) == ["oldest", "older"]
+    assert hb.handed_back("oldest") and not hb.handed_back("old")
     # each turn at most once; "new" (0.1 s out) is not due yet
     assert hb.due(borrowed, free_dedicated_slots=5, queued=0, now=10.0) == ["old"]
     assert hb.due(borrowed, free_dedicated_slots=5, queued=0, now=9.9 + 0.4) == ["new"]  # due in time

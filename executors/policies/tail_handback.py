@@ -51,6 +51,10 @@ class TailHandback:
             return None
         return max(self.config.min_wait_s, self.config.factor * statistics.median(self._recent))
 
+    def handed_back(self, key: Hashable) -> bool:
+        """Whether turn `key` was handed back already (each is, at most once)."""
+        return key in self._handed
+
     def due(self, borrowed: dict[Hashable, float], free_dedicated_slots: int, queued: int,
             now: float) -> list[Hashable]:
         """The turns to hand back now, oldest first. borrowed: turn key -> when it was sent to its
