@@ -584,8 +584,10 @@ def gpu_check_section(doc: dict, name: str) -> list[str]:
             f"`python -m bench.learning.gpu_check` on {doc.get('device', '?')} ({doc.get('seconds', 0):.0f} s): one "
             "GRPO step of the demo-shaped policy from the same weights on the CPU (gloo, fp32) and on CUDA (NCCL, "
             f"bf16 compute over fp32 master weights). Loss {doc['loss_cpu']:+.6f} vs {doc['loss_cuda']:+.6f} "
-            f"(relative {doc['loss_rel_diff']:.1e}), weights within {doc['weight_max_diff']:.1e} after the step; "
-            "checks: " + ", ".join(f"{k} {'passed' if v else 'FAILED'}" for k, v in checks.items()) + "."]
+            f"(relative {doc['loss_rel_diff']:.1e}), weights within {doc['weight_max_diff']:.1e} after the step"
+            + (f"; a trainer resumed from step 1's checkpoint takes step 2 within {doc['resume_max_diff_cuda']:.1e} "
+               "of the one that went straight on" if "resume_max_diff_cuda" in doc else "")
+            + "; checks: " + ", ".join(f"{k} {'passed' if v else 'FAILED'}" for k, v in checks.items()) + "."]
 
 
 def context_cost_section(doc: dict, name: str) -> list[str]:

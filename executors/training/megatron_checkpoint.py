@@ -103,6 +103,7 @@ def resume(trainer, root: Path) -> int | None:
         moments = {m: rank.local_megatron(_full(shards, meta, names, m, trainer.hf_config)) for m in MOMENTS}
     if meta["optimizer_steps"]:
         for name, p in params.items():
+            # moments beside their parameter (read on the CPU); the step count stays on the CPU, as AdamW keeps it
             trainer.optimizer.state[p] = {"step": torch.tensor(float(meta["optimizer_steps"])),
-                                          **{m: moments[m][name].clone() for m in MOMENTS}}
+                                          **{m: moments[m][name].to(p.device, copy=True) for m in MOMENTS}}
     return step
