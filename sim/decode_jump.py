@@ -46,7 +46,7 @@ class SilentRun:
     landed: int = 0
     denials: bool = False  # serving run: each step's rollout check was refused for slack
     slope: float = 0.0  # a prefill run: what each step's chunk adds, attending a chunk more
-    prefill: object = None  # a prefill run: the turn whose prompt takes each step's chunk
+    prefill: object = None  # a prefill run: the Turn whose prompt takes each step's chunk
     take: int = 0  # ... and how many of its tokens a step takes
 
     def end(self, j: int) -> float:
@@ -62,8 +62,7 @@ class SilentRun:
 
     def cost(self, i: int) -> float:
         over = self.over + i * self.batch
-        return self.base + self.slope * i + (over if over > 0 else 0) * self.kv if self.kv \
-            else self.base + self.slope * i
+        return self.base + self.slope * i + (self.kv * over if self.kv and over > 0 else 0.0)
 
 
 def last_true(pred, hi: int) -> int:
@@ -134,7 +133,7 @@ class DecodeJump:
         is full or the first's prompt does not fit its KV pool (running turns only grow it)."""
         if self.memory is not None or self.engine is not None:
             return False
-        if len(self.running) >= 64:
+        if len(self.running) >= self.max_running:
             return True
         t = self.waiting[0]
         return self.kv_pool is not None and bool(self.running) \

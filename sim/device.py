@@ -27,6 +27,7 @@ from sim.workload import ServingRequest
 
 CHUNK = 512
 POLL_S = 0.01  # how often an idle device with denied rollout work looks again
+MAX_RUNNING = 64  # requests a rollout engine runs at once (vLLM's max_num_seqs)
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class Device(DecodeJump, KVPool):
         self.on_done, self.on_abort = on_done, on_abort
         self.waiting: list[Turn] = []
         self.running: list[Turn] = []
+        self.max_running = MAX_RUNNING
         self.on_iter, self.borrowed = on_iter, kind == "serving"
         self.engine = ServingEngine(serving, arrivals) if serving is not None and arrivals is not None else None
         self.stats = self.engine.stats if self.engine is not None else ServingStats()
@@ -248,7 +250,7 @@ class Device(DecodeJump, KVPool):
         return POLL_S if (self.waiting or self.running) else 0.0
 
     def _start_waiting(self, now: float) -> None:
-        while self.waiting and len(self.running) < 64:
+        while self.waiting and len(self.running) < self.max_running:
             t = self.waiting[0]
             blocks = math.ceil((t.context + t.response) / BLOCK)
             if self.memory is not None:

@@ -4,6 +4,7 @@ Device (sim/device.py), which keeps `kv_pool` (blocks; None: unbounded), `kv_use
 turn's `blocks`."""
 from __future__ import annotations
 
+from sim.decode_jump import last_true
 from sim.serving import BLOCK
 
 
@@ -48,13 +49,4 @@ class KVPool:
             used = sum(max(t.blocks, -(-(t.kv_tokens + r * m + 1) // BLOCK)) for t, r in rates)
             return used - held + self.kv_used <= self.kv_pool
 
-        if fits(n):
-            return n  # the common case: the whole run fits
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return n if fits(n) else last_true(lambda m: m == 0 or fits(m), n)
