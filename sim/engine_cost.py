@@ -13,7 +13,8 @@ numbers (never fitted to a result):
   effective FLOP rate the profile itself measured (2 x parameters x tokens over the monolithic
   curve's last segment), plus reading those n tokens' KV.
 A profile without a bandwidth (the CPU models, whose contexts stay at a few hundred tokens) gets
-no context term: ContextCost.none().
+no context term: ContextCost.none(). `python -m bench.sim.context_cost_check` times both against
+a GPU (docs/results.md).
 """
 from __future__ import annotations
 

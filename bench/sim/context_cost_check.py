@@ -11,9 +11,8 @@ built with random weights on the GPU (executors/engine/hf_timer.py: SDPA with gr
 a preallocated cache, CUDA-graph replays) and timed at growing cached contexts: what a step costs
 beyond its 512-token point, measured, against the terms' prediction. A ratio near 1 says the
 roofline holds for this kernel; above 1, the simulator under-prices long contexts by that factor.
-The kernel is PyTorch's SDPA, not vLLM's paged attention (no vLLM on the lent machine): a
-lower bound on what a tuned engine reaches is not what this measures, only whether the
-bandwidth-bound model of the cost is the right shape and size.
+The kernel is PyTorch's SDPA, not vLLM's paged attention (no vLLM on the lent machine): this
+checks the shape and size of the bandwidth-bound cost model, not what a tuned engine reaches.
 """
 from __future__ import annotations
 
