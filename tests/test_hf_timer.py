@@ -124,3 +124,15 @@ def test_train_profile_fits_the_full_depth_from_two_cut_models(tiny_shape, tmp_p
     assert d["train_s_per_token"] == pytest.approx(d["step_s_full_model"] / 32)
     bad = subprocess.run(cmd[:-5] + ["--layers", "2", "2"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode != 0 and "two different depths" in bad.stderr
+
+
+def test_context_check_compares_the_cost_beyond_the_512_point_with_the_terms() -> None:
+    from bench.sim.context_cost_check import _rows
+    from sim.fleet import context_cost, load_fleet
+
+    terms = context_cost(load_fleet("h200_qwen3_8b"))
+    measured = {512: 0.010, 8192: 0.010 + 2 * terms.decode_extra(16, 16 * 8192)}  # twice the terms' cost
+    rows = _rows("decode", 16, measured, lambda c: terms.decode_extra(16, 16 * c))
+    assert [r["context"] for r in rows] == [512, 8192] and rows[0]["ratio"] is None  # nothing beyond the base
+    assert rows[1]["ratio"] == pytest.approx(2.0, rel=1e-3)
+    assert rows[1]["extra_ms"] == pytest.approx(2 * rows[1]["predicted_extra_ms"], rel=1e-3)
