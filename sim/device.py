@@ -181,8 +181,8 @@ class Device(DecodeJump, KVPool):
             self._check_stalls(now)
             return 0.0 if self._serving_busy() else self._idle_poll()
         budget = plan.tokens - (decodes if plan.kind != "decode" else plan.tokens)
-        stall, pool, finished = self.stall, self.kv_pool, []
-        for t in self.running:  # one pass: progress, finished turns, KV blocks for what was written
+        stall, finished = self.stall, []
+        for t in self.running:  # one pass: progress and finished turns
             t.started = True
             if t.prefill_left == 0:
                 t.out_left -= 1
@@ -196,18 +196,13 @@ class Device(DecodeJump, KVPool):
                 stall.on_progress(t.rid, now)
             if t.out_left <= 0:
                 finished.append(t)
-            elif pool is not None:  # _grow_kv's growth, inline
-                need = -(-(t.context - t.prefill_left + t.response - t.out_left + 1) // BLOCK) - t.blocks
-                if need > 0:
-                    self.kv_used += need
-                    t.blocks += need
         end = now + plan.cost_s
         if finished:
             self.running = [t for t in self.running if t.out_left > 0]
             for t in finished:
                 self._finish(t, end)
-        if pool is not None:
-            self._preempt_over_pool()
+        if self.kv_pool is not None:
+            self._grow_kv()
         self._check_stalls(end)
         if self.jump and not finished:
             if plan.kind == "decode":

@@ -18,10 +18,6 @@ class KVPool:
             if need > 0:
                 self.kv_used += need
                 t.blocks += need
-        self._preempt_over_pool()
-
-    def _preempt_over_pool(self) -> None:
-        """While the running turns' KV exceeds the pool, preempt the youngest (see _grow_kv)."""
         while self.kv_used > self.kv_pool and len(self.running) > 1:
             t = self.running.pop()
             self.kv_used -= t.blocks

@@ -136,3 +136,8 @@ def test_context_check_compares_the_cost_beyond_the_512_point_with_the_terms() -
     assert [r["context"] for r in rows] == [512, 8192] and rows[0]["ratio"] is None  # nothing beyond the base
     assert rows[1]["ratio"] == pytest.approx(2.0, rel=1e-3)
     assert rows[1]["extra_ms"] == pytest.approx(2 * rows[1]["predicted_extra_ms"], rel=1e-3)
+
+
+def test_the_faster_way_per_size_is_kept() -> None:
+    times = hf_timer.ForwardTimes(eager={2: 3.0, 1: 2.0}, graphed={1: 1.0, 2: 4.0})
+    assert times.fastest() == {1: 1.0, 2: 3.0} and list(times.fastest()) == [1, 2]

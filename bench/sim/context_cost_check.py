@@ -31,11 +31,6 @@ CONTEXTS = (REFERENCE_CONTEXT, 2048, 8192, 32768)
 MEMORY_SHARE = 0.75  # of the GPU memory free after the weights, at most, for one point's cache
 
 
-def _fastest(times) -> dict[int, float]:
-    """Per context, the faster of eager and graph replay (both real times of the same forward)."""
-    return {c: min(t, times.graphed.get(c, t)) for c, t in times.eager.items()}
-
-
 def _rows(kind: str, batch: int, measured: dict[int, float], predict) -> list[dict]:
     base = measured.get(REFERENCE_CONTEXT)
     rows = []
@@ -82,12 +77,12 @@ def main() -> None:
         contexts = [c for c in CONTEXTS if fits(batch, c)]
         times = timer.after_context(contexts, batch=batch)
         errors += times.errors
-        rows += _rows("decode", batch, _fastest(times),
+        rows += _rows("decode", batch, times.fastest(),
                       lambda c, b=batch: ctx_cost.decode_extra(b, b * c))
     chunk = args.chunk_tokens
     times = timer.after_context([c for c in CONTEXTS if fits(1, c)], batch=1, new_tokens=chunk)
     errors += times.errors
-    rows += _rows(f"prefill chunk {chunk}", 1, _fastest(times), lambda c: ctx_cost.chunk_extra(chunk, c))
+    rows += _rows(f"prefill chunk {chunk}", 1, times.fastest(), lambda c: ctx_cost.chunk_extra(chunk, c))
 
     long_rows = [r for r in rows if r["ratio"] is not None and r["context"] >= 8192]
     summary = {kind: statistics.median(r["ratio"] for r in long_rows if r["kind"] == kind)

@@ -24,18 +24,12 @@ def prefill_lengths(max_model_len: int, chunk: int) -> list[int]:
 
 
 def _curve(times, label: str) -> tuple[Curve, str]:
-    """Per size, the faster of the two measured ways of running the same forward (each is a
-    real time on this device; an engine free to choose would take the faster)."""
-    sizes = sorted(times.eager)
-    if len(sizes) < 2:
+    """The faster way per size (ForwardTimes.fastest) as a curve, and which ways those were."""
+    fastest = times.fastest()
+    if len(fastest) < 2:
         raise SystemExit(f"{label}: fewer than two points measured ({times.errors})")
-    ys, ways = [], set()
-    for size in sizes:
-        graphed = times.graphed.get(size)
-        use_graph = graphed is not None and graphed <= times.eager[size]
-        ys.append(graphed if use_graph else times.eager[size])
-        ways.add("cuda graph" if use_graph else "eager")
-    return Curve(tuple(sizes), tuple(ys)), " + ".join(sorted(ways))
+    ways = {"cuda graph" if times.graphed.get(size) == t else "eager" for size, t in fastest.items()}
+    return Curve(tuple(fastest), tuple(fastest.values())), " + ".join(sorted(ways))
 
 
 def _ms(d: dict) -> dict:
