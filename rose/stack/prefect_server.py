@@ -5,11 +5,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordination.errors import StackError
-from rose.stack.ports import LOCALHOST, pick_port
 from coordination.probes import http_ok
+from rose.stack.ports import LOCALHOST, pick_port
+from rose.stack.prefect_database import database_path, save_template, seed_database, template_path
 from rose.stack.process import ManagedProcess, venv_binary
 
-START_TIMEOUT_S = 120.0  # ~10 s when idle; the 2-core machine may be busy
+START_TIMEOUT_S = 120.0  # ~10 s when idle (~17 s migrating a new database); the machine may be busy
 
 
 @dataclass
@@ -17,11 +18,15 @@ class PrefectServer:
     api_url: str  # http://127.0.0.1:P/api
     home: Path  # PREFECT_HOME shared by the server, the driver and the workers
     process: ManagedProcess | None = field(default=None, repr=False)
+    template: Path | None = None  # where to keep its new database once it answers
 
     def wait(self, timeout: float = START_TIMEOUT_S) -> "PrefectServer":
         """Block until /api/health answers (fails fast, with the log's last line, if it dies)."""
         if self.process is not None:
             self.process.wait_for_http(f"{self.api_url}/health", timeout=timeout)
+            if self.template is not None:
+                save_template(database_path(self.home), self.template)
+                self.template = None
         return self
 
     def stop(self) -> None:
@@ -51,10 +56,12 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
     port = pick_port(port)
     home = prefect_home(run_dir)
     home.mkdir(parents=True, exist_ok=True)
+    db, template = database_path(home), template_path()
+    new_database = not db.exists() and not seed_database(db, template)
     api_url = f"http://{LOCALHOST}:{port}/api"
     env = {
         **prefect_env(api_url, home),
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{db}",
         "PREFECT_SERVER_LOGGING_LEVEL": "WARNING",  # no access log line per task-run update
         "PREFECT_UI_API_URL": api_url,  # else the UI in the browser calls 127.0.0.1:4200
     }
@@ -64,7 +71,7 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
         "--analytics-off", "--no-background"], run_dir, env=env)
     proc.env.pop("PREFECT_API_URL", None)  # an inherited one would point the server elsewhere
     proc.start()
-    return PrefectServer(api_url, home, proc)
+    return PrefectServer(api_url, home, proc, template=template if new_database else None)
 
 
 def check_prefect(api_url: str) -> None:
