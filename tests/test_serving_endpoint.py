@@ -262,12 +262,17 @@ def test_background_users_run_in_their_own_process_and_stop_on_request(fake):
     from replay.background import BackgroundReplay, BackgroundTraffic
 
     users = BackgroundReplay([fake[0].url], BackgroundTraffic(sample=1.0, window_s=10_000.0))
+    before = len(fake[1].submitted)
     with users:
         deadline = time.time() + 60
         while not any(p.name == "rose-serving-users" for p in multiprocessing.active_children()):
             assert time.time() < deadline, "no users' process started"
             time.sleep(0.05)
-        time.sleep(3.0)
+        # the child's first request can take seconds (a fresh interpreter on a busy machine)
+        while len(fake[1].submitted) == before:
+            assert time.time() < deadline, "the users' process sent no request"
+            time.sleep(0.05)
+        time.sleep(1.0)
     summary = users.summary
     planned = len(users._plan())
     assert 0 < summary["requests"] < planned  # stopped long before the window's end

@@ -213,6 +213,9 @@ def test_version_never_visible_half_published(relays, ns):
     watcher.start()
     try:
         stats = publish_weights(SlowPuts(writer), run, 1, train.weights(), SMALL, workers=2)
+        deadline = time.monotonic() + 30  # a watcher starved by a busy machine looks once more
+        while 1 not in seen and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         done.set()
         watcher.join()
