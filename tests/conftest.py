@@ -1,10 +1,11 @@
 """Suite order and shared set-ups.
 
-Modules with end-to-end (`slow`) tests run after all the others, those on the shared stack
-first among them; a module is moved whole, so its module fixtures start once. The local models
-start building in a process of their own as soon as tests marked `models` are collected: on a
-2-core machine the single-threaded build overlaps the other tests instead of holding up the first
-test on the models. The shared stack stops as soon as the last test using it is done.
+Modules with end-to-end (`slow`) tests run after all the others (before them under
+pytest-xdist), those on the shared stack first among them; a module is moved whole, so its
+module fixtures start once. The local models start building in a process of their own as soon
+as tests marked `models` are collected: on a 2-core machine the single-threaded build overlaps
+the other tests instead of holding up the first test on the models. The shared stack stops as
+soon as the last test using it is done.
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def _module(item) -> str:
 def pytest_collection_modifyitems(config, items) -> None:
     slow = {_module(item) for item in items if item.get_closest_marker("slow")}
     shared = {_module(item) for item in items if SHARED in getattr(item, "fixturenames", ())}
-    # stable: file order kept within each part
-    items.sort(key=lambda item: (_module(item) in slow, _module(item) not in shared))
+    # stable: file order kept within each part. Run by pytest-xdist's workers (`make test`),
+    # the slow modules go first: a minute-long test started last holds the run's tail alone.
+    slow_first = hasattr(config, "workerinput")
+    items.sort(key=lambda item: ((_module(item) in slow) != slow_first, _module(item) not in shared))
 
 
 def pytest_collection_finish(session) -> None:
