@@ -57,7 +57,7 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
     home = prefect_home(run_dir)
     home.mkdir(parents=True, exist_ok=True)
     db, template = database_path(home), template_path()
-    new_database = not db.exists() and not seed_database(db, template)
+    keep_as = None if db.exists() or seed_database(db, template) else template  # Prefect migrates it
     api_url = f"http://{LOCALHOST}:{port}/api"
     env = {
         **prefect_env(api_url, home),
@@ -71,7 +71,7 @@ def launch_prefect_server(run_dir: Path, port: int | None = None) -> PrefectServ
         "--analytics-off", "--no-background"], run_dir, env=env)
     proc.env.pop("PREFECT_API_URL", None)  # an inherited one would point the server elsewhere
     proc.start()
-    return PrefectServer(api_url, home, proc, template=template if new_database else None)
+    return PrefectServer(api_url, home, proc, template=keep_as)
 
 
 def check_prefect(api_url: str) -> None:
